@@ -1,0 +1,374 @@
+//! Typed messages carried by the frames, in both directions.
+
+use serde::{Deserialize, Serialize};
+
+use super::codec::{FrameError, RawFrame, encode_frame};
+
+pub mod kind {
+    pub const BUNDLE: u8 = 0x01;
+    pub const STDIN: u8 = 0x02;
+    pub const STDIN_CLOSE: u8 = 0x03;
+    pub const SIGNAL: u8 = 0x04;
+
+    pub const READY: u8 = 0x81;
+    pub const STAGE_START: u8 = 0x82;
+    pub const STDOUT: u8 = 0x83;
+    pub const STDERR: u8 = 0x84;
+    pub const STAGE_END: u8 = 0x85;
+    pub const FATAL: u8 = 0x86;
+    pub const DONE: u8 = 0x87;
+}
+
+/// Everything the supervisor needs to run a job: the files to write into the
+/// workspace and the stages to run, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bundle {
+    /// Directory the files are written under (a tmpfs in the container).
+    pub workspace: String,
+    /// Unprivileged uid and gid the files are written as and the stages run as.
+    pub uid: u32,
+    pub gid: u32,
+    pub files: Vec<BundleFile>,
+    pub stages: Vec<StageSpec>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BundleFile {
+    /// Relative path below the workspace; validated by the worker and checked
+    /// again by the supervisor (no absolute paths, no `..`).
+    pub path: String,
+    #[serde(with = "base64_bytes")]
+    pub content: Vec<u8>,
+    #[serde(default)]
+    pub executable: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageSpec {
+    /// `compile` or `run`.
+    pub name: String,
+    pub argv: Vec<String>,
+    /// The whole environment of the stage (nothing is inherited).
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    /// Whether this stage reads the forwarded stdin; otherwise its stdin is
+    /// empty (`/dev/null`).
+    pub stdin: bool,
+    pub limits: StageLimits,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageLimits {
+    /// Wall-clock limit of the stage.
+    pub wall_ms: u64,
+    /// For interactive stages: longest time with neither input nor output.
+    pub idle_ms: Option<u64>,
+    /// CPU time of the stage (user + system, all its processes).
+    pub cpu_ms: u64,
+    /// stdout + stderr bytes the stage may write; more kills it.
+    pub output_bytes: u64,
+    /// Largest file the stage may write (RLIMIT_FSIZE).
+    pub fsize_bytes: u64,
+    /// Open files per process (RLIMIT_NOFILE).
+    pub nofile: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalKind {
+    Interrupt,
+    Kill,
+}
+
+/// Why a stage ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The program exited by itself (any exit code) or died of a signal it
+    /// raised or got from inside the sandbox.
+    Exited,
+    WallTimeout,
+    IdleTimeout,
+    CpuTimeout,
+    MemoryLimit,
+    OutputLimit,
+    /// Killed on request (a `kill` signal from the client, or cancellation).
+    Killed,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Exited => "exited",
+            Reason::WallTimeout => "wall_timeout",
+            Reason::IdleTimeout => "idle_timeout",
+            Reason::CpuTimeout => "cpu_timeout",
+            Reason::MemoryLimit => "memory_limit",
+            Reason::OutputLimit => "output_limit",
+            Reason::Killed => "killed",
+        }
+    }
+
+    pub fn is_timeout(self) -> bool {
+        matches!(
+            self,
+            Reason::WallTimeout | Reason::IdleTimeout | Reason::CpuTimeout
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ready {
+    pub protocol: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageStart {
+    pub stage: String,
+}
+
+/// What the supervisor measured about one stage.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StageReport {
+    pub stage: String,
+    pub exit_code: Option<i32>,
+    /// Signal number that ended the stage's main process, if any.
+    pub signal: Option<i32>,
+    pub reason: Reason,
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub memory_peak_bytes: u64,
+    /// The stage wrote more than its output limit; what was sent is the start.
+    pub output_truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fatal {
+    pub message: String,
+}
+
+/// A message from the worker to the supervisor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMessage {
+    Bundle(Box<Bundle>),
+    Stdin(Vec<u8>),
+    StdinClose,
+    Signal(SignalKind),
+}
+
+/// A message from the supervisor to the worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SandboxMessage {
+    Ready(Ready),
+    StageStart(StageStart),
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    StageEnd(StageReport),
+    Fatal(Fatal),
+    Done,
+}
+
+fn json<T: Serialize>(value: &T) -> Vec<u8> {
+    // Serializing these plain structs cannot fail: no maps with non-string
+    // keys, no custom serializers that error.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn parse_json<T: for<'de> Deserialize<'de>>(kind: u8, payload: &[u8]) -> Result<T, FrameError> {
+    serde_json::from_slice(payload).map_err(|error| FrameError::BadPayload {
+        kind,
+        message: error.to_string(),
+    })
+}
+
+fn expect_empty(kind: u8, payload: &[u8]) -> Result<(), FrameError> {
+    if payload.is_empty() {
+        Ok(())
+    } else {
+        Err(FrameError::BadPayload {
+            kind,
+            message: format!("expected no payload, got {} bytes", payload.len()),
+        })
+    }
+}
+
+impl HostMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            HostMessage::Bundle(bundle) => encode_frame(kind::BUNDLE, &json(bundle)),
+            HostMessage::Stdin(data) => encode_frame(kind::STDIN, data),
+            HostMessage::StdinClose => encode_frame(kind::STDIN_CLOSE, &[]),
+            HostMessage::Signal(signal) => encode_frame(
+                kind::SIGNAL,
+                &[match signal {
+                    SignalKind::Interrupt => 1,
+                    SignalKind::Kill => 2,
+                }],
+            ),
+        }
+    }
+
+    pub fn decode(frame: RawFrame) -> Result<Self, FrameError> {
+        let RawFrame { kind, payload } = frame;
+        match kind {
+            kind::BUNDLE => Ok(HostMessage::Bundle(Box::new(parse_json(kind, &payload)?))),
+            kind::STDIN => Ok(HostMessage::Stdin(payload)),
+            kind::STDIN_CLOSE => expect_empty(kind, &payload).map(|()| HostMessage::StdinClose),
+            kind::SIGNAL => match payload.as_slice() {
+                [1] => Ok(HostMessage::Signal(SignalKind::Interrupt)),
+                [2] => Ok(HostMessage::Signal(SignalKind::Kill)),
+                _ => Err(FrameError::BadPayload {
+                    kind,
+                    message: "signal must be one byte, 1 or 2".to_string(),
+                }),
+            },
+            other => Err(FrameError::UnknownKind(other)),
+        }
+    }
+}
+
+impl SandboxMessage {
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            SandboxMessage::Ready(ready) => encode_frame(kind::READY, &json(ready)),
+            SandboxMessage::StageStart(start) => encode_frame(kind::STAGE_START, &json(start)),
+            SandboxMessage::Stdout(data) => encode_frame(kind::STDOUT, data),
+            SandboxMessage::Stderr(data) => encode_frame(kind::STDERR, data),
+            SandboxMessage::StageEnd(report) => encode_frame(kind::STAGE_END, &json(report)),
+            SandboxMessage::Fatal(fatal) => encode_frame(kind::FATAL, &json(fatal)),
+            SandboxMessage::Done => encode_frame(kind::DONE, &[]),
+        }
+    }
+
+    pub fn decode(frame: RawFrame) -> Result<Self, FrameError> {
+        let RawFrame { kind, payload } = frame;
+        match kind {
+            kind::READY => Ok(SandboxMessage::Ready(parse_json(kind, &payload)?)),
+            kind::STAGE_START => Ok(SandboxMessage::StageStart(parse_json(kind, &payload)?)),
+            kind::STDOUT => Ok(SandboxMessage::Stdout(payload)),
+            kind::STDERR => Ok(SandboxMessage::Stderr(payload)),
+            kind::STAGE_END => Ok(SandboxMessage::StageEnd(parse_json(kind, &payload)?)),
+            kind::FATAL => Ok(SandboxMessage::Fatal(parse_json(kind, &payload)?)),
+            kind::DONE => expect_empty(kind, &payload).map(|()| SandboxMessage::Done),
+            other => Err(FrameError::UnknownKind(other)),
+        }
+    }
+}
+
+/// Serde helper: `Vec<u8>` as a standard base64 string in JSON.
+pub mod base64_bytes {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        STANDARD
+            .decode(text.as_bytes())
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::FrameDecoder;
+    use proptest::prelude::*;
+
+    fn limits() -> StageLimits {
+        StageLimits {
+            wall_ms: 1000,
+            idle_ms: None,
+            cpu_ms: 1000,
+            output_bytes: 1024,
+            fsize_bytes: 1024,
+            nofile: 64,
+        }
+    }
+
+    fn roundtrip_host(message: HostMessage) -> HostMessage {
+        let mut decoder = FrameDecoder::new(crate::protocol::MAX_HOST_FRAME);
+        decoder.extend(&message.encode());
+        HostMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn host_messages_roundtrip() {
+        let bundle = HostMessage::Bundle(Box::new(Bundle {
+            workspace: "/workspace".into(),
+            uid: 65534,
+            gid: 65534,
+            files: vec![BundleFile {
+                path: "main.py".into(),
+                content: vec![0, 159, 146, 150],
+                executable: false,
+            }],
+            stages: vec![StageSpec {
+                name: "run".into(),
+                argv: vec!["python3".into(), "main.py".into()],
+                env: vec![("PATH".into(), "/usr/bin".into())],
+                cwd: "/workspace".into(),
+                stdin: true,
+                limits: limits(),
+            }],
+        }));
+        for message in [
+            bundle,
+            HostMessage::Stdin(vec![0, 1, 2, 255]),
+            HostMessage::StdinClose,
+            HostMessage::Signal(SignalKind::Interrupt),
+            HostMessage::Signal(SignalKind::Kill),
+        ] {
+            assert_eq!(roundtrip_host(message.clone()), message);
+        }
+    }
+
+    #[test]
+    fn bad_payloads_are_errors() {
+        let frame = RawFrame {
+            kind: kind::STAGE_END,
+            payload: b"{not json".to_vec(),
+        };
+        assert!(matches!(
+            SandboxMessage::decode(frame),
+            Err(FrameError::BadPayload { kind: 0x85, .. })
+        ));
+        let frame = RawFrame {
+            kind: kind::SIGNAL,
+            payload: vec![7],
+        };
+        assert!(HostMessage::decode(frame).is_err());
+        let frame = RawFrame {
+            kind: 0x42,
+            payload: vec![],
+        };
+        assert_eq!(
+            SandboxMessage::decode(frame),
+            Err(FrameError::UnknownKind(0x42))
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn sandbox_decode_never_panics(kind in any::<u8>(), payload in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = SandboxMessage::decode(RawFrame { kind, payload: payload.clone() });
+            let _ = HostMessage::decode(RawFrame { kind, payload });
+        }
+
+        #[test]
+        fn stage_reports_roundtrip(exit_code in proptest::option::of(any::<i32>()), signal in proptest::option::of(1i32..64),
+                                   wall_ms in any::<u64>(), cpu_ms in any::<u64>(), peak in any::<u64>(), truncated in any::<bool>()) {
+            let report = SandboxMessage::StageEnd(StageReport {
+                stage: "run".into(), exit_code, signal, reason: Reason::CpuTimeout,
+                wall_ms, cpu_ms, memory_peak_bytes: peak, output_truncated: truncated,
+            });
+            let mut decoder = FrameDecoder::new(crate::protocol::MAX_SANDBOX_FRAME);
+            decoder.extend(&report.encode());
+            prop_assert_eq!(SandboxMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap(), report);
+        }
+    }
+}

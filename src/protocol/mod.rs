@@ -1,0 +1,63 @@
+//! The frame protocol spoken between the worker and `code-runner-init`, the
+//! supervisor that runs as PID 1 inside every sandbox.
+//!
+//! # Wire format
+//!
+//! Both directions use the same framing on a byte stream (the container's stdin
+//! for host → sandbox, the container's stdout for sandbox → host):
+//!
+//! ```text
+//! frame   := length:u32 (big endian) kind:u8 payload
+//! length  := 1 + len(payload)            (the kind byte is counted)
+//! ```
+//!
+//! A reader refuses a frame whose `length` is 0 or larger than its bound
+//! ([`MAX_HOST_FRAME`] for what the sandbox reads, [`MAX_SANDBOX_FRAME`] for what
+//! the worker reads) before reading the payload, so a hostile peer cannot make it
+//! allocate without bound. Unknown kinds and payloads that do not parse are
+//! errors, never panics.
+//!
+//! Host → sandbox kinds:
+//!
+//! | kind | name        | payload                                     |
+//! |------|-------------|---------------------------------------------|
+//! | 0x01 | bundle      | JSON [`Bundle`]: files, stages, uid/gid     |
+//! | 0x02 | stdin       | raw bytes for the stage that takes stdin    |
+//! | 0x03 | stdin_close | empty                                       |
+//! | 0x04 | signal      | one byte: 1 = interrupt, 2 = kill           |
+//!
+//! Sandbox → host kinds:
+//!
+//! | kind | name        | payload                                     |
+//! |------|-------------|---------------------------------------------|
+//! | 0x81 | ready       | JSON [`Ready`] (protocol version)           |
+//! | 0x82 | stage_start | JSON [`StageStart`]                         |
+//! | 0x83 | stdout      | raw bytes written by the stage              |
+//! | 0x84 | stderr      | raw bytes written by the stage              |
+//! | 0x85 | stage_end   | JSON [`StageReport`]                        |
+//! | 0x86 | fatal       | JSON [`Fatal`]: the supervisor itself failed |
+//! | 0x87 | done        | empty: every stage has been reported        |
+//!
+//! The sandbox sends `ready` first, then for each stage it runs `stage_start`,
+//! any number of `stdout`/`stderr`, and `stage_end`; finally `done`, after which
+//! it exits 0. A stage that does not exit 0 ends the sequence.
+
+mod codec;
+mod messages;
+
+pub use codec::{FrameDecoder, FrameError, RawFrame, encode_frame};
+pub use messages::*;
+
+/// Version of this protocol; images carry it as the label `code-runner.protocol`
+/// so the worker refuses an image whose supervisor speaks another version.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame the sandbox accepts from the host (the bundle carries files).
+pub const MAX_HOST_FRAME: usize = 96 * 1024 * 1024;
+
+/// Largest frame the worker accepts from the sandbox. Output chunks are at
+/// most [`MAX_OUTPUT_CHUNK`]; control frames are small JSON.
+pub const MAX_SANDBOX_FRAME: usize = 256 * 1024;
+
+/// Largest stdout/stderr chunk the supervisor puts in one frame.
+pub const MAX_OUTPUT_CHUNK: usize = 64 * 1024;
