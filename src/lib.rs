@@ -4,7 +4,18 @@
 //!
 //! - [`protocol`]: the frames spoken between the worker and the in-sandbox
 //!   supervisor (`code-runner-init`); shared by both binaries.
-//! - [`init`]: the supervisor that runs as PID 1 inside every sandbox.
-#![forbid(unsafe_code)]
+//! - [`job`]: the job as submitted, its validation and limits, and its result.
+//! - [`languages`]: the language catalog (`runner-images/languages.toml`).
+//! - [`sandbox`]: the engine that runs one job in one hardened container
+//!   through the Docker Engine API. Knows Docker, not HTTP or Redis.
+//! - [`config`]: settings shared by every role, validated before use.
+//! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
+#![deny(unsafe_code)]
 
+pub mod cli;
+pub mod config;
+pub mod exit;
+pub mod job;
+pub mod languages;
 pub mod protocol;
+pub mod sandbox;

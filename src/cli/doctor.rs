@@ -1,0 +1,135 @@
+//! `code-runner doctor`: checks what a worker needs and says what is wrong,
+//! one line per problem (and one `ok` line per check that passed).
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use crate::config::SandboxSettings;
+use crate::exit;
+use crate::protocol::PROTOCOL_VERSION;
+use crate::sandbox::SandboxEngine;
+
+struct Report {
+    problems: usize,
+}
+
+impl Report {
+    fn ok(&self, message: impl std::fmt::Display) {
+        println!("ok: {message}");
+    }
+    fn problem(&mut self, message: impl std::fmt::Display) {
+        self.problems += 1;
+        println!("problem: {message}");
+    }
+}
+
+/// The supervisor binary built beside this one, if there is one: images
+/// built with another supervisor are stale.
+fn local_init_binary() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let target = dir.parent()?;
+    let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
+    [
+        dir.join("code-runner-init"),
+        target.join(&triple).join("release/code-runner-init"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+}
+
+fn sha256_file(path: &PathBuf) -> Option<String> {
+    let bytes = std::fs::read(path).ok()?;
+    Some(hex::encode(Sha256::digest(&bytes)))
+}
+
+pub async fn run(settings: &SandboxSettings) -> u8 {
+    let mut report = Report { problems: 0 };
+    let setup = match settings.build("doctor") {
+        Ok(setup) => setup,
+        Err(error) => {
+            report.problem(&error);
+            return exit::USAGE;
+        }
+    };
+    report.ok(format!(
+        "seccomp profile is valid ({} bytes)",
+        setup.sandbox.seccomp.security_opt().len() - "seccomp=".len()
+    ));
+    report.ok(format!(
+        "language catalog has {} languages",
+        setup.catalog.all().len()
+    ));
+
+    let runtime = setup.sandbox.runtime.clone();
+    let engine = match SandboxEngine::connect(setup.sandbox).await {
+        Ok(engine) => engine,
+        Err(error) => {
+            report.problem(format!(
+                "{error} (is dockerd running? scripts/up starts it)"
+            ));
+            return exit::UNAVAILABLE;
+        }
+    };
+    let docker = engine.docker();
+    match docker.info().await {
+        Ok(info) => {
+            report.ok(format!(
+                "docker {} reachable",
+                info.server_version.unwrap_or_default()
+            ));
+            let runtimes: Vec<String> = info
+                .runtimes
+                .map(|r| r.into_keys().collect())
+                .unwrap_or_default();
+            let wanted = runtime.unwrap_or_else(|| "runc".into());
+            if runtimes.contains(&wanted) {
+                report.ok(format!("sandbox runtime {wanted} is registered"));
+            } else {
+                report.problem(format!(
+                    "sandbox runtime {wanted} is not registered with docker (has: {})",
+                    runtimes.join(", ")
+                ));
+            }
+            if wanted != "runsc" && !runtimes.iter().any(|r| r == "runsc") {
+                println!("note: gVisor (runsc) is not registered; SANDBOX_RUNTIME=runsc will not work");
+            }
+        }
+        Err(error) => report.problem(format!("docker info failed: {error}")),
+    }
+
+    let init_sha = local_init_binary().and_then(|p| sha256_file(&p));
+    for language in setup.catalog.all() {
+        let image = language.image_ref();
+        match docker.inspect_image(&image).await {
+            Err(_) => report.problem(format!(
+                "image {image} is missing; run scripts/build-images"
+            )),
+            Ok(inspect) => {
+                let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
+                let protocol = labels.get("code-runner.protocol").cloned().unwrap_or_default();
+                if protocol != PROTOCOL_VERSION.to_string() {
+                    report.problem(format!(
+                        "image {image} speaks supervisor protocol {protocol:?}, not {PROTOCOL_VERSION}; run scripts/build-images"
+                    ));
+                } else if let (Some(want), Some(have)) =
+                    (&init_sha, labels.get("code-runner.init-sha256"))
+                    && want != have
+                {
+                    report.problem(format!(
+                        "image {image} carries an older code-runner-init; run scripts/build-images"
+                    ));
+                } else {
+                    report.ok(format!("image {image} is present and current"));
+                }
+            }
+        }
+    }
+    if report.problems == 0 {
+        0
+    } else {
+        println!("{} problem(s) found", report.problems);
+        1
+    }
+}

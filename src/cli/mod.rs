@@ -1,0 +1,102 @@
+//! The command line: one binary, several roles and tools (DESIGN §2).
+
+mod doctor;
+mod sandbox_run;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::SandboxSettings;
+use crate::exit;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "code-runner",
+    version,
+    about = "Runs untrusted code in hardened per-job containers"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run jobs directly through the sandbox engine (no Redis, no API).
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// List the languages this server offers.
+    Languages {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check Docker, runtimes, images and the seccomp profile; one line per problem.
+    Doctor,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Run one job and stream its output; exits with the program's exit code.
+    Run(Box<sandbox_run::SandboxRunArgs>),
+}
+
+/// Parses the command line and runs the command. Only this function decides
+/// the process exit code.
+pub async fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            let code = match error.kind() {
+                clap::error::ErrorKind::DisplayHelp
+                | clap::error::ErrorKind::DisplayVersion
+                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => 0,
+                _ => exit::USAGE,
+            };
+            let _ = error.print();
+            return ExitCode::from(code);
+        }
+    };
+    let code = match cli.command {
+        Command::Sandbox(SandboxCommand::Run(args)) => sandbox_run::run(&cli.sandbox, *args).await,
+        Command::Languages { json } => languages(&cli.sandbox, json),
+        Command::Doctor => doctor::run(&cli.sandbox).await,
+    };
+    ExitCode::from(code)
+}
+
+fn languages(settings: &SandboxSettings, json: bool) -> u8 {
+    let setup = match settings.build("cli") {
+        Ok(setup) => setup,
+        Err(error) => {
+            eprintln!("code-runner: {error}");
+            return exit::USAGE;
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(setup.catalog.all()) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("code-runner: {error}");
+                return exit::PLATFORM_ERROR;
+            }
+        }
+        return 0;
+    }
+    println!("{:<12} {:<10} {:<24} {:<28} ALIASES", "ID", "VERSION", "NAME", "IMAGE");
+    for language in setup.catalog.all() {
+        println!(
+            "{:<12} {:<10} {:<24} {:<28} {}",
+            language.id,
+            language.version,
+            language.name,
+            language.image_ref(),
+            language.aliases.join(", ")
+        );
+    }
+    0
+}

@@ -1,0 +1,557 @@
+//! The job as a client submits it, its validation, and the prepared form the
+//! sandbox runs (DESIGN §3). Validation happens before any container exists;
+//! every refusal names the field at fault.
+
+pub mod limits;
+pub mod result;
+
+use std::collections::{BTreeMap, HashSet};
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::{Deserialize, Serialize};
+
+use crate::languages::{Language, LanguageCatalog};
+use crate::protocol::{Bundle, BundleFile, StageLimits, StageSpec};
+use limits::{CompileLimits, CompileLimitsRequest, LimitPolicy, Limits, LimitsRequest};
+pub use result::{Encoding, JobResult, Output, StageResult, Status, Timings};
+
+/// Where the job's files live inside the sandbox.
+pub const WORKSPACE: &str = "/workspace";
+/// The unprivileged uid and gid user code runs as (`nobody`/`nogroup`).
+pub const SANDBOX_UID: u32 = 65534;
+pub const SANDBOX_GID: u32 = 65534;
+
+const MAX_NAME_BYTES: usize = 255;
+const MAX_PATH_DEPTH: usize = 16;
+const MAX_ARGS: usize = 64;
+const MAX_ARG_BYTES: usize = 4096;
+const MAX_ENV: usize = 64;
+const MAX_METADATA_BYTES: usize = 4096;
+
+/// A job as submitted.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub language: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    pub files: Vec<FileSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entry: Option<String>,
+    #[serde(default)]
+    pub stdin: String,
+    #[serde(default)]
+    pub stdin_encoding: Encoding,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub interactive: bool,
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    #[serde(default)]
+    pub compile_limits: CompileLimitsRequest,
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    pub name: String,
+    pub content: String,
+    #[serde(default)]
+    pub encoding: Encoding,
+}
+
+/// A refused job: which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidJob {
+    pub field: String,
+    pub message: String,
+}
+
+impl InvalidJob {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// A validated job, ready for a sandbox.
+#[derive(Debug, Clone)]
+pub struct PreparedJob {
+    pub language: Language,
+    pub limits: Limits,
+    pub compile_limits: Option<CompileLimits>,
+    pub interactive: bool,
+    /// Stdin given with the submission (delivered, then closed, unless interactive).
+    pub stdin: Vec<u8>,
+    pub bundle: Bundle,
+}
+
+impl PreparedJob {
+    /// The longest the job may take once its container is up: every stage's
+    /// wall limit added together.
+    pub fn stages_wall_ms(&self) -> u64 {
+        self.bundle.stages.iter().map(|s| s.limits.wall_ms).sum()
+    }
+}
+
+/// Validates `spec` against the catalog and the server's policy.
+pub fn prepare(
+    spec: &JobSpec,
+    catalog: &LanguageCatalog,
+    policy: &LimitPolicy,
+) -> Result<PreparedJob, InvalidJob> {
+    let language = catalog.find(&spec.language).ok_or_else(|| {
+        InvalidJob::new(
+            "language",
+            format!(
+                "unknown language {:?}; known: {}",
+                spec.language,
+                catalog.ids().join(", ")
+            ),
+        )
+    })?;
+    if let Some(version) = &spec.version
+        && version != &language.version
+    {
+        return Err(InvalidJob::new(
+            "version",
+            format!(
+                "{} {version:?} is not available; this server has {}",
+                language.id, language.version
+            ),
+        ));
+    }
+
+    let limits = spec.limits.resolve(
+        "limits",
+        language.limits.with_defaults(policy.defaults),
+        policy.maximum,
+    )?;
+    let compile_limits = match language.compile {
+        Some(_) => Some(spec.compile_limits.resolve(
+            "compile_limits",
+            language
+                .compile_limits
+                .with_defaults(policy.compile_defaults),
+            policy.compile_maximum,
+        )?),
+        None => {
+            if spec.compile_limits != CompileLimitsRequest::default() {
+                return Err(InvalidJob::new(
+                    "compile_limits",
+                    format!("{} has no compile stage", language.id),
+                ));
+            }
+            None
+        }
+    };
+
+    let files = decode_files(spec, policy, &limits)?;
+    let entry = choose_entry(spec, language, &files)?;
+    let stdin = decode_stdin(spec, policy)?;
+    check_args(&spec.args)?;
+    check_env(&spec.env)?;
+    let metadata_bytes = serde_json::to_vec(&spec.metadata).map_or(0, |v| v.len());
+    if metadata_bytes > MAX_METADATA_BYTES {
+        return Err(InvalidJob::new(
+            "metadata",
+            format!("{metadata_bytes} bytes is above the limit of {MAX_METADATA_BYTES}"),
+        ));
+    }
+
+    let stages = build_stages(spec, language, &entry, &limits, compile_limits.as_ref());
+    Ok(PreparedJob {
+        language: language.clone(),
+        limits,
+        compile_limits,
+        interactive: spec.interactive,
+        stdin,
+        bundle: Bundle {
+            workspace: WORKSPACE.to_string(),
+            uid: SANDBOX_UID,
+            gid: SANDBOX_GID,
+            files,
+            stages,
+        },
+    })
+}
+
+/// Checks a file name: relative, no `..` or `.` parts, no empty parts, sane length.
+pub fn check_file_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("file name is empty".into());
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(format!("file name is longer than {MAX_NAME_BYTES} bytes"));
+    }
+    if name.starts_with('/') {
+        return Err(format!("{name:?} is absolute; file names must be relative"));
+    }
+    if name.contains('\0') || name.contains('\\') {
+        return Err(format!("{name:?} contains a NUL or backslash"));
+    }
+    let parts: Vec<&str> = name.split('/').collect();
+    if parts.len() > MAX_PATH_DEPTH {
+        return Err(format!("{name:?} is nested deeper than {MAX_PATH_DEPTH}"));
+    }
+    for part in parts {
+        match part {
+            ".." => return Err(format!("{name:?} contains \"..\"")),
+            "." | "" => return Err(format!("{name:?} has an empty or \".\" part")),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn decode_files(
+    spec: &JobSpec,
+    policy: &LimitPolicy,
+    limits: &Limits,
+) -> Result<Vec<BundleFile>, InvalidJob> {
+    if spec.files.is_empty() {
+        return Err(InvalidJob::new("files", "at least one file is required"));
+    }
+    if spec.files.len() > policy.max_files {
+        return Err(InvalidJob::new(
+            "files",
+            format!(
+                "{} files is more than the limit of {}",
+                spec.files.len(),
+                policy.max_files
+            ),
+        ));
+    }
+    let mut names = HashSet::new();
+    let mut total: u64 = 0;
+    let mut files = Vec::with_capacity(spec.files.len());
+    for (index, file) in spec.files.iter().enumerate() {
+        let field = format!("files[{index}].name");
+        check_file_name(&file.name).map_err(|m| InvalidJob::new(&field, m))?;
+        if !names.insert(file.name.as_str()) {
+            return Err(InvalidJob::new(
+                field,
+                format!("duplicate file name {:?}", file.name),
+            ));
+        }
+        let content = match file.encoding {
+            Encoding::Utf8 => file.content.as_bytes().to_vec(),
+            Encoding::Base64 => STANDARD.decode(&file.content).map_err(|e| {
+                InvalidJob::new(
+                    format!("files[{index}].content"),
+                    format!("invalid base64: {e}"),
+                )
+            })?,
+        };
+        total += content.len() as u64;
+        if total > limits.files_bytes {
+            return Err(InvalidJob::new(
+                "files",
+                format!(
+                    "files total more than {} bytes (limits.files_bytes)",
+                    limits.files_bytes
+                ),
+            ));
+        }
+        files.push(BundleFile {
+            path: file.name.clone(),
+            content,
+            executable: false,
+        });
+    }
+    // A file and a directory of the same name cannot both exist.
+    for name in &names {
+        let mut prefix = String::new();
+        for part in name.split('/').take(name.split('/').count() - 1) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            if names.contains(prefix.as_str()) {
+                return Err(InvalidJob::new(
+                    "files",
+                    format!("{prefix:?} is both a file and the directory of {name:?}"),
+                ));
+            }
+        }
+    }
+    Ok(files)
+}
+
+fn choose_entry(
+    spec: &JobSpec,
+    language: &Language,
+    files: &[BundleFile],
+) -> Result<String, InvalidJob> {
+    match &spec.entry {
+        Some(entry) => {
+            if files.iter().any(|f| &f.path == entry) {
+                Ok(entry.clone())
+            } else {
+                Err(InvalidJob::new(
+                    "entry",
+                    format!("{entry:?} is not one of the files"),
+                ))
+            }
+        }
+        None => Ok(files
+            .iter()
+            .find(|f| f.path == language.source_file)
+            .unwrap_or(&files[0])
+            .path
+            .clone()),
+    }
+}
+
+fn decode_stdin(spec: &JobSpec, policy: &LimitPolicy) -> Result<Vec<u8>, InvalidJob> {
+    let stdin = match spec.stdin_encoding {
+        Encoding::Utf8 => spec.stdin.as_bytes().to_vec(),
+        Encoding::Base64 => STANDARD
+            .decode(&spec.stdin)
+            .map_err(|e| InvalidJob::new("stdin", format!("invalid base64: {e}")))?,
+    };
+    if stdin.len() > policy.max_stdin_bytes {
+        return Err(InvalidJob::new(
+            "stdin",
+            format!(
+                "{} bytes is more than the limit of {}",
+                stdin.len(),
+                policy.max_stdin_bytes
+            ),
+        ));
+    }
+    Ok(stdin)
+}
+
+fn check_args(args: &[String]) -> Result<(), InvalidJob> {
+    if args.len() > MAX_ARGS {
+        return Err(InvalidJob::new(
+            "args",
+            format!("{} arguments is more than {MAX_ARGS}", args.len()),
+        ));
+    }
+    for (index, arg) in args.iter().enumerate() {
+        if arg.len() > MAX_ARG_BYTES || arg.contains('\0') {
+            return Err(InvalidJob::new(
+                format!("args[{index}]"),
+                format!("must be at most {MAX_ARG_BYTES} bytes with no NUL"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_env(env: &BTreeMap<String, String>) -> Result<(), InvalidJob> {
+    if env.len() > MAX_ENV {
+        return Err(InvalidJob::new(
+            "env",
+            format!("{} variables is more than {MAX_ENV}", env.len()),
+        ));
+    }
+    for (name, value) in env {
+        let valid_name = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid_name {
+            return Err(InvalidJob::new(
+                format!("env.{name}"),
+                "a variable name is letters, digits and _, not starting with a digit",
+            ));
+        }
+        if value.len() > MAX_ARG_BYTES || value.contains('\0') {
+            return Err(InvalidJob::new(
+                format!("env.{name}"),
+                format!("value must be at most {MAX_ARG_BYTES} bytes with no NUL"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn expand(argv: &[String], entry: &str) -> Vec<String> {
+    let file_name = entry.rsplit('/').next().unwrap_or(entry);
+    let stem = file_name
+        .rsplit_once('.')
+        .map_or(file_name, |(stem, _)| stem);
+    argv.iter()
+        .map(|arg| arg.replace("{entry}", entry).replace("{entry_stem}", stem))
+        .collect()
+}
+
+fn build_stages(
+    spec: &JobSpec,
+    language: &Language,
+    entry: &str,
+    limits: &Limits,
+    compile_limits: Option<&CompileLimits>,
+) -> Vec<StageSpec> {
+    let mut env: BTreeMap<String, String> = BTreeMap::from([
+        (
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
+        ("HOME".to_string(), "/tmp".to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("TMPDIR".to_string(), "/tmp".to_string()),
+    ]);
+    env.extend(language.env.clone());
+    env.extend(spec.env.clone());
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    let fsize_bytes = limits.disk_mb * 1024 * 1024;
+    let nofile = 256;
+
+    let mut stages = Vec::new();
+    if let (Some(compile), Some(compile_limits)) = (&language.compile, compile_limits) {
+        stages.push(StageSpec {
+            name: "compile".into(),
+            argv: expand(compile, entry),
+            env: env.clone(),
+            cwd: WORKSPACE.into(),
+            stdin: false,
+            limits: StageLimits {
+                wall_ms: compile_limits.wall_ms,
+                idle_ms: None,
+                cpu_ms: compile_limits.cpu_ms,
+                output_bytes: compile_limits.output_bytes,
+                fsize_bytes,
+                nofile,
+            },
+        });
+    }
+    let mut run = expand(&language.run, entry);
+    run.extend(spec.args.iter().cloned());
+    stages.push(StageSpec {
+        name: "run".into(),
+        argv: run,
+        env,
+        cwd: WORKSPACE.into(),
+        stdin: true,
+        limits: StageLimits {
+            wall_ms: limits.wall_ms,
+            idle_ms: spec.interactive.then_some(limits.idle_ms),
+            cpu_ms: limits.cpu_ms,
+            output_bytes: limits.output_bytes,
+            fsize_bytes,
+            nofile,
+        },
+    });
+    stages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(language: &str, files: &[(&str, &str)]) -> JobSpec {
+        JobSpec {
+            language: language.into(),
+            files: files
+                .iter()
+                .map(|(name, content)| FileSpec {
+                    name: name.to_string(),
+                    content: content.to_string(),
+                    encoding: Encoding::Utf8,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn refuse(spec: &JobSpec) -> InvalidJob {
+        prepare(
+            spec,
+            &LanguageCatalog::embedded().unwrap(),
+            &LimitPolicy::default(),
+        )
+        .unwrap_err()
+    }
+
+    #[test]
+    fn a_c_job_has_compile_then_run() {
+        let job = prepare(
+            &spec("c", &[("main.c", "int main(){}")]),
+            &LanguageCatalog::embedded().unwrap(),
+            &LimitPolicy::default(),
+        )
+        .unwrap();
+        let names: Vec<&str> = job.bundle.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["compile", "run"]);
+        assert!(job.bundle.stages[0].argv.contains(&"main.c".to_string()));
+        assert!(!job.bundle.stages[0].stdin);
+        assert_eq!(job.bundle.stages[1].argv, ["./main"]);
+    }
+
+    #[test]
+    fn bad_names_are_refused_with_the_field() {
+        assert_eq!(refuse(&spec("python", &[("/etc/x", "")])).field, "files[0].name");
+        let error = refuse(&spec("python", &[("a.py", ""), ("../x", "")]));
+        assert_eq!(error.field, "files[1].name");
+        assert_eq!(error.message, "\"../x\" contains \"..\"");
+        let error = refuse(&spec("python", &[("a.py", ""), ("a.py", "")]));
+        assert_eq!(error.message, "duplicate file name \"a.py\"");
+        assert_eq!(
+            refuse(&spec("python", &[("a", ""), ("a/b.py", "")])).field,
+            "files"
+        );
+        assert_eq!(refuse(&spec("python", &[("a//b", "")])).field, "files[0].name");
+    }
+
+    #[test]
+    fn unknown_language_lists_the_known_ones() {
+        let error = refuse(&spec("cobol", &[("a", "")]));
+        assert_eq!(error.field, "language");
+        assert!(error.message.starts_with("unknown language \"cobol\"; known: python"));
+    }
+
+    #[test]
+    fn entry_defaults_to_the_source_file_then_the_first_file() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let policy = LimitPolicy::default();
+        let job = prepare(
+            &spec("python", &[("lib.py", ""), ("main.py", "")]),
+            &catalog,
+            &policy,
+        )
+        .unwrap();
+        assert_eq!(job.bundle.stages[0].argv, ["python3", "-u", "main.py"]);
+        let job = prepare(&spec("python", &[("x/prog.py", "")]), &catalog, &policy).unwrap();
+        assert_eq!(job.bundle.stages[0].argv, ["python3", "-u", "x/prog.py"]);
+        let mut s = spec("python", &[("a.py", "")]);
+        s.entry = Some("b.py".into());
+        assert_eq!(refuse(&s).field, "entry");
+    }
+
+    #[test]
+    fn invalid_base64_names_the_file() {
+        let mut s = spec("python", &[("a.py", "!!!")]);
+        s.files[0].encoding = Encoding::Base64;
+        let error = refuse(&s);
+        assert_eq!(error.field, "files[0].content");
+        assert!(error.message.starts_with("invalid base64"));
+    }
+
+    #[test]
+    fn compile_limits_for_an_interpreted_language_are_refused() {
+        let mut s = spec("python", &[("a.py", "")]);
+        s.compile_limits.wall_ms = Some(5);
+        assert_eq!(refuse(&s).field, "compile_limits");
+    }
+
+    #[test]
+    fn env_names_are_checked() {
+        let mut s = spec("python", &[("a.py", "")]);
+        s.env.insert("1BAD".into(), "x".into());
+        assert_eq!(refuse(&s).field, "env.1BAD");
+    }
+}

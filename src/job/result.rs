@@ -1,0 +1,262 @@
+//! The outcome of a job: its status and one result per stage (DESIGN §3).
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::Reason;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    TimedOut,
+    Cancelled,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+            Status::TimedOut => "timed_out",
+            Status::Cancelled => "cancelled",
+            Status::Error => "error",
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, Status::Queued | Status::Running)
+    }
+}
+
+/// Output bytes with the JSON encoding that keeps them intact: UTF-8 text when
+/// they are valid UTF-8, base64 otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Output(pub Vec<u8>);
+
+impl Output {
+    pub fn encoded(&self) -> (String, Encoding) {
+        match std::str::from_utf8(&self.0) {
+            Ok(text) => (text.to_string(), Encoding::Utf8),
+            Err(_) => (STANDARD.encode(&self.0), Encoding::Base64),
+        }
+    }
+
+    pub fn decode(text: &str, encoding: Encoding) -> Result<Self, base64::DecodeError> {
+        match encoding {
+            Encoding::Utf8 => Ok(Output(text.as_bytes().to_vec())),
+            Encoding::Base64 => STANDARD.decode(text).map(Output),
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    #[default]
+    Utf8,
+    Base64,
+}
+
+/// The result of one stage (compile or run).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "StageResultJson", try_from = "StageResultJson")]
+pub struct StageResult {
+    pub stdout: Output,
+    pub stderr: Output,
+    /// More was written than the output limit allowed; what is here is the start.
+    pub truncated: bool,
+    pub exit_code: Option<i32>,
+    /// Name of the signal that ended the stage (`SIGKILL`), if one did.
+    pub signal: Option<String>,
+    pub reason: Reason,
+    pub wall_ms: u64,
+    pub cpu_ms: u64,
+    pub memory_peak_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct StageResultJson {
+    stdout: String,
+    #[serde(default)]
+    stdout_encoding: Encoding,
+    stderr: String,
+    #[serde(default)]
+    stderr_encoding: Encoding,
+    truncated: bool,
+    exit_code: Option<i32>,
+    signal: Option<String>,
+    reason: Reason,
+    wall_ms: u64,
+    cpu_ms: u64,
+    memory_peak_bytes: u64,
+}
+
+impl From<StageResult> for StageResultJson {
+    fn from(result: StageResult) -> Self {
+        let (stdout, stdout_encoding) = result.stdout.encoded();
+        let (stderr, stderr_encoding) = result.stderr.encoded();
+        Self {
+            stdout,
+            stdout_encoding,
+            stderr,
+            stderr_encoding,
+            truncated: result.truncated,
+            exit_code: result.exit_code,
+            signal: result.signal,
+            reason: result.reason,
+            wall_ms: result.wall_ms,
+            cpu_ms: result.cpu_ms,
+            memory_peak_bytes: result.memory_peak_bytes,
+        }
+    }
+}
+
+impl TryFrom<StageResultJson> for StageResult {
+    type Error = String;
+    fn try_from(json: StageResultJson) -> Result<Self, String> {
+        Ok(Self {
+            stdout: Output::decode(&json.stdout, json.stdout_encoding)
+                .map_err(|e| format!("stdout: {e}"))?,
+            stderr: Output::decode(&json.stderr, json.stderr_encoding)
+                .map_err(|e| format!("stderr: {e}"))?,
+            truncated: json.truncated,
+            exit_code: json.exit_code,
+            signal: json.signal,
+            reason: json.reason,
+            wall_ms: json.wall_ms,
+            cpu_ms: json.cpu_ms,
+            memory_peak_bytes: json.memory_peak_bytes,
+        })
+    }
+}
+
+/// How long each phase of a job took, in milliseconds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Create + attach + start of the container, until the supervisor is ready.
+    pub container_start_ms: u64,
+    pub compile_ms: Option<u64>,
+    pub run_ms: Option<u64>,
+    /// Everything, including removing the container.
+    pub total_ms: u64,
+}
+
+/// The outcome of a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub status: Status,
+    pub language: String,
+    pub version: String,
+    /// The compile stage, for compiled languages (absent when it never ran).
+    pub compile: Option<StageResult>,
+    /// The run stage (absent when compilation failed or the platform failed first).
+    pub run: Option<StageResult>,
+    /// For status `error`: what went wrong on the platform's side.
+    pub error: Option<String>,
+    pub timings: Timings,
+}
+
+impl JobResult {
+    /// Status from the stage results: a stage that timed out makes the job
+    /// `timed_out`; any other unsuccessful stage makes it `failed`.
+    pub fn status_from_stages(compile: Option<&StageResult>, run: Option<&StageResult>) -> Status {
+        for stage in [compile, run].into_iter().flatten() {
+            if stage.reason.is_timeout() {
+                return Status::TimedOut;
+            }
+            if stage.reason != Reason::Exited || stage.exit_code != Some(0) {
+                return Status::Failed;
+            }
+        }
+        if run.is_some() {
+            Status::Succeeded
+        } else {
+            Status::Error
+        }
+    }
+
+    /// The stage that decided the outcome: the run stage if it ran, else compile.
+    pub fn deciding_stage(&self) -> Option<&StageResult> {
+        self.run.as_ref().or(self.compile.as_ref())
+    }
+}
+
+/// Name of a signal number (`9` → `SIGKILL`), or `SIG<n>` for unknown ones.
+pub fn signal_name(signal: i32) -> String {
+    nix::sys::signal::Signal::try_from(signal)
+        .map(|s| s.as_str().to_string())
+        .unwrap_or_else(|_| format!("SIG{signal}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(reason: Reason, exit_code: Option<i32>) -> StageResult {
+        StageResult {
+            stdout: Output(b"ok\n".to_vec()),
+            stderr: Output(vec![0xff, 0xfe]),
+            truncated: false,
+            exit_code,
+            signal: None,
+            reason,
+            wall_ms: 1,
+            cpu_ms: 1,
+            memory_peak_bytes: 1,
+        }
+    }
+
+    #[test]
+    fn non_utf8_output_roundtrips_as_base64() {
+        let result = stage(Reason::Exited, Some(0));
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["stdout"], "ok\n");
+        assert_eq!(json["stdout_encoding"], "utf8");
+        assert_eq!(json["stderr"], "//4=");
+        assert_eq!(json["stderr_encoding"], "base64");
+        let back: StageResult = serde_json::from_value(json).unwrap();
+        assert_eq!(back, result);
+    }
+
+    #[test]
+    fn status_follows_the_stages() {
+        let ok = stage(Reason::Exited, Some(0));
+        let bad = stage(Reason::Exited, Some(1));
+        let slow = stage(Reason::CpuTimeout, None);
+        let oom = stage(Reason::MemoryLimit, None);
+        assert_eq!(
+            JobResult::status_from_stages(None, Some(&ok)),
+            Status::Succeeded
+        );
+        assert_eq!(
+            JobResult::status_from_stages(Some(&ok), Some(&bad)),
+            Status::Failed
+        );
+        assert_eq!(
+            JobResult::status_from_stages(Some(&bad), None),
+            Status::Failed
+        );
+        assert_eq!(
+            JobResult::status_from_stages(None, Some(&slow)),
+            Status::TimedOut
+        );
+        assert_eq!(
+            JobResult::status_from_stages(None, Some(&oom)),
+            Status::Failed
+        );
+        assert_eq!(JobResult::status_from_stages(None, None), Status::Error);
+        assert_eq!(signal_name(9), "SIGKILL");
+    }
+}

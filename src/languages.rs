@@ -1,0 +1,190 @@
+//! The language catalog: `runner-images/languages.toml`, embedded in the binary
+//! at build time and optionally replaced by a file given in the configuration.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
+
+/// The catalog the binary was built with.
+pub const EMBEDDED_CATALOG: &str = include_str!("../runner-images/languages.toml");
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Language {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    #[serde(default)]
+    pub extensions: Vec<String>,
+    pub image: String,
+    pub source_file: String,
+    #[serde(default)]
+    pub compile: Option<Vec<String>>,
+    pub run: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub limits: LimitsRequest,
+    #[serde(default)]
+    pub compile_limits: CompileLimitsRequest,
+}
+
+impl Language {
+    /// The image reference with its tag.
+    pub fn image_ref(&self) -> String {
+        if self.image.contains(':') {
+            self.image.clone()
+        } else {
+            format!("{}:latest", self.image)
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CatalogFile {
+    language: Vec<Language>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    #[error("cannot read language catalog {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("invalid language catalog: {0}")]
+    Parse(#[from] toml::de::Error),
+    #[error("invalid language catalog: {0}")]
+    Invalid(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct LanguageCatalog {
+    languages: Vec<Language>,
+}
+
+impl LanguageCatalog {
+    pub fn embedded() -> Result<Self, CatalogError> {
+        Self::parse(EMBEDDED_CATALOG)
+    }
+
+    pub fn load(path: Option<&Path>) -> Result<Self, CatalogError> {
+        match path {
+            None => Self::embedded(),
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| CatalogError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
+                Self::parse(&text)
+            }
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, CatalogError> {
+        let file: CatalogFile = toml::from_str(text)?;
+        let mut seen = BTreeMap::new();
+        for language in &file.language {
+            if language.run.is_empty() {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} has an empty run command",
+                    language.id
+                )));
+            }
+            if language.compile.as_ref().is_some_and(Vec::is_empty) {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} has an empty compile command",
+                    language.id
+                )));
+            }
+            for name in std::iter::once(&language.id).chain(&language.aliases) {
+                if let Some(other) = seen.insert(name.to_lowercase(), language.id.clone()) {
+                    return Err(CatalogError::Invalid(format!(
+                        "name {name} is used by both {other} and {}",
+                        language.id
+                    )));
+                }
+            }
+        }
+        Ok(Self {
+            languages: file.language,
+        })
+    }
+
+    pub fn all(&self) -> &[Language] {
+        &self.languages
+    }
+
+    /// Finds a language by id or alias, ignoring case.
+    pub fn find(&self, name: &str) -> Option<&Language> {
+        let name = name.to_lowercase();
+        self.languages
+            .iter()
+            .find(|l| l.id == name || l.aliases.iter().any(|a| a.to_lowercase() == name))
+    }
+
+    /// Finds the language a file name's extension selects.
+    pub fn for_file_name(&self, file_name: &str) -> Option<&Language> {
+        let extension = Path::new(file_name).extension()?.to_str()?.to_lowercase();
+        self.languages
+            .iter()
+            .find(|l| l.extensions.contains(&extension))
+    }
+
+    pub fn ids(&self) -> Vec<&str> {
+        self.languages.iter().map(|l| l.id.as_str()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_catalog_parses_and_has_the_required_languages() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        for id in ["python", "javascript", "c", "cpp", "bash"] {
+            assert_eq!(catalog.find(id).map(|l| l.id.as_str()), Some(id));
+        }
+        assert_eq!(catalog.find("PY").unwrap().id, "python");
+        assert_eq!(catalog.for_file_name("x/main.cc").unwrap().id, "cpp");
+        assert!(catalog.find("cobol").is_none());
+        assert_eq!(
+            catalog.find("python").unwrap().image_ref(),
+            "code-runner/python:latest"
+        );
+    }
+
+    #[test]
+    fn duplicate_alias_is_refused() {
+        let text = r#"
+[[language]]
+id = "a"
+name = "A"
+version = "1"
+aliases = ["x"]
+image = "i"
+source_file = "a"
+run = ["a"]
+[[language]]
+id = "b"
+name = "B"
+version = "1"
+aliases = ["X"]
+image = "i"
+source_file = "b"
+run = ["b"]
+"#;
+        let error = LanguageCatalog::parse(text).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "invalid language catalog: name X is used by both a and b"
+        );
+    }
+}

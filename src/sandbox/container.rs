@@ -1,0 +1,175 @@
+//! The one place that builds a sandbox container's configuration, and the
+//! guard that removes the container on every path.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
+use bollard::query_parameters::RemoveContainerOptions;
+
+use super::SandboxConfig;
+use crate::job::PreparedJob;
+
+/// Labels on every sandbox container; the reaper finds containers by them.
+pub const LABEL_JOB: &str = "code-runner.job";
+pub const LABEL_WORKER: &str = "code-runner.worker";
+pub const LABEL_CREATED: &str = "code-runner.created";
+/// Unix milliseconds after which the container has outlived its job.
+pub const LABEL_DEADLINE: &str = "code-runner.deadline";
+pub const LABEL_LANGUAGE: &str = "code-runner.language";
+
+/// Capabilities the supervisor keeps (to drop to the sandbox uid); everything
+/// else is dropped, and user code runs with none.
+pub const KEPT_CAPABILITIES: &[&str] = &["SETUID", "SETGID"];
+
+/// Container name for a job: predictable, so a guard can remove it even when
+/// the create call's answer was never seen.
+pub fn container_name(job_id: &str) -> String {
+    format!("code-runner-{job_id}")
+}
+
+/// The hardened configuration of a job's container (DESIGN §4).
+pub fn container_config(
+    job_id: &str,
+    job: &PreparedJob,
+    config: &SandboxConfig,
+    created_ms: u64,
+    deadline_ms: u64,
+) -> ContainerCreateBody {
+    let limits = &job.limits;
+    let memory = i64::try_from(limits.memory_mb * 1024 * 1024).unwrap_or(i64::MAX);
+    let disk = format!("{}m", limits.disk_mb);
+    let tmpfs_options = format!("rw,nosuid,nodev,size={disk},mode=1777");
+    let fsize = i64::try_from(limits.disk_mb * 1024 * 1024).unwrap_or(i64::MAX);
+    let ulimit = |name: &str, value: i64| ResourcesUlimits {
+        name: Some(name.to_string()),
+        soft: Some(value),
+        hard: Some(value),
+    };
+    let labels = HashMap::from([
+        (LABEL_JOB.to_string(), job_id.to_string()),
+        (LABEL_WORKER.to_string(), config.worker_id.clone()),
+        (LABEL_CREATED.to_string(), created_ms.to_string()),
+        (LABEL_DEADLINE.to_string(), deadline_ms.to_string()),
+        (LABEL_LANGUAGE.to_string(), job.language.id.clone()),
+    ]);
+    ContainerCreateBody {
+        image: Some(job.language.image_ref()),
+        hostname: Some("sandbox".into()),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        // The supervisor's environment holds no secrets: only what the image sets.
+        env: Some(vec![]),
+        working_dir: Some(crate::job::WORKSPACE.into()),
+        network_disabled: Some(true),
+        labels: Some(labels),
+        host_config: Some(HostConfig {
+            network_mode: Some("none".into()),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(HashMap::from([
+                (crate::job::WORKSPACE.to_string(), tmpfs_options.clone()),
+                ("/tmp".to_string(), tmpfs_options),
+            ])),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+            security_opt: Some(vec![
+                "no-new-privileges".into(),
+                config.seccomp.security_opt(),
+            ]),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            memory_swappiness: (config.runtime.is_none()).then_some(0),
+            pids_limit: Some(i64::try_from(limits.pids).unwrap_or(i64::MAX)),
+            nano_cpus: Some((config.cpus * 1e9) as i64),
+            ulimits: Some(vec![
+                ulimit("nofile", 1024),
+                ulimit("fsize", fsize),
+                ulimit("core", 0),
+            ]),
+            ipc_mode: Some("private".into()),
+            shm_size: Some(16 * 1024 * 1024),
+            runtime: config.runtime.clone(),
+            init: Some(false),
+            // Output travels over the attach stream; nothing is logged to disk.
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Removes its container when dropped, unless [`ContainerGuard::remove`] ran.
+/// A drop happens when the future running a job is dropped or cancelled; the
+/// removal is then spawned onto the runtime, and tried again a little later in
+/// case the create call was still in flight.
+pub struct ContainerGuard {
+    docker: Docker,
+    name: String,
+    armed: bool,
+}
+
+impl ContainerGuard {
+    pub fn new(docker: Docker, name: String) -> Self {
+        Self {
+            docker,
+            name,
+            armed: true,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Force-removes the container (and its anonymous volumes) now.
+    pub async fn remove(mut self) -> Result<(), bollard::errors::Error> {
+        self.armed = false;
+        force_remove(&self.docker, &self.name).await
+    }
+}
+
+impl Drop for ContainerGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let docker = self.docker.clone();
+        let name = std::mem::take(&mut self.name);
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                for delay in [Duration::ZERO, Duration::from_secs(2)] {
+                    tokio::time::sleep(delay).await;
+                    if let Err(error) = force_remove(&docker, &name).await {
+                        tracing::warn!(container = %name, %error, "could not remove a dropped sandbox container");
+                    }
+                }
+            });
+        }
+    }
+}
+
+/// Force-removes a container with its volumes; a container that is already
+/// gone is not an error.
+pub async fn force_remove(docker: &Docker, name: &str) -> Result<(), bollard::errors::Error> {
+    let options = RemoveContainerOptions {
+        force: true,
+        v: true,
+        ..Default::default()
+    };
+    match docker.remove_container(name, Some(options)).await {
+        Ok(()) => Ok(()),
+        Err(bollard::errors::Error::DockerResponseServerError {
+            status_code: 404 | 409,
+            ..
+        }) => Ok(()),
+        Err(error) => Err(error),
+    }
+}

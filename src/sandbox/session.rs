@@ -1,0 +1,542 @@
+//! One job's container session: create, attach, start, speak frames with the
+//! supervisor until it is done (or the deadline passes), remove.
+//!
+//! Every frame from the sandbox is untrusted: its size is bounded by the
+//! decoder, its content is checked against what the job asked for, and output
+//! is capped here too, whatever the supervisor claims.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, InspectContainerOptions,
+};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use super::container::{ContainerGuard, container_config, container_name};
+use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
+use crate::job::result::signal_name;
+use crate::job::{JobResult, Output, PreparedJob, StageResult, Status, Timings};
+use crate::protocol::{
+    Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, MAX_SANDBOX_FRAME, PROTOCOL_VERSION,
+    Reason, SandboxMessage, SignalKind, StageReport,
+};
+
+/// How long a cancelled job's supervisor gets to report before the container
+/// is removed anyway.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How much of the supervisor's own stderr is kept for error messages.
+const SUPERVISOR_LOG_TAIL: usize = 2048;
+
+/// A platform failure: the job ends with status `error` and this message.
+struct Failure(String);
+
+/// Output of the stage that is running, capped at its output limit.
+struct StageOutput {
+    name: String,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    cap: u64,
+    truncated: bool,
+    started: Instant,
+}
+
+impl StageOutput {
+    /// Keeps what fits under the cap; returns the part kept.
+    fn accept(&mut self, data: Vec<u8>, is_stdout: bool) -> Vec<u8> {
+        let used = (self.stdout.len() + self.stderr.len()) as u64;
+        let room = self.cap.saturating_sub(used) as usize;
+        let kept = if data.len() > room {
+            self.truncated = true;
+            data[..room].to_vec()
+        } else {
+            data
+        };
+        if is_stdout {
+            self.stdout.extend_from_slice(&kept);
+        } else {
+            self.stderr.extend_from_slice(&kept);
+        }
+        kept
+    }
+
+    fn into_result(self, report: Option<&StageReport>, reason: Reason) -> StageResult {
+        StageResult {
+            stdout: Output(self.stdout),
+            stderr: Output(self.stderr),
+            truncated: self.truncated || report.is_some_and(|r| r.output_truncated),
+            exit_code: report.and_then(|r| r.exit_code),
+            signal: report
+                .and_then(|r| r.signal)
+                .map(signal_name)
+                .or_else(|| report.is_none().then(|| "SIGKILL".to_string())),
+            reason: report.map_or(reason, |r| r.reason),
+            wall_ms: report.map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
+            cpu_ms: report.map_or(0, |r| r.cpu_ms),
+            memory_peak_bytes: report.map_or(0, |r| r.memory_peak_bytes),
+        }
+    }
+}
+
+/// Why the frame loop stopped.
+enum Ending {
+    Done,
+    StreamEnded,
+    Deadline,
+}
+
+struct Session<'a> {
+    job: &'a PreparedJob,
+    io: JobIo,
+    frames: mpsc::Sender<Vec<u8>>,
+    ready_at: Option<Instant>,
+    current: Option<StageOutput>,
+    compile: Option<StageResult>,
+    run: Option<StageResult>,
+    cancelled: bool,
+    supervisor_log: Vec<u8>,
+}
+
+pub(super) async fn run(
+    docker: &Docker,
+    config: &SandboxConfig,
+    job_id: &str,
+    job: &PreparedJob,
+    io: JobIo,
+) -> JobResult {
+    let started = Instant::now();
+    let guard = ContainerGuard::new(docker.clone(), container_name(job_id));
+    let mut compile = None;
+    let mut run = None;
+    let mut ready_at = None;
+    let mut cancelled = false;
+    let outcome = drive(docker, config, job_id, job, io, &guard).await;
+    let error = match outcome {
+        Ok(session) => {
+            compile = session.compile;
+            run = session.run;
+            ready_at = session.ready_at;
+            cancelled = session.cancelled;
+            session.error
+        }
+        Err(Failure(message)) => Some(message),
+    };
+    if let Err(error) = guard.remove().await {
+        tracing::warn!(job.id = %job_id, %error, "could not remove the sandbox container");
+    }
+    let status = if error.is_some() {
+        Status::Error
+    } else if cancelled {
+        Status::Cancelled
+    } else {
+        JobResult::status_from_stages(compile.as_ref(), run.as_ref())
+    };
+    let error = error.or_else(|| {
+        (status == Status::Error).then(|| "the sandbox ended without running the program".into())
+    });
+    JobResult {
+        status,
+        language: job.language.id.clone(),
+        version: job.language.version.clone(),
+        timings: Timings {
+            container_start_ms: ready_at.map_or(0, |t| (t - started).as_millis() as u64),
+            compile_ms: compile.as_ref().map(|s| s.wall_ms),
+            run_ms: run.as_ref().map(|s| s.wall_ms),
+            total_ms: started.elapsed().as_millis() as u64,
+        },
+        compile,
+        run,
+        error,
+    }
+}
+
+/// What the session produced; `error` is set when the platform failed after
+/// some stages had already been reported.
+struct SessionOutcome {
+    compile: Option<StageResult>,
+    run: Option<StageResult>,
+    ready_at: Option<Instant>,
+    cancelled: bool,
+    error: Option<String>,
+}
+
+fn unix_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+async fn drive(
+    docker: &Docker,
+    config: &SandboxConfig,
+    job_id: &str,
+    job: &PreparedJob,
+    io: JobIo,
+    guard: &ContainerGuard,
+) -> Result<SessionOutcome, Failure> {
+    let now = SystemTime::now();
+    let budget = config.start_timeout
+        + Duration::from_millis(job.stages_wall_ms())
+        + config.deadline_grace;
+    let body = container_config(job_id, job, config, unix_ms(now), unix_ms(now + budget));
+    let image = job.language.image_ref();
+    let options = CreateContainerOptions {
+        name: Some(guard.name().to_string()),
+        ..Default::default()
+    };
+    docker
+        .create_container(Some(options), body)
+        .await
+        .map_err(|error| match error {
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            } => Failure(format!(
+                "image {image} is not built on this worker; run scripts/build-images"
+            )),
+            error => Failure(format!("docker could not create the sandbox: {error}")),
+        })?;
+    let attach = docker
+        .attach_container(
+            guard.name(),
+            Some(AttachContainerOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                stream: true,
+                logs: false,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|error| Failure(format!("docker could not attach to the sandbox: {error}")))?;
+    docker
+        .start_container(guard.name(), None)
+        .await
+        .map_err(|error| Failure(format!("docker could not start the sandbox: {error}")))?;
+
+    let (frames, mut frames_rx) = mpsc::channel::<Vec<u8>>(64);
+    let mut input = attach.input;
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = frames_rx.recv().await {
+            if input.write_all(&frame).await.is_err() || input.flush().await.is_err() {
+                return;
+            }
+        }
+        let _ = input.shutdown().await;
+    });
+
+    let mut session = Session {
+        job,
+        io,
+        frames,
+        ready_at: None,
+        current: None,
+        compile: None,
+        run: None,
+        cancelled: false,
+        supervisor_log: Vec::new(),
+    };
+    session.send_initial_frames(&job.bundle).await;
+    let ending = session.frame_loop(attach.output, config).await;
+    writer.abort();
+    let mut error = None;
+    match ending {
+        Ok(Ending::Done) => {}
+        Ok(Ending::Deadline) if session.ready_at.is_none() => {
+            return Err(Failure(format!(
+                "the sandbox did not start within {} s{}",
+                config.start_timeout.as_secs(),
+                session.log_suffix()
+            )));
+        }
+        Ok(Ending::Deadline) => {
+            let reason = if session.cancelled {
+                Reason::Killed
+            } else {
+                Reason::WallTimeout
+            };
+            session.end_unreported_stage(reason);
+        }
+        Ok(Ending::StreamEnded) => {
+            let inspect = docker
+                .inspect_container(guard.name(), None::<InspectContainerOptions>)
+                .await
+                .ok()
+                .and_then(|i| i.state);
+            let oom = inspect.as_ref().and_then(|s| s.oom_killed) == Some(true);
+            if oom && session.ready_at.is_some() {
+                session.end_unreported_stage(Reason::MemoryLimit);
+            } else if session.cancelled {
+                session.end_unreported_stage(Reason::Killed);
+            } else {
+                let code = inspect.and_then(|s| s.exit_code).unwrap_or(-1);
+                error = Some(format!(
+                    "the sandbox exited without reporting (exit code {code}){}",
+                    session.log_suffix()
+                ));
+            }
+        }
+        Err(Failure(message)) => error = Some(message),
+    }
+    Ok(SessionOutcome {
+        compile: session.compile,
+        run: session.run,
+        ready_at: session.ready_at,
+        cancelled: session.cancelled,
+        error,
+    })
+}
+
+impl Session<'_> {
+    async fn send(&self, message: HostMessage) {
+        // A closed writer means the container is gone; the frame loop sees
+        // that on the output side and reports it.
+        let _ = self.frames.send(message.encode()).await;
+    }
+
+    async fn send_initial_frames(&self, bundle: &Bundle) {
+        self.send(HostMessage::Bundle(Box::new(bundle.clone()))).await;
+        for chunk in self.job.stdin.chunks(MAX_OUTPUT_CHUNK) {
+            self.send(HostMessage::Stdin(chunk.to_vec())).await;
+        }
+        if !self.job.interactive {
+            self.send(HostMessage::StdinClose).await;
+        }
+    }
+
+    async fn emit(&self, event: SandboxEvent) {
+        if let Some(events) = &self.io.events {
+            let _ = events.send(event).await;
+        }
+    }
+
+    fn log_suffix(&self) -> String {
+        let text = String::from_utf8_lossy(&self.supervisor_log);
+        let text = text.trim();
+        if text.is_empty() {
+            String::new()
+        } else {
+            format!("; supervisor said: {text}")
+        }
+    }
+
+    async fn frame_loop(
+        &mut self,
+        mut output: std::pin::Pin<
+            Box<
+                dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>>
+                    + Send,
+            >,
+        >,
+        config: &SandboxConfig,
+    ) -> Result<Ending, Failure> {
+        let mut decoder = FrameDecoder::new(MAX_SANDBOX_FRAME);
+        let mut deadline = tokio::time::Instant::now() + config.start_timeout;
+        let mut input_open = self.io.input.is_some();
+        let cancel = self.io.cancel.clone();
+        loop {
+            tokio::select! {
+                biased;
+                () = cancel.cancelled(), if !self.cancelled => {
+                    self.cancelled = true;
+                    self.send(HostMessage::Signal(SignalKind::Kill)).await;
+                    deadline = deadline.min(tokio::time::Instant::now() + CANCEL_GRACE);
+                }
+                () = tokio::time::sleep_until(deadline) => return Ok(Ending::Deadline),
+                input = recv_input(&mut self.io.input), if input_open => match input {
+                    None => input_open = false,
+                    Some(JobInput::Stdin(data)) => {
+                        for chunk in data.chunks(MAX_OUTPUT_CHUNK) {
+                            self.send(HostMessage::Stdin(chunk.to_vec())).await;
+                        }
+                    }
+                    Some(JobInput::StdinClose) => self.send(HostMessage::StdinClose).await,
+                    Some(JobInput::Signal(signal)) => self.send(HostMessage::Signal(signal)).await,
+                },
+                item = output.next() => match item {
+                    None => return Ok(Ending::StreamEnded),
+                    Some(Err(error)) => {
+                        return Err(Failure(format!("the sandbox stream broke: {error}")));
+                    }
+                    Some(Ok(LogOutput::StdOut { message })) => {
+                        decoder.extend(&message);
+                        loop {
+                            let frame = decoder.next_frame().map_err(|error| {
+                                Failure(format!("the sandbox sent an invalid frame: {error}"))
+                            })?;
+                            let Some(frame) = frame else { break };
+                            let message = SandboxMessage::decode(frame).map_err(|error| {
+                                Failure(format!("the sandbox sent an invalid frame: {error}"))
+                            })?;
+                            if self.handle(message, &mut deadline, config).await? {
+                                return Ok(Ending::Done);
+                            }
+                        }
+                    }
+                    Some(Ok(LogOutput::StdErr { message })) => {
+                        tracing::debug!(log = %String::from_utf8_lossy(&message), "sandbox supervisor stderr");
+                        self.supervisor_log.extend_from_slice(&message);
+                        let excess = self.supervisor_log.len().saturating_sub(SUPERVISOR_LOG_TAIL);
+                        self.supervisor_log.drain(..excess);
+                    }
+                    Some(Ok(_)) => {}
+                },
+            }
+        }
+    }
+
+    /// Handles one message; `Ok(true)` when the supervisor is done.
+    async fn handle(
+        &mut self,
+        message: SandboxMessage,
+        deadline: &mut tokio::time::Instant,
+        config: &SandboxConfig,
+    ) -> Result<bool, Failure> {
+        match message {
+            SandboxMessage::Ready(ready) => {
+                if ready.protocol != PROTOCOL_VERSION {
+                    return Err(Failure(format!(
+                        "the image speaks protocol {} but this worker speaks {PROTOCOL_VERSION}; rebuild the images",
+                        ready.protocol
+                    )));
+                }
+                if self.ready_at.is_none() {
+                    self.ready_at = Some(Instant::now());
+                    if !self.cancelled {
+                        *deadline = tokio::time::Instant::now()
+                            + Duration::from_millis(self.job.stages_wall_ms())
+                            + config.deadline_grace;
+                    }
+                    self.emit(SandboxEvent::Ready).await;
+                }
+            }
+            SandboxMessage::StageStart(start) => {
+                let spec = self
+                    .job
+                    .bundle
+                    .stages
+                    .iter()
+                    .find(|s| s.name == start.stage)
+                    .ok_or_else(|| {
+                        Failure(format!("the sandbox started an unknown stage {:?}", start.stage))
+                    })?;
+                if self.current.is_some() || self.stage_slot(&start.stage).is_some() {
+                    return Err(Failure(format!(
+                        "the sandbox started stage {:?} out of order",
+                        start.stage
+                    )));
+                }
+                self.current = Some(StageOutput {
+                    name: start.stage.clone(),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    cap: spec.limits.output_bytes,
+                    truncated: false,
+                    started: Instant::now(),
+                });
+                self.emit(SandboxEvent::StageStart { stage: start.stage }).await;
+            }
+            SandboxMessage::Stdout(data) | SandboxMessage::Stderr(data)
+                if self.current.is_none() =>
+            {
+                return Err(Failure(format!(
+                    "the sandbox sent {} bytes of output outside a stage",
+                    data.len()
+                )));
+            }
+            SandboxMessage::Stdout(data) => {
+                if let Some(current) = &mut self.current {
+                    let kept = current.accept(data, true);
+                    if !kept.is_empty() {
+                        self.emit(SandboxEvent::Stdout(kept)).await;
+                    }
+                }
+            }
+            SandboxMessage::Stderr(data) => {
+                if let Some(current) = &mut self.current {
+                    let kept = current.accept(data, false);
+                    if !kept.is_empty() {
+                        self.emit(SandboxEvent::Stderr(kept)).await;
+                    }
+                }
+            }
+            SandboxMessage::StageEnd(report) => {
+                let current = self
+                    .current
+                    .take()
+                    .filter(|c| c.name == report.stage)
+                    .ok_or_else(|| {
+                        Failure(format!(
+                            "the sandbox ended stage {:?}, which was not running",
+                            report.stage
+                        ))
+                    })?;
+                let result = current.into_result(Some(&report), report.reason);
+                self.emit(SandboxEvent::StageEnd {
+                    stage: report.stage.clone(),
+                    result: Box::new(result.clone()),
+                })
+                .await;
+                self.store(&report.stage, result);
+            }
+            SandboxMessage::Fatal(fatal) => {
+                return Err(Failure(format!(
+                    "the sandbox supervisor failed: {}",
+                    fatal.message
+                )));
+            }
+            SandboxMessage::Done => return Ok(true),
+        }
+        Ok(false)
+    }
+
+    fn stage_slot(&self, stage: &str) -> Option<&StageResult> {
+        match stage {
+            "compile" => self.compile.as_ref(),
+            _ => self.run.as_ref(),
+        }
+    }
+
+    fn store(&mut self, stage: &str, result: StageResult) {
+        match stage {
+            "compile" => self.compile = Some(result),
+            _ => self.run = Some(result),
+        }
+    }
+
+    /// The sandbox stopped reporting in the middle of a stage (the engine
+    /// killed it, or the kernel did): record that stage with `reason`.
+    fn end_unreported_stage(&mut self, reason: Reason) {
+        let current = self.current.take().or_else(|| {
+            // No stage had started yet: blame the first one not reported.
+            let spec = self
+                .job
+                .bundle
+                .stages
+                .iter()
+                .find(|s| self.stage_slot(&s.name).is_none())?;
+            Some(StageOutput {
+                name: spec.name.clone(),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
+                cap: spec.limits.output_bytes,
+                truncated: false,
+                started: self.ready_at.unwrap_or_else(Instant::now),
+            })
+        });
+        if let Some(current) = current {
+            let name = current.name.clone();
+            let result = current.into_result(None, reason);
+            self.store(&name, result);
+        }
+    }
+}
+
+async fn recv_input(input: &mut Option<mpsc::Receiver<JobInput>>) -> Option<JobInput> {
+    match input {
+        Some(receiver) => receiver.recv().await,
+        None => None,
+    }
+}
