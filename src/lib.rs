@@ -4,6 +4,7 @@
 //!
 //! - [`protocol`]: the frames spoken between the worker and the in-sandbox
 //!   supervisor (`code-runner-init`); shared by both binaries.
+//! - [`init`]: the supervisor that runs as PID 1 inside every sandbox.
 //! - [`job`]: the job as submitted, its validation and limits, and its result.
 //! - [`languages`]: the language catalog (`runner-images/languages.toml`).
 //! - [`sandbox`]: the engine that runs one job in one hardened container
@@ -15,6 +16,7 @@
 pub mod cli;
 pub mod config;
 pub mod exit;
+pub mod init;
 pub mod job;
 pub mod languages;
 pub mod protocol;

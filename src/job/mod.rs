@@ -137,13 +137,15 @@ pub fn prepare(
         policy.maximum,
     )?;
     let compile_limits = match language.compile {
-        Some(_) => Some(spec.compile_limits.resolve(
-            "compile_limits",
-            language
-                .compile_limits
-                .with_defaults(policy.compile_defaults),
-            policy.compile_maximum,
-        )?),
+        Some(_) => Some(
+            spec.compile_limits.resolve(
+                "compile_limits",
+                language
+                    .compile_limits
+                    .with_defaults(policy.compile_defaults),
+                policy.compile_maximum,
+            )?,
+        ),
         None => {
             if spec.compile_limits != CompileLimitsRequest::default() {
                 return Err(InvalidJob::new(
@@ -426,6 +428,7 @@ fn build_stages(
                 output_bytes: compile_limits.output_bytes,
                 fsize_bytes,
                 nofile,
+                nproc: None,
             },
         });
     }
@@ -444,6 +447,7 @@ fn build_stages(
             output_bytes: limits.output_bytes,
             fsize_bytes,
             nofile,
+            nproc: None,
         },
     });
     stages
@@ -494,7 +498,10 @@ mod tests {
 
     #[test]
     fn bad_names_are_refused_with_the_field() {
-        assert_eq!(refuse(&spec("python", &[("/etc/x", "")])).field, "files[0].name");
+        assert_eq!(
+            refuse(&spec("python", &[("/etc/x", "")])).field,
+            "files[0].name"
+        );
         let error = refuse(&spec("python", &[("a.py", ""), ("../x", "")]));
         assert_eq!(error.field, "files[1].name");
         assert_eq!(error.message, "\"../x\" contains \"..\"");
@@ -504,14 +511,21 @@ mod tests {
             refuse(&spec("python", &[("a", ""), ("a/b.py", "")])).field,
             "files"
         );
-        assert_eq!(refuse(&spec("python", &[("a//b", "")])).field, "files[0].name");
+        assert_eq!(
+            refuse(&spec("python", &[("a//b", "")])).field,
+            "files[0].name"
+        );
     }
 
     #[test]
     fn unknown_language_lists_the_known_ones() {
         let error = refuse(&spec("cobol", &[("a", "")]));
         assert_eq!(error.field, "language");
-        assert!(error.message.starts_with("unknown language \"cobol\"; known: python"));
+        assert!(
+            error
+                .message
+                .starts_with("unknown language \"cobol\"; known: python")
+        );
     }
 
     #[test]

@@ -71,6 +71,11 @@ pub struct StageLimits {
     pub fsize_bytes: u64,
     /// Open files per process (RLIMIT_NOFILE).
     pub nofile: u64,
+    /// Processes of the sandbox uid (RLIMIT_NPROC). Only set under gVisor,
+    /// where the sandbox has a kernel of its own: under runc the count would
+    /// include every sandbox on the host, and the pids cgroup does the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nproc: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -287,6 +292,7 @@ mod tests {
             output_bytes: 1024,
             fsize_bytes: 1024,
             nofile: 64,
+            nproc: None,
         }
     }
 

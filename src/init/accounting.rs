@@ -1,0 +1,229 @@
+//! What the supervisor measures while a stage runs: the CPU time of the
+//! job's processes (from `/proc`) and the memory cgroup's OOM counters.
+//!
+//! CPU time is read per process rather than from the cgroup's `cpuacct`
+//! because the cgroup also counts the supervisor itself and, outside a
+//! container, is not the job's at all. Every process of the job's uid is the
+//! job's (nothing else runs as that uid), and for each one
+//! `utime + stime + cutime + cstime` covers the process and the children it
+//! has waited for; children reaped by the supervisor are added by the caller
+//! from their `wait4` usage.
+
+use std::path::{Path, PathBuf};
+
+/// Clock ticks per second in `/proc/<pid>/stat`: Linux fixes `USER_HZ` at
+/// 100 for user space on every architecture we run on.
+const USER_HZ: u64 = 100;
+
+/// The job's processes at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct UidSample {
+    /// Processes of the uid that are not zombies.
+    pub live: usize,
+    /// CPU time of those processes and of the children they reaped.
+    pub cpu_ms: u64,
+}
+
+/// Scans `/proc` for the processes whose real uid is `uid`.
+pub(crate) fn sample_uid(uid: u32) -> UidSample {
+    let mut sample = UidSample::default();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return sample;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let dir = Path::new("/proc").join(pid);
+        // The owner of /proc/<pid> is not the uid for a non-dumpable process,
+        // so read the real uid from `status`.
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue;
+        };
+        if real_uid(&status) != Some(uid) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
+            continue;
+        };
+        if let Some((state, ticks)) = parse_stat(&stat) {
+            if state != 'Z' && state != 'X' {
+                sample.live += 1;
+            }
+            sample.cpu_ms = sample.cpu_ms.saturating_add(ticks * (1000 / USER_HZ));
+        }
+    }
+    sample
+}
+
+fn real_uid(status: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .and_then(|id| id.parse().ok())
+}
+
+/// State and `utime + stime + cutime + cstime` (in ticks) from the text of
+/// `/proc/<pid>/stat`. The command name may contain spaces and parentheses,
+/// so fields are counted from the last `)`.
+fn parse_stat(stat: &str) -> Option<(char, u64)> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 of proc(5) (state); utime..cstime are 14..17.
+    let state = fields.first()?.chars().next()?;
+    let mut ticks: u64 = 0;
+    for field in fields.get(11..15)? {
+        let value: i64 = field.parse().ok()?;
+        ticks = ticks.saturating_add(u64::try_from(value).unwrap_or(0));
+    }
+    Some((state, ticks))
+}
+
+/// The memory cgroup counters that show an OOM kill.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct MemoryCounters {
+    /// `oom_kill` (cgroup v1 `memory.oom_control`, v2 `memory.events`).
+    pub oom_kill: Option<u64>,
+    /// Times usage hit the limit: v1 `memory.failcnt`, v2 `max` in
+    /// `memory.events`.
+    pub failcnt: Option<u64>,
+}
+
+impl MemoryCounters {
+    /// Whether `later` shows an OOM kill since `self`.
+    pub(crate) fn oom_killed_since(&self, later: &MemoryCounters) -> bool {
+        matches!((self.oom_kill, later.oom_kill), (Some(a), Some(b)) if b > a)
+    }
+
+    /// Whether `later` shows the limit being hit since `self`.
+    pub(crate) fn limit_hit_since(&self, later: &MemoryCounters) -> bool {
+        matches!((self.failcnt, later.failcnt), (Some(a), Some(b)) if b > a)
+    }
+}
+
+/// Where the supervisor's memory cgroup keeps its counters.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct MemoryProbe {
+    /// v1 `memory.oom_control` or v2 `memory.events`.
+    events: Option<PathBuf>,
+    /// v1 `memory.failcnt`; `None` on v2 (the `max` line of `events`).
+    failcnt: Option<PathBuf>,
+}
+
+impl MemoryProbe {
+    /// Finds the files of the supervisor's own memory cgroup. In a container
+    /// the cgroup is usually mounted at the root of `/sys/fs/cgroup`, while
+    /// `/proc/self/cgroup` names its path on the host; outside one, the
+    /// path from `/proc/self/cgroup` is right. Both are tried, own path first.
+    pub(crate) fn discover() -> Self {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let mut v1_dirs = Vec::new();
+        let mut v2_dirs = Vec::new();
+        for line in own.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (Some(id), Some(controllers), Some(path)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                continue;
+            };
+            let relative = path.trim_start_matches('/');
+            if controllers.split(',').any(|c| c == "memory") {
+                v1_dirs.push(Path::new("/sys/fs/cgroup/memory").join(relative));
+            } else if id == "0" && controllers.is_empty() {
+                v2_dirs.push(Path::new("/sys/fs/cgroup").join(relative));
+            }
+        }
+        v1_dirs.push(PathBuf::from("/sys/fs/cgroup/memory"));
+        v2_dirs.push(PathBuf::from("/sys/fs/cgroup"));
+        for dir in v1_dirs {
+            let events = dir.join("memory.oom_control");
+            if events.is_file() {
+                let failcnt = dir.join("memory.failcnt");
+                return Self {
+                    events: Some(events),
+                    failcnt: failcnt.is_file().then_some(failcnt),
+                };
+            }
+        }
+        for dir in v2_dirs {
+            let events = dir.join("memory.events");
+            if events.is_file() {
+                return Self {
+                    events: Some(events),
+                    failcnt: None,
+                };
+            }
+        }
+        Self::default()
+    }
+
+    pub(crate) fn read(&self) -> MemoryCounters {
+        let events = self
+            .events
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok())
+            .unwrap_or_default();
+        let failcnt = match &self.failcnt {
+            Some(path) => std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| text.trim().parse().ok()),
+            None => keyed_counter(&events, "max"),
+        };
+        MemoryCounters {
+            oom_kill: keyed_counter(&events, "oom_kill"),
+            failcnt,
+        }
+    }
+}
+
+/// The value of a `key N` line.
+fn keyed_counter(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let mut parts = line.split_whitespace();
+        (parts.next() == Some(key))
+            .then(|| parts.next().and_then(|n| n.parse().ok()))
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_command_name_parses() {
+        let stat = "4242 (a) b (c)) R 1 4242 4242 0 -1 4194560 100 0 0 0 \
+                    7 3 20 10 20 0 1 0 12345 1000 100 18446744073709551615";
+        assert_eq!(parse_stat(stat), Some(('R', 40)));
+        assert_eq!(parse_stat("1 (x) Z 1"), None);
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn real_uid_is_the_first_uid_field() {
+        let status = "Name:\tsh\nUid:\t4000001\t4000001\t4000001\t4000001\nGid:\t7\t7\t7\t7\n";
+        assert_eq!(real_uid(status), Some(4_000_001));
+        assert_eq!(real_uid("Name:\tsh\n"), None);
+    }
+
+    #[test]
+    fn keyed_counters_are_found() {
+        let v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n";
+        assert_eq!(keyed_counter(v1, "oom_kill"), Some(3));
+        assert_eq!(keyed_counter(v1, "oom_kill_disable"), Some(0));
+        let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\n";
+        assert_eq!(keyed_counter(v2, "max"), Some(12));
+        assert_eq!(keyed_counter(v2, "missing"), None);
+    }
+
+    #[test]
+    fn own_process_is_sampled() {
+        let sample = sample_uid(nix::unistd::getuid().as_raw());
+        assert!(sample.live >= 1);
+    }
+}

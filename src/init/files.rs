@@ -1,0 +1,238 @@
+//! Writing the bundle's files into the workspace.
+//!
+//! The supervisor cannot `chown` (no `CAP_CHOWN`), so the files must be
+//! created by the job's uid in the first place. They are written on a
+//! dedicated, short-lived thread that first drops *its own* credentials to
+//! the job's uid and gid for good (see [`super::creds`]: only that thread
+//! changes, the rest of the supervisor stays root), and that ends when the
+//! files are written: no other code ever runs with those credentials, and
+//! permission checks are exactly the job's. This is cheaper than a child
+//! process and needs no second copy of the files. (`setfsuid` would do on
+//! Linux, but gVisor ignores it.)
+//!
+//! Every path is checked again here (the worker checked it first), and the
+//! files are created relative to directory file descriptors with
+//! `O_NOFOLLOW`, `O_EXCL` and `O_DIRECTORY`, so a symlink in the workspace is
+//! never followed.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+
+use nix::errno::Errno;
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{Mode, fchmod, mkdirat};
+
+use super::InitError;
+use super::creds::drop_thread_to;
+use crate::protocol::BundleFile;
+
+/// Most components in a bundle file path (`a/b/c` has three).
+pub const MAX_PATH_DEPTH: usize = 16;
+/// Longest bundle file path, in bytes.
+pub const MAX_PATH_BYTES: usize = 1024;
+/// Longest single path component, in bytes (the usual `NAME_MAX`).
+const MAX_COMPONENT_BYTES: usize = 255;
+
+const DIR_MODE: u32 = 0o755;
+const FILE_MODE: u32 = 0o644;
+const EXECUTABLE_MODE: u32 = 0o755;
+
+/// Checks a bundle file path and splits it into its components: relative,
+/// no `.` or `..`, no empty component (so no leading, trailing or doubled
+/// `/`), no NUL byte, at most [`MAX_PATH_DEPTH`] components and
+/// [`MAX_PATH_BYTES`] bytes.
+pub fn validate_relative_path(path: &str) -> Result<Vec<&str>, &'static str> {
+    if path.is_empty() {
+        return Err("the path is empty");
+    }
+    if path.len() > MAX_PATH_BYTES {
+        return Err("the path is too long");
+    }
+    if path.starts_with('/') {
+        return Err("the path is absolute");
+    }
+    if path.contains('\0') {
+        return Err("the path contains a NUL byte");
+    }
+    let components: Vec<&str> = path.split('/').collect();
+    if components.len() > MAX_PATH_DEPTH {
+        return Err("the path is too deep");
+    }
+    for component in &components {
+        match *component {
+            "" => return Err("the path has an empty component"),
+            "." => return Err("the path has a `.` component"),
+            ".." => return Err("the path has a `..` component"),
+            name if name.len() > MAX_COMPONENT_BYTES => {
+                return Err("a path component is too long");
+            }
+            _ => {}
+        }
+    }
+    Ok(components)
+}
+
+/// Checks every path, then writes the files under `workspace` as
+/// `uid`/`gid` on a short-lived thread (see the module docs).
+pub(crate) fn write_bundle_files(
+    workspace: &str,
+    uid: u32,
+    gid: u32,
+    files: Vec<BundleFile>,
+) -> Result<(), InitError> {
+    for file in &files {
+        validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
+            path: file.path.clone(),
+            reason,
+        })?;
+    }
+    let workspace = workspace.to_owned();
+    let writer = std::thread::Builder::new()
+        .name("write-files".into())
+        .spawn(move || write_as(&workspace, uid, gid, &files))
+        .map_err(|source| InitError::Thread {
+            thread: "file writer",
+            source,
+        })?;
+    match writer.join() {
+        Ok(result) => result,
+        Err(_) => Err(InitError::WriteFile {
+            path: String::new(),
+            step: "writer thread",
+            source: std::io::Error::other("the file-writing thread panicked"),
+        }),
+    }
+}
+
+/// Runs on the file-writing thread only: drops this thread to the job's
+/// ids, then writes. The thread ends right after.
+fn write_as(workspace: &str, uid: u32, gid: u32, files: &[BundleFile]) -> Result<(), InitError> {
+    drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
+    let root: OwnedFd = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
+        .open(workspace)
+        .map_err(|source| InitError::OpenWorkspace {
+            workspace: workspace.to_owned(),
+            source,
+        })?
+        .into();
+    for file in files {
+        write_one(&root, file)?;
+    }
+    Ok(())
+}
+
+fn write_one(root: &OwnedFd, file: &BundleFile) -> Result<(), InitError> {
+    let fail = |step: &'static str| {
+        let path = file.path.clone();
+        move |errno: Errno| InitError::WriteFile {
+            path,
+            step,
+            source: std::io::Error::from(errno),
+        }
+    };
+    let components = validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
+        path: file.path.clone(),
+        reason,
+    })?;
+    let Some((name, parents)) = components.split_last() else {
+        return Err(InitError::BadPath {
+            path: file.path.clone(),
+            reason: "the path is empty",
+        });
+    };
+    let mut parent: Option<OwnedFd> = None;
+    for directory in parents {
+        let at = parent.as_ref().unwrap_or(root);
+        match mkdirat(at, *directory, Mode::from_bits_truncate(DIR_MODE)) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(errno) => return Err(fail("create directory")(errno)),
+        }
+        // O_NOFOLLOW: a symlink fails with ELOOP; a file with ENOTDIR.
+        let next = openat(
+            at,
+            *directory,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(fail("open directory"))?;
+        parent = Some(next);
+    }
+    let mode = Mode::from_bits_truncate(if file.executable {
+        EXECUTABLE_MODE
+    } else {
+        FILE_MODE
+    });
+    let at = parent.as_ref().unwrap_or(root);
+    // O_EXCL: never reuse an existing file or follow an existing symlink.
+    let fd = openat(
+        at,
+        *name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        mode,
+    )
+    .map_err(fail("create file"))?;
+    // The exact mode, whatever the umask.
+    fchmod(&fd, mode).map_err(fail("set mode"))?;
+    File::from(fd)
+        .write_all(&file.content)
+        .map_err(|source| InitError::WriteFile {
+            path: file.path.clone(),
+            step: "write",
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn accepts_plain_relative_paths() {
+        assert_eq!(validate_relative_path("main.py"), Ok(vec!["main.py"]));
+        assert_eq!(
+            validate_relative_path("src/lib/a.rs"),
+            Ok(vec!["src", "lib", "a.rs"])
+        );
+        assert_eq!(validate_relative_path("..a/b.."), Ok(vec!["..a", "b.."]));
+    }
+
+    #[test]
+    fn refuses_escapes_and_odd_shapes() {
+        for path in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "a/./b",
+            ".",
+            "a//b",
+            "a/",
+            "a\0b",
+        ] {
+            assert!(validate_relative_path(path).is_err(), "{path:?} accepted");
+        }
+        let deep = vec!["d"; MAX_PATH_DEPTH + 1].join("/");
+        assert_eq!(validate_relative_path(&deep), Err("the path is too deep"));
+        let long = "x".repeat(MAX_COMPONENT_BYTES + 1);
+        assert_eq!(
+            validate_relative_path(&long),
+            Err("a path component is too long")
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn accepted_paths_stay_below_the_workspace(path in "[a-z./]{0,40}") {
+            if let Ok(components) = validate_relative_path(&path) {
+                prop_assert!(!path.starts_with('/'));
+                prop_assert!(components.iter().all(|c| !c.is_empty() && *c != "." && *c != ".."));
+                prop_assert_eq!(components.join("/"), path);
+            }
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! `code-runner-init`: the supervisor that runs as PID 1 inside every sandbox.
+//!
+//! It speaks the frames of [`crate::protocol`] on its stdin and stdout: it
+//! sends `ready`, reads the job bundle, writes the job's files into the
+//! workspace as the job's unprivileged uid, runs the stages one after another
+//! as that uid and reports each of them.
+//!
+//! # Privileges
+//!
+//! The supervisor starts as uid 0 with only `CAP_SETUID` and `CAP_SETGID`.
+//! Without `CAP_KILL` it cannot signal the job's processes, so it signals
+//! them through a helper: this same binary started as the job's uid with a
+//! hidden argument (`kill`). Without `CAP_CHOWN` it cannot hand files over,
+//! so it writes them as the job's uid in the first place, from a thread that
+//! alone takes the job's ids (`files`, `creds`).
+//!
+//! # Layout
+//!
+//! - `supervisor`: the top-level sequence (ready, bundle, files, stages, done).
+//! - `stage`: the event loop that watches one stage, and its report.
+//! - `spawn`: starting a stage: credentials, session, rlimits, pipes.
+//! - `report`: what a stage's end means (its reason).
+//! - `io`: the frame writer thread (stdout) and the frame reader thread (stdin).
+//! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
+//! - `files`: path checks and writing the bundle's files.
+//! - `creds`: switching the credentials of one thread only.
+//! - `kill`: signalling the job's processes (helper mode and fallback).
+//! - `reap`: `wait4(-1)`: reaping every child with its resource usage.
+//! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
+
+mod accounting;
+mod creds;
+mod files;
+mod io;
+mod kill;
+mod reap;
+mod report;
+mod spawn;
+mod stage;
+mod stdin;
+mod supervisor;
+
+use std::ffi::OsString;
+
+use crate::protocol::FrameError;
+
+pub use files::{MAX_PATH_BYTES, MAX_PATH_DEPTH, validate_relative_path};
+
+/// Exit status when the supervisor itself failed (after a `fatal` frame).
+pub const EXIT_FATAL: i32 = 70;
+
+/// Exit status for a command line the binary does not understand.
+pub const EXIT_USAGE: i32 = 64;
+
+/// Why the supervisor could not go on; each variant names the failed step.
+/// Every one of them ends in a `fatal` frame carrying its message.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("cannot resolve the supervisor's own executable: {0}")]
+    OwnExecutable(std::io::Error),
+    #[error("cannot mark the supervisor non-dumpable: {0}")]
+    NonDumpable(nix::errno::Errno),
+    #[error("cannot start the async runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot install the {signal} handler: {source}")]
+    SignalHandler {
+        signal: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot start the {thread} thread: {source}")]
+    Thread {
+        thread: &'static str,
+        source: std::io::Error,
+    },
+    #[error("the host stopped reading the supervisor's output")]
+    HostGone,
+    #[error("the host closed stdin before sending the bundle")]
+    EofBeforeBundle,
+    #[error("expected a bundle frame first, got a {0} frame")]
+    NotBundle(&'static str),
+    #[error("malformed frame from the host: {0}")]
+    MalformedFrame(FrameError),
+    #[error("unexpected {0} frame from the host after the bundle")]
+    UnexpectedFrame(&'static str),
+    #[error("terminated by a signal before the bundle arrived")]
+    TerminatedBeforeBundle,
+    #[error("invalid bundle: {0}")]
+    InvalidBundle(String),
+    #[error("invalid bundle file path {path:?}: {reason}")]
+    BadPath { path: String, reason: &'static str },
+    #[error("cannot switch the file-writing thread to uid {uid} gid {gid}: {source}")]
+    SwitchIds {
+        uid: u32,
+        gid: u32,
+        source: std::io::Error,
+    },
+    #[error("cannot open the workspace {workspace:?}: {source}")]
+    OpenWorkspace {
+        workspace: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write bundle file {path:?} ({step}): {source}")]
+    WriteFile {
+        path: String,
+        step: &'static str,
+        source: std::io::Error,
+    },
+    #[error("cannot set up the pipes of stage {stage:?}: {source}")]
+    StagePipes {
+        stage: String,
+        source: std::io::Error,
+    },
+}
+
+/// Entry point of the `code-runner-init` binary; returns its exit status.
+///
+/// With no argument it is the supervisor. With a hidden helper argument
+/// (`--signal-all SIGNO` or `--signal-group PGID SIGNO`) it signals the
+/// processes of the uid it runs as and exits.
+pub fn main(args: Vec<OsString>) -> i32 {
+    match args.get(1).map(|arg| arg.to_str()) {
+        None => supervisor::run(),
+        Some(Some(kill::SIGNAL_ALL_FLAG | kill::SIGNAL_GROUP_FLAG)) => {
+            kill::helper_main(&args[1..])
+        }
+        Some(_) => {
+            eprintln!("code-runner-init: takes no arguments; it reads a job bundle from stdin");
+            EXIT_USAGE
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Starting one stage: the command, its credentials, rlimits and pipes.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use tokio::net::unix::pipe;
+
+use crate::protocol::{StageLimits, StageSpec};
+
+/// The rlimits of a stage, computed before the fork so that the child only
+/// has to make system calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StageRlimits {
+    /// RLIMIT_CPU in seconds: a backstop above the precise, polled limit.
+    pub cpu: (u64, u64),
+    pub fsize: (u64, u64),
+    pub nofile: (u64, u64),
+    pub nproc: Option<(u64, u64)>,
+}
+
+impl StageRlimits {
+    /// `ceil(cpu_ms / 1000) + 1` seconds soft and one more hard; FSIZE and
+    /// NOFILE as given. Every value is clamped to the supervisor's own hard
+    /// limit: the child has already dropped its privileges when it sets them
+    /// and could not raise a hard limit.
+    pub(crate) fn for_limits(limits: &StageLimits) -> Self {
+        let cpu_soft = limits.cpu_ms.div_ceil(1000).saturating_add(1);
+        Self {
+            cpu: clamp(Resource::RLIMIT_CPU, cpu_soft, cpu_soft.saturating_add(1)),
+            fsize: clamp(
+                Resource::RLIMIT_FSIZE,
+                limits.fsize_bytes,
+                limits.fsize_bytes,
+            ),
+            nofile: clamp(Resource::RLIMIT_NOFILE, limits.nofile, limits.nofile),
+            nproc: limits
+                .nproc
+                .map(|nproc| clamp(Resource::RLIMIT_NPROC, nproc, nproc)),
+        }
+    }
+
+    /// Runs in the forked child: only async-signal-safe system calls.
+    fn apply(&self) -> std::io::Result<()> {
+        nix::unistd::setsid()?;
+        setrlimit(Resource::RLIMIT_CPU, self.cpu.0, self.cpu.1)?;
+        setrlimit(Resource::RLIMIT_FSIZE, self.fsize.0, self.fsize.1)?;
+        setrlimit(Resource::RLIMIT_NOFILE, self.nofile.0, self.nofile.1)?;
+        setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
+        if let Some((soft, hard)) = self.nproc {
+            setrlimit(Resource::RLIMIT_NPROC, soft, hard)?;
+        }
+        Ok(())
+    }
+}
+
+fn clamp(resource: Resource, soft: u64, hard: u64) -> (u64, u64) {
+    let current_hard = getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard);
+    let hard = hard.min(current_hard);
+    (soft.min(hard), hard)
+}
+
+/// A started stage: its pid (it leads its own session and process group)
+/// and the supervisor's ends of its pipes.
+pub(crate) struct SpawnedStage {
+    pub pid: i32,
+    pub stdin: Option<pipe::Sender>,
+    pub stdout: pipe::Receiver,
+    pub stderr: pipe::Receiver,
+}
+
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// The stage did not start (command not found, bad cwd, ...).
+    Start(std::io::Error),
+    /// The stage started but its pipes could not be registered with the
+    /// runtime; the process is running and must be killed.
+    Pipes(std::io::Error),
+}
+
+/// Starts `spec` as `uid`/`gid`: its own session, the rlimits, exactly the
+/// stage's environment (whose `PATH` is used to find `argv[0]`), stdin from
+/// a pipe or `/dev/null`, stdout and stderr to pipes. Must run inside the
+/// runtime (the pipes are registered with it).
+#[allow(unsafe_code)]
+pub(crate) fn spawn_stage(
+    spec: &StageSpec,
+    uid: u32,
+    gid: u32,
+) -> Result<SpawnedStage, SpawnError> {
+    let Some((program, args)) = spec.argv.split_first() else {
+        return Err(SpawnError::Start(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the stage has an empty argv",
+        )));
+    };
+    let rlimits = StageRlimits::for_limits(&spec.limits);
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(spec.env.iter().map(|(key, value)| (key, value)))
+        .current_dir(&spec.cwd)
+        // std applies gid, then (being root) clears the supplementary
+        // groups with setgroups(0), then uid, all in the child before exec.
+        .gid(gid)
+        .uid(uid)
+        .stdin(if spec.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child between fork and exec,
+    // where only async-signal-safe functions may be called. It calls
+    // setsid(2) and setrlimit(2) through nix's thin wrappers — direct system
+    // calls that neither allocate nor take locks — with plain integers
+    // computed before the fork, and builds its error (if any) from an errno
+    // without allocating. std's own pre-exec steps (dup2, setgid, setgroups,
+    // setuid, chdir) have run by then.
+    unsafe {
+        command.pre_exec(move || rlimits.apply());
+    }
+    // Every pipe std creates is close-on-exec in the supervisor, so the
+    // child inherits only its own three descriptors.
+    let mut child = command.spawn().map_err(SpawnError::Start)?;
+    let pid = i32::try_from(child.id()).map_err(|e| SpawnError::Pipes(std::io::Error::other(e)))?;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // The Child is dropped without waiting: the supervisor's wait4(-1) loop
+    // reaps the stage (see `reap`).
+    drop(child);
+    let missing = || SpawnError::Pipes(std::io::Error::other("a stage pipe is missing"));
+    let stdout = stdout.ok_or_else(missing)?;
+    let stderr = stderr.ok_or_else(missing)?;
+    Ok(SpawnedStage {
+        pid,
+        stdin: stdin
+            .map(|stdin| pipe::Sender::from_owned_fd(OwnedFd::from(stdin)))
+            .transpose()
+            .map_err(SpawnError::Pipes)?,
+        stdout: pipe::Receiver::from_owned_fd(OwnedFd::from(stdout)).map_err(SpawnError::Pipes)?,
+        stderr: pipe::Receiver::from_owned_fd(OwnedFd::from(stderr)).map_err(SpawnError::Pipes)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_rlimit_is_a_backstop_above_the_limit() {
+        let limits = StageLimits {
+            wall_ms: 1000,
+            idle_ms: None,
+            cpu_ms: 1500,
+            output_bytes: 1,
+            fsize_bytes: 4096,
+            nofile: 64,
+            nproc: None,
+        };
+        let rlimits = StageRlimits::for_limits(&limits);
+        assert_eq!(rlimits.cpu, (3, 4));
+        let exact = StageRlimits::for_limits(&StageLimits {
+            cpu_ms: 2000,
+            ..limits
+        });
+        assert_eq!(exact.cpu, (3, 4));
+        let huge = StageRlimits::for_limits(&StageLimits {
+            cpu_ms: u64::MAX,
+            ..limits
+        });
+        assert!(huge.cpu.0 <= huge.cpu.1);
+    }
+}

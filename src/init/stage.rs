@@ -1,0 +1,503 @@
+//! Running one stage: from `stage_start` to the [`StageReport`].
+//!
+//! 1. **Running**: one `select!` loop forwards output as it arrives (no line
+//!    buffering), feeds queued stdin as fast as the stage reads it, applies
+//!    host signals, reaps children on SIGCHLD, and checks the wall, idle and
+//!    CPU limits (CPU polled every [`CPU_POLL`]). Any limit kills every
+//!    process of the job's uid. The phase ends when the stage's main process
+//!    is reaped.
+//! 2. **Cleanup**: every leftover process of the uid is killed, and the
+//!    supervisor checks in `/proc` that none is left before the next stage.
+//! 3. **Drain**: the pipes are read to EOF, for at most [`DRAIN_TIMEOUT`].
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use tokio::net::unix::pipe;
+
+use super::InitError;
+use super::accounting::{MemoryCounters, sample_uid};
+use super::kill::Target;
+use super::reap::{Reaped, Termination, reap_one};
+use super::report::{Facts, classify, not_started};
+use super::spawn::{SpawnError, spawn_stage};
+use super::supervisor::{Context, Control};
+use crate::protocol::{
+    MAX_OUTPUT_CHUNK, Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
+};
+
+/// How often the job's CPU time is read from `/proc`.
+const CPU_POLL: Duration = Duration::from_millis(50);
+/// How long a kill may take before it is sent again.
+const KILL_RETRY: Duration = Duration::from_millis(500);
+/// How long to read the pipes after the stage ended.
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long to wait for one signal helper to exit.
+const HELPER_TIMEOUT: Duration = Duration::from_secs(1);
+/// Rounds of kill-and-check after a stage before giving up.
+const CLEANUP_ROUNDS: usize = 10;
+
+/// Runs one stage and returns its report (not yet sent). An error means the
+/// supervisor cannot go on; the caller sends `fatal`.
+pub(crate) async fn run_stage(
+    ctx: &mut Context<'_>,
+    spec: &StageSpec,
+) -> Result<StageReport, InitError> {
+    ctx.sink
+        .send(&SandboxMessage::StageStart(StageStart {
+            stage: spec.name.clone(),
+        }))
+        .await?;
+    ctx.apply_waiting_host_events()?;
+    if ctx.kill_requested {
+        return Ok(not_started(spec, Reason::Killed));
+    }
+    let memory_before = ctx.memory.read();
+    let started = Instant::now();
+    let spawned = match spawn_stage(spec, ctx.uid, ctx.gid) {
+        Ok(spawned) => spawned,
+        Err(SpawnError::Start(error)) => {
+            let program = spec.argv.first().map_or("", String::as_str);
+            let message = format!(
+                "code-runner-init: cannot run {program:?} in {:?}: {error}\n",
+                spec.cwd
+            );
+            ctx.sink
+                .send(&SandboxMessage::Stderr(message.into_bytes()))
+                .await?;
+            return Ok(StageReport {
+                exit_code: Some(127),
+                wall_ms: millis(started.elapsed()),
+                ..not_started(spec, Reason::Exited)
+            });
+        }
+        Err(SpawnError::Pipes(source)) => {
+            return Err(InitError::StagePipes {
+                stage: spec.name.clone(),
+                source,
+            });
+        }
+    };
+    let mut run = Run {
+        pid: spawned.pid,
+        limits: spec.limits,
+        started,
+        stdin: spawned.stdin,
+        stdout: Some(spawned.stdout),
+        stderr: Some(spawned.stderr),
+        output_total: 0,
+        truncated: false,
+        reason: None,
+        kill_sent: None,
+        last_activity: started,
+        next_poll: started,
+        polled_cpu_ms: 0,
+        orphan_cpu_ms: 0,
+        exit: None,
+        helpers: HashSet::new(),
+    };
+    run.supervise(ctx).await?;
+    run.stdin = None;
+    run.clean_up(ctx).await;
+    run.drain(ctx).await?;
+    Ok(run.report(spec, &memory_before, &ctx.memory.read()))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// The state of the running stage.
+struct Run {
+    pid: i32,
+    limits: StageLimits,
+    started: Instant,
+    stdin: Option<pipe::Sender>,
+    stdout: Option<pipe::Receiver>,
+    stderr: Option<pipe::Receiver>,
+    /// stdout + stderr bytes the stage wrote (counted up to the limit).
+    output_total: u64,
+    truncated: bool,
+    /// Why the supervisor killed the stage; the first reason wins.
+    reason: Option<Reason>,
+    kill_sent: Option<Instant>,
+    /// Last stdin frame or output, for the idle limit.
+    last_activity: Instant,
+    next_poll: Instant,
+    /// Largest CPU total seen while polling.
+    polled_cpu_ms: u64,
+    /// CPU time of the job's orphans reaped by the supervisor.
+    orphan_cpu_ms: u64,
+    /// The main process, once reaped, and when.
+    exit: Option<(Reaped, Instant)>,
+    /// Signal helpers not yet reaped.
+    helpers: HashSet<i32>,
+}
+
+/// Resolves when the pipe is readable; never when there is no pipe.
+async fn readable(pipe: Option<&pipe::Receiver>) -> std::io::Result<()> {
+    match pipe {
+        Some(pipe) => pipe.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Resolves when the pipe is writable; never when there is no pipe.
+async fn writable(pipe: Option<&pipe::Sender>) -> std::io::Result<()> {
+    match pipe {
+        Some(pipe) => pipe.writable().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Run {
+    /// The running phase; returns once the main process has been reaped.
+    async fn supervise(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
+        let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
+        self.feed_stdin(ctx);
+        while self.exit.is_none() {
+            let now = Instant::now();
+            if now >= self.next_poll {
+                self.reap();
+                self.poll_cpu(ctx);
+                self.next_poll = now + CPU_POLL;
+            }
+            self.check_deadlines(ctx, now);
+            if self.exit.is_some() {
+                break;
+            }
+            let wake = self.next_wake();
+            tokio::select! {
+                biased;
+                _ = ctx.signals.child.recv() => self.reap(),
+                _ = ctx.signals.terminate.recv() => self.terminate(ctx),
+                _ = ctx.signals.interrupt.recv() => self.terminate(ctx),
+                event = ctx.host.recv(), if ctx.host_open => {
+                    match ctx.on_host_event(event)? {
+                        Control::None => {}
+                        Control::Input => self.last_activity = Instant::now(),
+                        Control::Interrupt => self.signal_group(ctx, Signal::SIGINT),
+                        Control::Kill => self.kill(ctx, Reason::Killed),
+                    }
+                    self.feed_stdin(ctx);
+                }
+                _ = readable(self.stdout.as_ref()), if ctx.sink.has_room() => {
+                    self.read_output(ctx, Stream::Stdout, &mut buffer).await?;
+                }
+                _ = readable(self.stderr.as_ref()), if ctx.sink.has_room() => {
+                    self.read_output(ctx, Stream::Stderr, &mut buffer).await?;
+                }
+                _ = ctx.sink.room(), if !ctx.sink.has_room() => {}
+                _ = writable(self.stdin.as_ref()), if ctx.stdin.has_pending() => self.feed_stdin(ctx),
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The earliest instant something must be checked.
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.next_poll;
+        match self.kill_sent {
+            Some(sent) => wake = wake.min(sent + KILL_RETRY),
+            None => {
+                if let Some(deadline) = self.wall_deadline() {
+                    wake = wake.min(deadline);
+                }
+                if let Some(deadline) = self.idle_deadline() {
+                    wake = wake.min(deadline);
+                }
+            }
+        }
+        wake
+    }
+
+    fn wall_deadline(&self) -> Option<Instant> {
+        self.started
+            .checked_add(Duration::from_millis(self.limits.wall_ms))
+    }
+
+    fn idle_deadline(&self) -> Option<Instant> {
+        let idle = self.limits.idle_ms?;
+        self.last_activity.checked_add(Duration::from_millis(idle))
+    }
+
+    fn check_deadlines(&mut self, ctx: &mut Context<'_>, now: Instant) {
+        if let Some(sent) = self.kill_sent {
+            if now >= sent + KILL_RETRY {
+                // The main process has not died yet (the helper may have been
+                // killed by the job itself): kill again.
+                self.send_kill_all(ctx);
+            }
+            return;
+        }
+        if self.wall_deadline().is_some_and(|deadline| now >= deadline) {
+            self.kill(ctx, Reason::WallTimeout);
+        } else if self.idle_deadline().is_some_and(|deadline| now >= deadline) {
+            self.kill(ctx, Reason::IdleTimeout);
+        }
+    }
+
+    fn poll_cpu(&mut self, ctx: &mut Context<'_>) {
+        let sample = sample_uid(ctx.uid);
+        let total = sample.cpu_ms.saturating_add(self.orphan_cpu_ms);
+        self.polled_cpu_ms = self.polled_cpu_ms.max(total);
+        if self.polled_cpu_ms > self.limits.cpu_ms {
+            self.kill(ctx, Reason::CpuTimeout);
+        }
+    }
+
+    /// SIGTERM or SIGINT to the supervisor: kill the stage, run no more.
+    fn terminate(&mut self, ctx: &mut Context<'_>) {
+        ctx.kill_requested = true;
+        self.kill(ctx, Reason::Killed);
+    }
+
+    /// Kills every process of the job for `reason` (the first reason sticks).
+    fn kill(&mut self, ctx: &mut Context<'_>, reason: Reason) {
+        self.reason.get_or_insert(reason);
+        if self.exit.is_none() && self.kill_sent.is_none() {
+            self.send_kill_all(ctx);
+        }
+    }
+
+    fn send_kill_all(&mut self, ctx: &mut Context<'_>) {
+        if let Some(helper) = ctx.killer.signal(Target::All, Signal::SIGKILL) {
+            self.helpers.insert(helper);
+        }
+        self.kill_sent = Some(Instant::now());
+    }
+
+    fn signal_group(&mut self, ctx: &mut Context<'_>, signal: Signal) {
+        if self.exit.is_none()
+            && let Some(helper) = ctx.killer.signal(Target::Group(self.pid), signal)
+        {
+            self.helpers.insert(helper);
+        }
+    }
+
+    /// Reaps every child that has ended: the main process, helpers, orphans.
+    fn reap(&mut self) {
+        while let Some(reaped) = reap_one() {
+            if reaped.pid == self.pid {
+                self.exit = Some((reaped, Instant::now()));
+            } else if self.helpers.remove(&reaped.pid) {
+                // A helper killed by a later kill-all (it runs as the job's
+                // uid) is expected; a helper that failed is worth a line.
+                if let Termination::Exited(code @ 1..) = reaped.termination {
+                    eprintln!(
+                        "code-runner-init: signal helper {} exited with status {code}",
+                        reaped.pid
+                    );
+                }
+            } else {
+                // An orphan of the job (or a helper of an earlier stage).
+                self.orphan_cpu_ms = self.orphan_cpu_ms.saturating_add(reaped.cpu_ms);
+            }
+        }
+    }
+
+    /// Writes queued stdin to the stage's pipe without blocking, and closes
+    /// the pipe once the host closed stdin and the queue is empty.
+    fn feed_stdin(&mut self, ctx: &mut Context<'_>) {
+        let Some(pipe) = &self.stdin else {
+            return;
+        };
+        while let Some(bytes) = ctx.stdin.front() {
+            match pipe.try_write(bytes) {
+                Ok(written) => ctx.stdin.consume(written),
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    // The stage closed its stdin (EPIPE): what is queued
+                    // can never be read.
+                    ctx.stdin.discard();
+                    self.stdin = None;
+                    return;
+                }
+            }
+        }
+        if ctx.stdin.should_close() {
+            self.stdin = None;
+        }
+    }
+
+    /// Reads one chunk from a ready pipe and forwards it.
+    async fn read_output(
+        &mut self,
+        ctx: &mut Context<'_>,
+        stream: Stream,
+        buffer: &mut [u8],
+    ) -> Result<(), InitError> {
+        let slot = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        let Some(pipe) = slot.as_ref() else {
+            return Ok(());
+        };
+        match pipe.try_read(buffer) {
+            Ok(0) => *slot = None,
+            Ok(read) => {
+                self.last_activity = Instant::now();
+                self.forward(ctx, stream, &buffer[..read]).await?;
+            }
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+                ) => {}
+            Err(error) => {
+                eprintln!("code-runner-init: reading {stream:?} of the stage failed: {error}");
+                *slot = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends output up to the output limit; past it, sends the part that
+    /// fits, kills the stage and drops the rest.
+    async fn forward(
+        &mut self,
+        ctx: &mut Context<'_>,
+        stream: Stream,
+        data: &[u8],
+    ) -> Result<(), InitError> {
+        if self.truncated {
+            return Ok(());
+        }
+        let allowed = self.limits.output_bytes.saturating_sub(self.output_total);
+        let length = u64::try_from(data.len()).unwrap_or(u64::MAX);
+        let (send, over) = if length <= allowed {
+            (data, false)
+        } else {
+            (&data[..usize::try_from(allowed).unwrap_or(0)], true)
+        };
+        self.output_total = self
+            .output_total
+            .saturating_add(u64::try_from(send.len()).unwrap_or(u64::MAX));
+        if !send.is_empty() {
+            let message = match stream {
+                Stream::Stdout => SandboxMessage::Stdout(send.to_vec()),
+                Stream::Stderr => SandboxMessage::Stderr(send.to_vec()),
+            };
+            ctx.sink.send(&message).await?;
+        }
+        if over {
+            self.truncated = true;
+            self.kill(ctx, Reason::OutputLimit);
+        }
+        Ok(())
+    }
+
+    /// Kills whatever is left of the job and checks that nothing survived,
+    /// so that no process of this stage runs into the next one.
+    async fn clean_up(&mut self, ctx: &mut Context<'_>) {
+        for _ in 0..CLEANUP_ROUNDS {
+            if let Some(helper) = ctx.killer.signal(Target::All, Signal::SIGKILL) {
+                self.helpers.insert(helper);
+                self.wait_for_helper(ctx, helper).await;
+            }
+            self.reap();
+            if sample_uid(ctx.uid).live == 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!(
+            "code-runner-init: processes of uid {} survived {CLEANUP_ROUNDS} kill rounds",
+            ctx.uid
+        );
+    }
+
+    async fn wait_for_helper(&mut self, ctx: &mut Context<'_>, helper: i32) {
+        let deadline = Instant::now() + HELPER_TIMEOUT;
+        while self.helpers.contains(&helper) && Instant::now() < deadline {
+            tokio::select! {
+                _ = ctx.signals.child.recv() => {}
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            }
+            self.reap();
+        }
+    }
+
+    /// Reads the pipes to EOF after the stage ended, for a bounded time: a
+    /// process that escaped the kill could hold them open forever.
+    async fn drain(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
+        let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < deadline {
+            tokio::select! {
+                biased;
+                _ = ctx.signals.child.recv() => self.reap(),
+                _ = ctx.signals.terminate.recv() => ctx.kill_requested = true,
+                _ = ctx.signals.interrupt.recv() => ctx.kill_requested = true,
+                event = ctx.host.recv(), if ctx.host_open => {
+                    if ctx.on_host_event(event)? == Control::Kill {
+                        ctx.kill_requested = true;
+                    }
+                }
+                _ = readable(self.stdout.as_ref()), if ctx.sink.has_room() => {
+                    self.read_output(ctx, Stream::Stdout, &mut buffer).await?;
+                }
+                _ = readable(self.stderr.as_ref()), if ctx.sink.has_room() => {
+                    self.read_output(ctx, Stream::Stderr, &mut buffer).await?;
+                }
+                _ = ctx.sink.room(), if !ctx.sink.has_room() => {}
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+            }
+        }
+        self.stdout = None;
+        self.stderr = None;
+        Ok(())
+    }
+
+    fn report(
+        &self,
+        spec: &StageSpec,
+        memory_before: &MemoryCounters,
+        memory_after: &MemoryCounters,
+    ) -> StageReport {
+        let (exit_code, signal, wall_ms, main_cpu_ms, peak) = match &self.exit {
+            Some((reaped, ended)) => {
+                let (code, signal) = match reaped.termination {
+                    Termination::Exited(code) => (Some(code), None),
+                    Termination::Signaled(signal) => (None, Some(signal)),
+                };
+                let wall = millis(ended.saturating_duration_since(self.started));
+                (code, signal, wall, reaped.cpu_ms, reaped.max_rss_bytes)
+            }
+            None => (None, None, millis(self.started.elapsed()), 0, 0),
+        };
+        let cpu_ms = main_cpu_ms
+            .saturating_add(self.orphan_cpu_ms)
+            .max(self.polled_cpu_ms);
+        let reason = self.reason.unwrap_or_else(|| {
+            classify(Facts {
+                exit_code,
+                signal,
+                cpu_ms,
+                cpu_limit_ms: self.limits.cpu_ms,
+                oom_killed: memory_before.oom_killed_since(memory_after),
+                limit_hit: memory_before.limit_hit_since(memory_after),
+            })
+        });
+        StageReport {
+            stage: spec.name.clone(),
+            exit_code,
+            signal,
+            reason,
+            wall_ms,
+            cpu_ms,
+            memory_peak_bytes: peak,
+            output_truncated: self.truncated,
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! The supervisor's top-level sequence: `ready`, the bundle, the files, the
+//! stages in order, `done`. Anything that stops it sends `fatal` and exits
+//! with [`EXIT_FATAL`].
+//!
+//! It runs on a current-thread tokio runtime: one thread owns the stage, its
+//! pipes, the timers, every spawn and all reaping (see [`super::reap`]);
+//! plain threads do the blocking work around it: the frame reader on stdin,
+//! the frame writer on stdout, the signaller of [`super::kill`], and, once,
+//! the short-lived thread that writes the files as the job's uid
+//! ([`super::files`]).
+
+use std::path::PathBuf;
+
+use nix::sys::stat::{Mode, umask};
+use nix::unistd::setgroups;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::mpsc;
+
+use super::accounting::MemoryProbe;
+use super::files::write_bundle_files;
+use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
+use super::kill::{Killer, Signaller, Target};
+use super::stage::run_stage;
+use super::stdin::StdinQueue;
+use super::{EXIT_FATAL, InitError};
+use crate::protocol::{
+    Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, SandboxMessage,
+    SignalKind as HostSignal,
+};
+
+/// Runs the supervisor; returns the process exit status.
+pub(crate) fn run() -> i32 {
+    let sink = match FrameSink::start() {
+        Ok(sink) => sink,
+        Err(error) => {
+            eprintln!("code-runner-init: {error}");
+            return EXIT_FATAL;
+        }
+    };
+    let code = match prepare() {
+        Ok((exe, signaller)) => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime.block_on(supervise(&sink, exe, signaller)),
+            Err(error) => report_fatal_blocking(&sink, &InitError::Runtime(error)),
+        },
+        Err(error) => report_fatal_blocking(&sink, &error),
+    };
+    sink.finish();
+    code
+}
+
+/// Process-wide set-up before any other thread that could be affected runs.
+fn prepare() -> Result<(PathBuf, Signaller), InitError> {
+    // Resolved now: the helper is this same binary.
+    let exe = std::env::current_exe().map_err(InitError::OwnExecutable)?;
+    nix::sys::prctl::set_dumpable(false).map_err(InitError::NonDumpable)?;
+    // As PID 1 every orphan comes to us anyway; outside a container (tests)
+    // this makes the job's orphans ours to reap too.
+    if let Err(errno) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("code-runner-init: cannot become a child subreaper: {errno}");
+    }
+    // The supervisor needs no supplementary groups, and the file-writing
+    // thread must not carry root's.
+    if let Err(errno) = setgroups(&[]) {
+        eprintln!("code-runner-init: cannot clear supplementary groups: {errno}");
+    }
+    // Directories are created 0755 (files get an explicit fchmod).
+    umask(Mode::from_bits_truncate(0o022));
+    let signaller = Signaller::start()?;
+    Ok((exe, signaller))
+}
+
+fn report_fatal_blocking(sink: &FrameSink, error: &InitError) -> i32 {
+    eprintln!("code-runner-init: {error}");
+    let _ = sink.send_blocking(&SandboxMessage::Fatal(Fatal {
+        message: error.to_string(),
+    }));
+    EXIT_FATAL
+}
+
+/// The signals the supervisor handles.
+pub(crate) struct Signals {
+    pub child: Signal,
+    pub terminate: Signal,
+    pub interrupt: Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self, InitError> {
+        let install = |kind: SignalKind, name: &'static str| {
+            signal(kind).map_err(|source| InitError::SignalHandler {
+                signal: name,
+                source,
+            })
+        };
+        Ok(Self {
+            child: install(SignalKind::child(), "SIGCHLD")?,
+            terminate: install(SignalKind::terminate(), "SIGTERM")?,
+            interrupt: install(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+}
+
+/// A control request from the host for the running stage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    None,
+    /// Input arrived (counts as activity for the idle limit).
+    Input,
+    Interrupt,
+    Kill,
+}
+
+/// Everything that outlives one stage.
+pub(crate) struct Context<'a> {
+    pub sink: &'a FrameSink,
+    pub host: mpsc::UnboundedReceiver<HostEvent>,
+    pub host_open: bool,
+    pub signals: Signals,
+    pub stdin: StdinQueue,
+    pub killer: Killer,
+    pub memory: MemoryProbe,
+    pub uid: u32,
+    pub gid: u32,
+    /// A kill (host `kill` frame or SIGTERM) arrived while no stage was
+    /// running: the next stage is reported killed instead of started.
+    pub kill_requested: bool,
+}
+
+impl Context<'_> {
+    /// Applies one event from the host reader.
+    pub(crate) fn on_host_event(&mut self, event: Option<HostEvent>) -> Result<Control, InitError> {
+        match event {
+            None | Some(HostEvent::Eof) => {
+                // No more stdin can come: the stage reading it gets EOF.
+                self.host_open = false;
+                self.stdin.request_close();
+                Ok(Control::None)
+            }
+            Some(HostEvent::ReadError(error)) => {
+                eprintln!("code-runner-init: reading stdin failed: {error}; treating it as closed");
+                self.host_open = false;
+                self.stdin.request_close();
+                Ok(Control::None)
+            }
+            Some(HostEvent::Malformed(error)) => Err(InitError::MalformedFrame(error)),
+            Some(HostEvent::Message(message)) => match message {
+                HostMessage::Stdin(data) => {
+                    self.stdin.push(data);
+                    Ok(Control::Input)
+                }
+                HostMessage::StdinClose => {
+                    self.stdin.request_close();
+                    Ok(Control::Input)
+                }
+                HostMessage::Signal(HostSignal::Interrupt) => Ok(Control::Interrupt),
+                HostMessage::Signal(HostSignal::Kill) => Ok(Control::Kill),
+                other @ HostMessage::Bundle(_) => {
+                    Err(InitError::UnexpectedFrame(host_message_name(&other)))
+                }
+            },
+        }
+    }
+
+    /// Applies the host events already waiting, without blocking; a kill
+    /// among them sets [`Context::kill_requested`].
+    pub(crate) fn apply_waiting_host_events(&mut self) -> Result<(), InitError> {
+        while self.host_open {
+            let Ok(event) = self.host.try_recv() else {
+                break;
+            };
+            if self.on_host_event(Some(event))? == Control::Kill {
+                self.kill_requested = true;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn supervise(sink: &FrameSink, exe: PathBuf, signaller: Signaller) -> i32 {
+    match supervise_inner(sink, exe, signaller).await {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("code-runner-init: {error}");
+            let _ = sink
+                .send(&SandboxMessage::Fatal(Fatal {
+                    message: error.to_string(),
+                }))
+                .await;
+            EXIT_FATAL
+        }
+    }
+}
+
+async fn supervise_inner(
+    sink: &FrameSink,
+    exe: PathBuf,
+    signaller: Signaller,
+) -> Result<(), InitError> {
+    let mut signals = Signals::install()?;
+    sink.send(&SandboxMessage::Ready(Ready {
+        protocol: PROTOCOL_VERSION,
+    }))
+    .await?;
+    let mut host = spawn_host_reader()?;
+    let mut bundle = await_bundle(&mut host, &mut signals).await?;
+    check_bundle(&bundle)?;
+    let files = std::mem::take(&mut bundle.files);
+    write_bundle_files(&bundle.workspace, bundle.uid, bundle.gid, files)?;
+
+    let mut context = Context {
+        sink,
+        host,
+        host_open: true,
+        signals,
+        stdin: StdinQueue::default(),
+        killer: Killer::new(exe, bundle.uid, bundle.gid, signaller),
+        memory: MemoryProbe::discover(),
+        uid: bundle.uid,
+        gid: bundle.gid,
+        kill_requested: false,
+    };
+    for spec in &bundle.stages {
+        let report = match run_stage(&mut context, spec).await {
+            Ok(report) => report,
+            Err(error) => {
+                // Leave nothing of the job running behind the fatal frame.
+                context
+                    .killer
+                    .signal(Target::All, nix::sys::signal::Signal::SIGKILL);
+                return Err(error);
+            }
+        };
+        let succeeded = report.reason == Reason::Exited && report.exit_code == Some(0);
+        sink.send(&SandboxMessage::StageEnd(report)).await?;
+        if !succeeded {
+            break;
+        }
+    }
+    sink.send(&SandboxMessage::Done).await
+}
+
+/// Waits for the first frame, which must be the bundle.
+async fn await_bundle(
+    host: &mut mpsc::UnboundedReceiver<HostEvent>,
+    signals: &mut Signals,
+) -> Result<Box<Bundle>, InitError> {
+    let event = tokio::select! {
+        event = host.recv() => event,
+        _ = signals.terminate.recv() => return Err(InitError::TerminatedBeforeBundle),
+        _ = signals.interrupt.recv() => return Err(InitError::TerminatedBeforeBundle),
+    };
+    match event {
+        Some(HostEvent::Message(HostMessage::Bundle(bundle))) => Ok(bundle),
+        Some(HostEvent::Message(other)) => Err(InitError::NotBundle(host_message_name(&other))),
+        Some(HostEvent::Malformed(error)) => Err(InitError::MalformedFrame(error)),
+        Some(HostEvent::ReadError(error)) => Err(InitError::InvalidBundle(format!(
+            "reading stdin failed: {error}"
+        ))),
+        Some(HostEvent::Eof) | None => Err(InitError::EofBeforeBundle),
+    }
+}
+
+/// What the supervisor checks in the bundle itself (paths are checked when
+/// the files are written).
+fn check_bundle(bundle: &Bundle) -> Result<(), InitError> {
+    if bundle.uid == 0 || bundle.gid == 0 {
+        return Err(InitError::InvalidBundle(
+            "the job must run as a non-root uid and gid".into(),
+        ));
+    }
+    if !bundle.workspace.starts_with('/') {
+        return Err(InitError::InvalidBundle(format!(
+            "the workspace {:?} is not an absolute path",
+            bundle.workspace
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! Limits and hostile programs: output, wall, CPU, idle, memory, a stage
+//! that never reads stdin, an escaping grandchild, a fork bomb.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use code_runner::protocol::{HostMessage, Reason};
+
+use super::T;
+use super::harness::{SIGKILL, Sandbox, TestCgroup, live_processes_of};
+
+#[test]
+fn stage_that_never_reads_stdin_does_not_stall_the_supervisor() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sleep", "100"]);
+    stage.stdin = true;
+    stage.limits.wall_ms = 800;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let started = Instant::now();
+    // Far more than a pipe holds; the supervisor queues it.
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..16 {
+        sb.send(HostMessage::Stdin(chunk.clone()));
+    }
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::WallTimeout, "{report:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn output_limit_keeps_exactly_the_first_bytes() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sh", "-c", "yes | head -c 3000000"]);
+    stage.limits.output_bytes = 100_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::OutputLimit);
+    assert!(report.output_truncated);
+    assert_eq!(outcome.stdout.len(), 100_000);
+    assert!(outcome.stdout == b"y\n".repeat(50_000));
+}
+
+#[test]
+fn output_at_exactly_the_limit_is_not_truncated() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sh", "-c", "printf 12345; printf 67890 >&2"]);
+    stage.limits.output_bytes = 10;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::Exited);
+    assert!(!report.output_truncated);
+    assert_eq!(outcome.stdout, b"12345");
+    assert_eq!(outcome.stderr, b"67890");
+}
+
+#[test]
+fn wall_timeout_kills_and_the_supervisor_exits_promptly() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sleep", "100"]);
+    stage.limits.wall_ms = 300;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let started = Instant::now();
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::WallTimeout);
+    assert_eq!(report.signal, Some(SIGKILL));
+    assert_eq!(report.exit_code, None);
+    assert!(
+        report.wall_ms >= 300 && report.wall_ms < 1_500,
+        "{report:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[test]
+fn cpu_timeout_on_a_busy_loop() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sh", "-c", "while :; do :; done"]);
+    stage.limits.cpu_ms = 500;
+    stage.limits.wall_ms = 10_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::CpuTimeout, "{report:?}");
+    assert_eq!(report.signal, Some(SIGKILL));
+    assert!(report.cpu_ms >= 500, "{report:?}");
+    assert!(report.wall_ms < 5_000, "{report:?}");
+}
+
+#[test]
+fn cpu_of_child_processes_counts() {
+    let mut sb = Sandbox::start();
+    // The CPU is burnt in a grandchild; the main process only waits.
+    let mut stage = sb.stage("run", &["sh", "-c", "sh -c 'while :; do :; done' & wait"]);
+    stage.limits.cpu_ms = 400;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::CpuTimeout, "{report:?}");
+    assert!(report.cpu_ms >= 400, "{report:?}");
+}
+
+#[test]
+fn idle_timeout_without_input_or_output() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sh", "-c", "echo waiting; read line; echo never"]);
+    stage.stdin = true;
+    stage.limits.idle_ms = Some(400);
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::IdleTimeout, "{report:?}");
+    assert_eq!(outcome.stdout_text(), "waiting\n");
+    assert!(
+        report.wall_ms >= 400 && report.wall_ms < 2_000,
+        "{report:?}"
+    );
+}
+
+#[test]
+fn backgrounded_grandchild_does_not_survive_or_hang_the_supervisor() {
+    let mut sb = Sandbox::start();
+    // The grandchild leaves the session and keeps stdout open.
+    let run = sb.stage("run", &["sh", "-c", "setsid sleep 1000 & echo started"]);
+    let check = sb.stage(
+        "check",
+        &[
+            "sh",
+            "-c",
+            "ps -u \"$(id -u)\" -o comm= | grep -c sleep || true",
+        ],
+    );
+    sb.send(sb.bundle(vec![], vec![run, check]));
+    let started = Instant::now();
+    let outcome = sb.finish(Duration::from_secs(10));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(outcome.done && outcome.exit_code == Some(0), "{outcome:?}");
+    assert_eq!(outcome.reports.len(), 2);
+    assert_eq!(outcome.reports[0].exit_code, Some(0));
+    assert_eq!(outcome.reports[0].reason, Reason::Exited);
+    // The next stage saw no sleep of the first one.
+    assert_eq!(outcome.stdout_text(), "started\n0\n");
+    assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
+}
+
+#[test]
+fn oom_kill_is_reported_as_memory_limit() {
+    let limit = 64u64 << 20;
+    let Some(cgroup) = TestCgroup::create(
+        "memory",
+        &[
+            ("memory.limit_in_bytes", limit),
+            ("memory.memsw.limit_in_bytes", limit),
+        ],
+    ) else {
+        eprintln!("skipped: cannot create a memory cgroup (cgroup v1) here");
+        return;
+    };
+    let mut sb = cgroup.start_sandbox();
+    // `tail` keeps the whole newline-free input in memory.
+    let mut stage = sb.stage("run", &["tail", "/dev/zero"]);
+    stage.limits.wall_ms = 15_000;
+    stage.limits.cpu_ms = 15_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::MemoryLimit, "{report:?}");
+    assert_eq!(report.signal, Some(SIGKILL));
+    assert!(report.memory_peak_bytes > 32 << 20, "{report:?}");
+    drop(sb);
+    drop(cgroup);
+}
+
+#[test]
+fn fork_bomb_filling_the_pids_cgroup_is_still_killed() {
+    if !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: needs python3");
+        return;
+    }
+    let Some(cgroup) = TestCgroup::create("pids", &[("pids.max", 40)]) else {
+        eprintln!("skipped: cannot create a pids cgroup (cgroup v1) here");
+        return;
+    };
+    let mut sb = cgroup.start_sandbox();
+    // Forks until the cgroup is full and keeps trying, so that the
+    // supervisor cannot start its signal helper: the signaller thread must
+    // do the killing.
+    let bomb = "import os, time\nwhile True:\n    try:\n        os.fork() or time.sleep(100)\n    except OSError:\n        pass\n";
+    let mut stage = sb.stage("run", &["python3", "-c", bomb]);
+    stage.limits.wall_ms = 1_000;
+    stage.limits.cpu_ms = 20_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let started = Instant::now();
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::WallTimeout, "{report:?}");
+    assert_eq!(report.signal, Some(SIGKILL));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        outcome
+            .diagnostics
+            .contains("signalling from the signaller thread"),
+        "the fallback was not used: {}",
+        outcome.diagnostics
+    );
+    assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
+    drop(sb);
+    drop(cgroup);
+}
