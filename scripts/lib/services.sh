@@ -1,0 +1,170 @@
+# shellcheck shell=bash
+# Shared helpers of scripts/up, scripts/test and .ci/run: make sure the packages,
+# dockerd (with gVisor's runsc registered) and a local redis-server are there.
+# Source it; every function is idempotent and says what it changes.
+#
+#   ensure_packages   apt-get install what is missing of docker.io redis-server runsc mmdebstrap
+#   ensure_dockerd    /etc/docker/daemon.json registers runsc; dockerd running and answering
+#   ensure_redis      redis-server answering on 127.0.0.1:6379
+#
+# Network rule: dockerd runs with --bridge=none so no container ever gets a network.
+
+CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap)
+CODE_RUNNER_DAEMON_JSON="${CODE_RUNNER_DAEMON_JSON:-/etc/docker/daemon.json}"
+CODE_RUNNER_DOCKERD_LOG="${CODE_RUNNER_DOCKERD_LOG:-/var/log/code-runner-dockerd.log}"
+CODE_RUNNER_REDIS_PORT="${CODE_RUNNER_REDIS_PORT:-6379}"
+
+_svc_say() { echo "services: $*"; }
+_svc_die() {
+	echo "services: ERROR: $*" >&2
+	return 1
+}
+
+_svc_pkg_installed() {
+	[[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]
+}
+
+# Installs whichever of the packages is missing (apt-get update once first).
+ensure_packages() {
+	local missing=() p
+	for p in "${CODE_RUNNER_PACKAGES[@]}"; do
+		_svc_pkg_installed "$p" || missing+=("$p")
+	done
+	if [[ ${#missing[@]} -eq 0 ]]; then
+		_svc_say "packages: all present (${CODE_RUNNER_PACKAGES[*]})"
+		return 0
+	fi
+	[[ $EUID -eq 0 ]] || _svc_die "packages missing (${missing[*]}) and not root: run as root" || return 1
+	_svc_say ">>> INSTALLING PACKAGES: ${missing[*]} (apt-get update, apt-get install -y)"
+	DEBIAN_FRONTEND=noninteractive apt-get update -q ||
+		_svc_die "apt-get update failed" || return 1
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" ||
+		_svc_die "apt-get install ${missing[*]} failed" || return 1
+	for p in "${missing[@]}"; do
+		_svc_pkg_installed "$p" || _svc_die "package $p is still not installed after apt-get install" || return 1
+	done
+	_svc_say "packages: installed ${missing[*]}"
+}
+
+# Makes daemon.json register runsc with --network=none, keeping every other setting.
+# Prints what changed; returns 0 when unchanged, 10 when it wrote a change.
+_svc_daemon_json() {
+	local runsc
+	runsc="$(command -v runsc || true)"
+	[[ -n "$runsc" ]] || runsc=/usr/bin/runsc
+	mkdir -p "$(dirname "$CODE_RUNNER_DAEMON_JSON")"
+	python3 - "$CODE_RUNNER_DAEMON_JSON" "$runsc" <<'PY'
+import json, os, sys
+path, runsc = sys.argv[1], sys.argv[2]
+want = {"path": runsc, "runtimeArgs": ["--network=none"]}
+conf = {}
+if os.path.exists(path):
+    raw = open(path).read()
+    if raw.strip():
+        try:
+            conf = json.loads(raw)
+        except ValueError as e:
+            sys.exit(f"services: ERROR: {path} is not valid JSON ({e}); fix or remove it")
+    if not isinstance(conf, dict):
+        sys.exit(f"services: ERROR: {path} is not a JSON object; fix or remove it")
+runtimes = conf.get("runtimes")
+if runtimes is not None and not isinstance(runtimes, dict):
+    sys.exit(f"services: ERROR: {path}: \"runtimes\" is not an object; fix it")
+have = (runtimes or {}).get("runsc")
+if have == want:
+    sys.exit(0)
+conf.setdefault("runtimes", {})["runsc"] = want
+tmp = path + ".code-runner.tmp"
+with open(tmp, "w") as f:
+    json.dump(conf, f, indent=2)
+    f.write("\n")
+os.replace(tmp, path)
+print(f"services: {path}: runtimes.runsc was {json.dumps(have)}, now {json.dumps(want)}")
+sys.exit(10)
+PY
+}
+
+_svc_docker_up() { docker info >/dev/null 2>&1; }
+_svc_runtimes() {
+	docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null | sed 's/ $//'
+}
+_svc_docker_has_runsc() { _svc_runtimes | grep -qw runsc; }
+
+# Waits up to $1 seconds for `docker info` to answer.
+_svc_wait_docker() {
+	local deadline=$((SECONDS + $1))
+	until _svc_docker_up; do
+		((SECONDS < deadline)) || return 1
+		sleep 0.5
+	done
+}
+
+ensure_dockerd() {
+	command -v dockerd >/dev/null || _svc_die "dockerd is not installed: run scripts/up or .ci/run (they install docker.io)" || return 1
+	command -v runsc >/dev/null || _svc_die "runsc is not installed: run scripts/up or .ci/run (they install runsc)" || return 1
+	local rc=0
+	_svc_daemon_json || rc=$?
+	case $rc in
+	0 | 10) ;;
+	*) _svc_die "could not update $CODE_RUNNER_DAEMON_JSON" || return 1 ;;
+	esac
+
+	if _svc_docker_up; then
+		if [[ $rc -eq 10 ]] || ! _svc_docker_has_runsc; then
+			# Runtimes are part of dockerd's live-reloadable configuration.
+			local pid
+			pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
+			[[ -n "$pid" ]] || _svc_die "dockerd answers but its pid is unknown; restart it to load $CODE_RUNNER_DAEMON_JSON" || return 1
+			_svc_say "dockerd: reloading its configuration (SIGHUP to pid $pid) for the runsc runtime"
+			kill -HUP "$pid"
+			local deadline=$((SECONDS + 10))
+			until _svc_docker_has_runsc || ((SECONDS >= deadline)); do
+				sleep 0.5
+			done
+		fi
+		_svc_docker_has_runsc || _svc_die "dockerd is running but does not list the runsc runtime (see $CODE_RUNNER_DAEMON_JSON)" || return 1
+		_svc_say "dockerd: running ($(docker info --format '{{.ServerVersion}}' 2>/dev/null), runtimes: $(_svc_runtimes))"
+		return 0
+	fi
+
+	local pidfile=/var/run/docker.pid running_pid=""
+	running_pid="$(cat "$pidfile" 2>/dev/null || true)"
+	if [[ -n "$running_pid" ]] && kill -0 "$running_pid" 2>/dev/null; then
+		_svc_say "dockerd: pid $running_pid ($pidfile) does not answer yet; waiting"
+	else
+		[[ $EUID -eq 0 ]] || _svc_die "dockerd is not running and starting it needs root" || return 1
+		_svc_say ">>> STARTING DOCKERD: dockerd --bridge=none --iptables=false --ip-forward=false (log: $CODE_RUNNER_DOCKERD_LOG)"
+		setsid dockerd --bridge=none --iptables=false --ip-forward=false \
+			</dev/null >>"$CODE_RUNNER_DOCKERD_LOG" 2>&1 &
+		disown || true
+	fi
+	if ! _svc_wait_docker 60; then
+		echo "services: last lines of $CODE_RUNNER_DOCKERD_LOG:" >&2
+		tail -n 20 "$CODE_RUNNER_DOCKERD_LOG" >&2 || true
+		_svc_die "dockerd did not answer 'docker info' within 60 s" || return 1
+	fi
+	_svc_docker_has_runsc || _svc_die "dockerd started but does not list the runsc runtime (see $CODE_RUNNER_DAEMON_JSON)" || return 1
+	_svc_say "dockerd: up ($(docker info --format '{{.ServerVersion}}' 2>/dev/null), runtimes: $(_svc_runtimes))"
+}
+
+_svc_redis_up() {
+	[[ "$(redis-cli -h 127.0.0.1 -p "$CODE_RUNNER_REDIS_PORT" ping 2>/dev/null)" == PONG ]]
+}
+
+ensure_redis() {
+	command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+		_svc_die "redis-server is not installed: run scripts/up or .ci/run (they install redis-server)" || return 1
+	if _svc_redis_up; then
+		_svc_say "redis: running on 127.0.0.1:$CODE_RUNNER_REDIS_PORT"
+		return 0
+	fi
+	_svc_say ">>> STARTING REDIS: redis-server on 127.0.0.1:$CODE_RUNNER_REDIS_PORT (no persistence)"
+	redis-server --port "$CODE_RUNNER_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes >/dev/null ||
+		_svc_die "redis-server failed to start" || return 1
+	local deadline=$((SECONDS + 10))
+	until _svc_redis_up; do
+		((SECONDS < deadline)) || _svc_die "redis-server does not answer PING on 127.0.0.1:$CODE_RUNNER_REDIS_PORT within 10 s" || return 1
+		sleep 0.2
+	done
+	_svc_say "redis: up on 127.0.0.1:$CODE_RUNNER_REDIS_PORT"
+}
