@@ -108,7 +108,10 @@ async fn binary_stdin_and_output_survive() {
     spec.stdin_encoding = code_runner::job::Encoding::Base64;
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
-    assert_eq!(result.run.as_ref().unwrap().stdout.as_bytes(), bytes.as_slice());
+    assert_eq!(
+        result.run.as_ref().unwrap().stdout.as_bytes(),
+        bytes.as_slice()
+    );
     // Not UTF-8: the JSON result carries it as base64 with a flag.
     let json = serde_json::to_value(&result).unwrap();
     assert_eq!(json["run"]["stdout_encoding"], "base64");
@@ -139,12 +142,18 @@ async fn stdout_and_stderr_are_kept_apart() {
 async fn compile_errors_are_the_compile_stage_result_and_the_run_never_starts() {
     let harness = Harness::new().await;
     for (language, file, source, message) in [
-        ("c", "main.c", "int main(void){ return nope; }", "'nope' undeclared"),
+        // gcc quotes with ‘’ under LANG=C.UTF-8.
+        (
+            "c",
+            "main.c",
+            "int main(void){ return nope; }",
+            "nope’ undeclared",
+        ),
         (
             "cpp",
             "main.cpp",
             "int main(){ return nope; }",
-            "'nope' was not declared",
+            "nope’ was not declared",
         ),
         (
             "go",

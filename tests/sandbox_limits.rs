@@ -100,7 +100,10 @@ for directory in ("/workspace", "/tmp"):
     );
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
-    assert_eq!(stdout(&result), "/workspace ENOSPC True\n/tmp ENOSPC True\n");
+    assert_eq!(
+        stdout(&result),
+        "/workspace ENOSPC True\n/tmp ENOSPC True\n"
+    );
     harness.assert_clean().await;
 }
 
@@ -121,7 +124,7 @@ async fn output_flood_is_cut_at_the_limit_keeping_the_first_bytes() {
     let run = result.run.as_ref().unwrap();
     assert_eq!(run.reason, Reason::OutputLimit);
     assert!(run.truncated);
-    let expected: String = (0..20_000).map(|i| format!("{i:08d}\n")).collect();
+    let expected: String = (0..20_000).map(|i| format!("{i:08}\n")).collect();
     assert_eq!(stdout(&result), expected[..100_000]);
     harness.assert_clean().await;
 }

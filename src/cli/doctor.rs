@@ -27,16 +27,12 @@ impl Report {
 /// The supervisor binary built beside this one, if there is one: images
 /// built with another supervisor are stale.
 fn local_init_binary() -> Option<PathBuf> {
+    // The images carry the static build (target/<triple>/release), not the
+    // ordinary one beside this binary (target/release).
     let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    let target = dir.parent()?;
+    let target = exe.parent()?.parent()?;
     let triple = format!("{}-unknown-linux-gnu", std::env::consts::ARCH);
-    [
-        dir.join("code-runner-init"),
-        target.join(&triple).join("release/code-runner-init"),
-    ]
-    .into_iter()
-    .find(|p| p.is_file())
+    Some(target.join(&triple).join("release/code-runner-init")).filter(|p| p.is_file())
 }
 
 fn sha256_file(path: &PathBuf) -> Option<String> {
@@ -93,7 +89,9 @@ pub async fn run(settings: &SandboxSettings) -> u8 {
                 ));
             }
             if wanted != "runsc" && !runtimes.iter().any(|r| r == "runsc") {
-                println!("note: gVisor (runsc) is not registered; SANDBOX_RUNTIME=runsc will not work");
+                println!(
+                    "note: gVisor (runsc) is not registered; SANDBOX_RUNTIME=runsc will not work"
+                );
             }
         }
         Err(error) => report.problem(format!("docker info failed: {error}")),
@@ -108,7 +106,10 @@ pub async fn run(settings: &SandboxSettings) -> u8 {
             )),
             Ok(inspect) => {
                 let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
-                let protocol = labels.get("code-runner.protocol").cloned().unwrap_or_default();
+                let protocol = labels
+                    .get("code-runner.protocol")
+                    .cloned()
+                    .unwrap_or_default();
                 if protocol != PROTOCOL_VERSION.to_string() {
                     report.problem(format!(
                         "image {image} speaks supervisor protocol {protocol:?}, not {PROTOCOL_VERSION}; run scripts/build-images"

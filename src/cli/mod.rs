@@ -87,7 +87,10 @@ fn languages(settings: &SandboxSettings, json: bool) -> u8 {
         }
         return 0;
     }
-    println!("{:<12} {:<10} {:<24} {:<28} ALIASES", "ID", "VERSION", "NAME", "IMAGE");
+    println!(
+        "{:<12} {:<10} {:<24} {:<28} ALIASES",
+        "ID", "VERSION", "NAME", "IMAGE"
+    );
     for language in setup.catalog.all() {
         println!(
             "{:<12} {:<10} {:<24} {:<28} {}",

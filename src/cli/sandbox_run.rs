@@ -155,7 +155,11 @@ async fn forward_terminal_input(input: mpsc::Sender<JobInput>) {
                 return;
             }
             Ok(n) => {
-                if input.send(JobInput::Stdin(buffer[..n].to_vec())).await.is_err() {
+                if input
+                    .send(JobInput::Stdin(buffer[..n].to_vec()))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
             }

@@ -23,6 +23,17 @@ pub const LABEL_LANGUAGE: &str = "code-runner.language";
 /// else is dropped, and user code runs with none.
 pub const KEPT_CAPABILITIES: &[&str] = &["SETUID", "SETGID"];
 
+/// Host threads gVisor's own sentry and gofer need on top of the sandbox's
+/// processes: under runsc the pids cgroup counts them, and a limit of the
+/// job's `pids` alone can kill the whole sandbox. The job's own process
+/// count is then held by RLIMIT_NPROC inside gVisor's kernel instead.
+pub const GVISOR_HOST_THREADS: u64 = 512;
+
+/// Whether sandboxes run under gVisor.
+pub fn is_gvisor(config: &SandboxConfig) -> bool {
+    config.runtime.as_deref() == Some("runsc")
+}
+
 /// Container name for a job: predictable, so a guard can remove it even when
 /// the create call's answer was never seen.
 pub fn container_name(job_id: &str) -> String {
@@ -40,7 +51,14 @@ pub fn container_config(
     let limits = &job.limits;
     let memory = i64::try_from(limits.memory_mb * 1024 * 1024).unwrap_or(i64::MAX);
     let disk = format!("{}m", limits.disk_mb);
-    let tmpfs_options = format!("rw,nosuid,nodev,size={disk},mode=1777");
+    // `exec`: Docker mounts a tmpfs noexec unless told otherwise, and compiled
+    // programs run from the workspace. `uid`/`gid`: runc ignores `mode` and
+    // keeps the mode of the image's directory; the owner options it keeps.
+    let tmpfs_options = format!(
+        "rw,exec,nosuid,nodev,size={disk},mode=1777,uid={uid},gid={gid}",
+        uid = crate::job::SANDBOX_UID,
+        gid = crate::job::SANDBOX_GID
+    );
     let fsize = i64::try_from(limits.disk_mb * 1024 * 1024).unwrap_or(i64::MAX);
     let ulimit = |name: &str, value: i64| ResourcesUlimits {
         name: Some(name.to_string()),
@@ -84,7 +102,14 @@ pub fn container_config(
             memory: Some(memory),
             memory_swap: Some(memory),
             memory_swappiness: (config.runtime.is_none()).then_some(0),
-            pids_limit: Some(i64::try_from(limits.pids).unwrap_or(i64::MAX)),
+            pids_limit: Some(
+                i64::try_from(if is_gvisor(config) {
+                    limits.pids + GVISOR_HOST_THREADS
+                } else {
+                    limits.pids
+                })
+                .unwrap_or(i64::MAX),
+            ),
             nano_cpus: Some((config.cpus * 1e9) as i64),
             ulimits: Some(vec![
                 ulimit("nofile", 1024),

@@ -16,7 +16,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use super::container::{ContainerGuard, container_config, container_name};
+use super::container::{ContainerGuard, container_config, container_name, is_gvisor};
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
 use crate::job::result::signal_name;
 use crate::job::{JobResult, Output, PreparedJob, StageResult, Status, Timings};
@@ -74,7 +74,8 @@ impl StageOutput {
                 .map(signal_name)
                 .or_else(|| report.is_none().then(|| "SIGKILL".to_string())),
             reason: report.map_or(reason, |r| r.reason),
-            wall_ms: report.map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
+            wall_ms: report
+                .map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
             cpu_ms: report.map_or(0, |r| r.cpu_ms),
             memory_peak_bytes: report.map_or(0, |r| r.memory_peak_bytes),
         }
@@ -177,9 +178,8 @@ async fn drive(
     guard: &ContainerGuard,
 ) -> Result<SessionOutcome, Failure> {
     let now = SystemTime::now();
-    let budget = config.start_timeout
-        + Duration::from_millis(job.stages_wall_ms())
-        + config.deadline_grace;
+    let budget =
+        config.start_timeout + Duration::from_millis(job.stages_wall_ms()) + config.deadline_grace;
     let body = container_config(job_id, job, config, unix_ms(now), unix_ms(now + budget));
     let image = job.language.image_ref();
     let options = CreateContainerOptions {
@@ -238,7 +238,13 @@ async fn drive(
         cancelled: false,
         supervisor_log: Vec::new(),
     };
-    session.send_initial_frames(&job.bundle).await;
+    let mut bundle = job.bundle.clone();
+    if is_gvisor(config) {
+        for stage in &mut bundle.stages {
+            stage.limits.nproc = Some(job.limits.pids);
+        }
+    }
+    session.send_initial_frames(bundle).await;
     let ending = session.frame_loop(attach.output, config).await;
     writer.abort();
     let mut error = None;
@@ -296,8 +302,8 @@ impl Session<'_> {
         let _ = self.frames.send(message.encode()).await;
     }
 
-    async fn send_initial_frames(&self, bundle: &Bundle) {
-        self.send(HostMessage::Bundle(Box::new(bundle.clone()))).await;
+    async fn send_initial_frames(&self, bundle: Bundle) {
+        self.send(HostMessage::Bundle(Box::new(bundle))).await;
         for chunk in self.job.stdin.chunks(MAX_OUTPUT_CHUNK) {
             self.send(HostMessage::Stdin(chunk.to_vec())).await;
         }
@@ -325,10 +331,7 @@ impl Session<'_> {
     async fn frame_loop(
         &mut self,
         mut output: std::pin::Pin<
-            Box<
-                dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>>
-                    + Send,
-            >,
+            Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
         >,
         config: &SandboxConfig,
     ) -> Result<Ending, Failure> {
@@ -420,7 +423,10 @@ impl Session<'_> {
                     .iter()
                     .find(|s| s.name == start.stage)
                     .ok_or_else(|| {
-                        Failure(format!("the sandbox started an unknown stage {:?}", start.stage))
+                        Failure(format!(
+                            "the sandbox started an unknown stage {:?}",
+                            start.stage
+                        ))
                     })?;
                 if self.current.is_some() || self.stage_slot(&start.stage).is_some() {
                     return Err(Failure(format!(
@@ -436,7 +442,8 @@ impl Session<'_> {
                     truncated: false,
                     started: Instant::now(),
                 });
-                self.emit(SandboxEvent::StageStart { stage: start.stage }).await;
+                self.emit(SandboxEvent::StageStart { stage: start.stage })
+                    .await;
             }
             SandboxMessage::Stdout(data) | SandboxMessage::Stderr(data)
                 if self.current.is_none() =>
