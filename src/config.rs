@@ -44,7 +44,12 @@ pub struct SandboxSettings {
     pub languages_file: Option<PathBuf>,
 
     /// CPU quota of one sandbox, in CPUs.
-    #[arg(long, env = "CODE_RUNNER_SANDBOX_CPUS", default_value_t = 1.0, global = true)]
+    #[arg(
+        long,
+        env = "CODE_RUNNER_SANDBOX_CPUS",
+        default_value_t = 1.0,
+        global = true
+    )]
     pub sandbox_cpus: f64,
 
     /// Server defaults for job limits, as key=value,… (wall_ms, idle_ms, cpu_ms,
@@ -137,15 +142,18 @@ impl SandboxSettings {
                 })
                 .map_err(|m| ConfigError::new(setting, m))
         };
-        policy.maximum = limits("CODE_RUNNER_MAX_LIMITS", &self.max_limits)?
-            .with_defaults(policy.maximum);
+        policy.maximum =
+            limits("CODE_RUNNER_MAX_LIMITS", &self.max_limits)?.with_defaults(policy.maximum);
         policy.defaults = limits("CODE_RUNNER_DEFAULT_LIMITS", &self.default_limits)?
             .with_defaults(policy.defaults);
-        policy.compile_maximum = compile("CODE_RUNNER_COMPILE_MAX_LIMITS", &self.compile_max_limits)?
-            .with_defaults(policy.compile_maximum);
-        policy.compile_defaults =
-            compile("CODE_RUNNER_COMPILE_DEFAULT_LIMITS", &self.compile_default_limits)?
-                .with_defaults(policy.compile_defaults);
+        policy.compile_maximum =
+            compile("CODE_RUNNER_COMPILE_MAX_LIMITS", &self.compile_max_limits)?
+                .with_defaults(policy.compile_maximum);
+        policy.compile_defaults = compile(
+            "CODE_RUNNER_COMPILE_DEFAULT_LIMITS",
+            &self.compile_default_limits,
+        )?
+        .with_defaults(policy.compile_defaults);
         policy
             .defaults
             .check_within("default", policy.maximum)

@@ -54,10 +54,9 @@ pub fn for_result(result: &JobResult) -> (u8, Option<String>) {
                     Some(format!("{what} exceeded its wall time limit")),
                 ),
                 Reason::IdleTimeout => (TIMEOUT, Some(format!("{what} was idle too long"))),
-                Reason::CpuTimeout => (
-                    TIMEOUT,
-                    Some(format!("{what} exceeded its cpu time limit")),
-                ),
+                Reason::CpuTimeout => {
+                    (TIMEOUT, Some(format!("{what} exceeded its cpu time limit")))
+                }
                 Reason::MemoryLimit => (
                     MEMORY_LIMIT,
                     Some(format!("{what} exceeded its memory limit")),
