@@ -10,6 +10,9 @@
 # Network rule: dockerd runs with --bridge=none so no container ever gets a network.
 
 CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap)
+# Only the tests need these: real clients not written by this project
+# (promtool checks /metrics).
+CODE_RUNNER_TEST_PACKAGES=(prometheus)
 CODE_RUNNER_DAEMON_JSON="${CODE_RUNNER_DAEMON_JSON:-/etc/docker/daemon.json}"
 CODE_RUNNER_DOCKERD_LOG="${CODE_RUNNER_DOCKERD_LOG:-/var/log/code-runner-dockerd.log}"
 CODE_RUNNER_REDIS_PORT="${CODE_RUNNER_REDIS_PORT:-6379}"
@@ -24,14 +27,16 @@ _svc_pkg_installed() {
 	[[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == installed ]]
 }
 
-# Installs whichever of the packages is missing (apt-get update once first).
+# Installs whichever of the packages is missing (apt-get update once first);
+# with arguments, those packages instead of the daemon's.
 ensure_packages() {
-	local missing=() p
-	for p in "${CODE_RUNNER_PACKAGES[@]}"; do
+	local missing=() p wanted=("${CODE_RUNNER_PACKAGES[@]}")
+	[[ $# -eq 0 ]] || wanted=("$@")
+	for p in "${wanted[@]}"; do
 		_svc_pkg_installed "$p" || missing+=("$p")
 	done
 	if [[ ${#missing[@]} -eq 0 ]]; then
-		_svc_say "packages: all present (${CODE_RUNNER_PACKAGES[*]})"
+		_svc_say "packages: all present (${wanted[*]})"
 		return 0
 	fi
 	[[ $EUID -eq 0 ]] || _svc_die "packages missing (${missing[*]}) and not root: run as root" || return 1
