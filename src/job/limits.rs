@@ -54,6 +54,11 @@ macro_rules! limit_structs {
         }
 
         impl $resolved {
+            /// Each value at most the one in `maximum`.
+            pub fn capped_at(self, maximum: $resolved) -> $resolved {
+                $resolved { $($field: self.$field.min(maximum.$field),)+ }
+            }
+
             /// Every value of `self` that is above `maximum`, as an error.
             pub fn check_within(self, what: &str, maximum: $resolved) -> Result<(), String> {
                 $(if self.$field > maximum.$field {

@@ -131,9 +131,14 @@ pub fn prepare(
         ));
     }
 
+    // A language's own defaults (Go asks for more memory) yield to the
+    // server's maximum: that is the operator's choice, not the client's.
     let limits = spec.limits.resolve(
         "limits",
-        language.limits.with_defaults(policy.defaults),
+        language
+            .limits
+            .with_defaults(policy.defaults)
+            .capped_at(policy.maximum),
         policy.maximum,
     )?;
     let compile_limits = match language.compile {
@@ -142,7 +147,8 @@ pub fn prepare(
                 "compile_limits",
                 language
                     .compile_limits
-                    .with_defaults(policy.compile_defaults),
+                    .with_defaults(policy.compile_defaults)
+                    .capped_at(policy.compile_maximum),
                 policy.compile_maximum,
             )?,
         ),
@@ -250,7 +256,7 @@ fn decode_files(
             Encoding::Base64 => STANDARD.decode(&file.content).map_err(|e| {
                 InvalidJob::new(
                     format!("files[{index}].content"),
-                    format!("invalid base64: {e}"),
+                    format!("invalid base64: {}", base64_error(&e)),
                 )
             })?,
         };
@@ -314,12 +320,22 @@ fn choose_entry(
     }
 }
 
+/// The base64 crate's message in this project's style (lowercase, no period).
+fn base64_error(error: &base64::DecodeError) -> String {
+    let text = error.to_string();
+    let mut chars = text.trim_end_matches('.').chars();
+    chars
+        .next()
+        .map(|first| first.to_lowercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
 fn decode_stdin(spec: &JobSpec, policy: &LimitPolicy) -> Result<Vec<u8>, InvalidJob> {
     let stdin = match spec.stdin_encoding {
         Encoding::Utf8 => spec.stdin.as_bytes().to_vec(),
-        Encoding::Base64 => STANDARD
-            .decode(&spec.stdin)
-            .map_err(|e| InvalidJob::new("stdin", format!("invalid base64: {e}")))?,
+        Encoding::Base64 => STANDARD.decode(&spec.stdin).map_err(|e| {
+            InvalidJob::new("stdin", format!("invalid base64: {}", base64_error(&e)))
+        })?,
     };
     if stdin.len() > policy.max_stdin_bytes {
         return Err(InvalidJob::new(
@@ -560,6 +576,23 @@ mod tests {
         let mut s = spec("python", &[("a.py", "")]);
         s.compile_limits.wall_ms = Some(5);
         assert_eq!(refuse(&s).field, "compile_limits");
+    }
+
+    #[test]
+    fn language_defaults_yield_to_the_server_maximum() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let mut policy = LimitPolicy::default();
+        let go = prepare(&spec("go", &[("main.go", "")]), &catalog, &policy).unwrap();
+        assert_eq!(go.limits.memory_mb, 512);
+        policy.maximum.memory_mb = 256;
+        let go = prepare(&spec("go", &[("main.go", "")]), &catalog, &policy).unwrap();
+        assert_eq!(go.limits.memory_mb, 256);
+        let mut asking = spec("go", &[("main.go", "")]);
+        asking.limits.memory_mb = Some(300);
+        assert_eq!(
+            prepare(&asking, &catalog, &policy).unwrap_err().message,
+            "300 is above the server maximum of 256"
+        );
     }
 
     #[test]

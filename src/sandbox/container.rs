@@ -23,11 +23,14 @@ pub const LABEL_LANGUAGE: &str = "code-runner.language";
 /// else is dropped, and user code runs with none.
 pub const KEPT_CAPABILITIES: &[&str] = &["SETUID", "SETGID"];
 
-/// Host threads gVisor's own sentry and gofer need on top of the sandbox's
-/// processes: under runsc the pids cgroup counts them, and a limit of the
-/// job's `pids` alone can kill the whole sandbox. The job's own process
-/// count is then held by RLIMIT_NPROC inside gVisor's kernel instead.
-pub const GVISOR_HOST_THREADS: u64 = 512;
+/// Under runsc the pids cgroup counts gVisor's own host threads, not the
+/// sandbox's processes: an idle sandbox uses about 44, and each sandboxed
+/// process about 8 to 13 more. A cgroup limit of the job's `pids` alone kills
+/// the whole sandbox, so under gVisor the container gets this base plus
+/// [`GVISOR_THREADS_PER_PROCESS`] per allowed process, and the job's own
+/// process count is held by RLIMIT_NPROC inside gVisor's kernel instead.
+pub const GVISOR_BASE_THREADS: u64 = 64;
+pub const GVISOR_THREADS_PER_PROCESS: u64 = 16;
 
 /// Whether sandboxes run under gVisor.
 pub fn is_gvisor(config: &SandboxConfig) -> bool {
@@ -104,7 +107,7 @@ pub fn container_config(
             memory_swappiness: (config.runtime.is_none()).then_some(0),
             pids_limit: Some(
                 i64::try_from(if is_gvisor(config) {
-                    limits.pids + GVISOR_HOST_THREADS
+                    GVISOR_BASE_THREADS + GVISOR_THREADS_PER_PROCESS * limits.pids
                 } else {
                     limits.pids
                 })

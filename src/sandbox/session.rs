@@ -250,7 +250,7 @@ async fn drive(
     let mut error = None;
     match ending {
         Ok(Ending::Done) => {}
-        Ok(Ending::Deadline) if session.ready_at.is_none() => {
+        Ok(Ending::Deadline) if session.ready_at.is_none() && !session.cancelled => {
             return Err(Failure(format!(
                 "the sandbox did not start within {} s{}",
                 config.start_timeout.as_secs(),

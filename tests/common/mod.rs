@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ListContainersOptions;
 use code_runner::config::SandboxSettings;
+use code_runner::job::limits::LimitPolicy;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prepare};
 use code_runner::languages::LanguageCatalog;
-use code_runner::job::limits::LimitPolicy;
 use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxEngine, force_remove};
 
 pub struct Harness {
@@ -118,7 +118,11 @@ impl Drop for Harness {
                 .build()
                 .ok()?;
             runtime.block_on(async move {
-                let docker = bollard::Docker::connect_with_defaults().ok()?;
+                let docker = bollard::Docker::connect_with_defaults()
+                    .ok()?
+                    .negotiate_version()
+                    .await
+                    .ok()?;
                 let filters = std::collections::HashMap::from([(
                     "label".to_string(),
                     vec![format!("{LABEL_WORKER}={worker_id}")],
@@ -163,13 +167,19 @@ pub fn job_with_limits(language: &str, name: &str, source: &str, limits: LimitsR
 
 /// Stdout of the run stage as text.
 pub fn stdout(result: &JobResult) -> String {
-    let run = result.run.as_ref().unwrap_or_else(|| panic!("no run stage: {result:#?}"));
+    let run = result
+        .run
+        .as_ref()
+        .unwrap_or_else(|| panic!("no run stage: {result:#?}"));
     String::from_utf8_lossy(run.stdout.as_bytes()).into_owned()
 }
 
 /// Stderr of the run stage as text.
 pub fn stderr(result: &JobResult) -> String {
-    let run = result.run.as_ref().unwrap_or_else(|| panic!("no run stage: {result:#?}"));
+    let run = result
+        .run
+        .as_ref()
+        .unwrap_or_else(|| panic!("no run stage: {result:#?}"));
     String::from_utf8_lossy(run.stderr.as_bytes()).into_owned()
 }
 
@@ -177,4 +187,222 @@ pub fn stderr(result: &JobResult) -> String {
 /// registered with dockerd; CI always has it).
 pub fn runsc_enabled() -> bool {
     std::env::var("CODE_RUNNER_TEST_RUNSC").is_ok_and(|v| v == "1")
+}
+
+// ---------------------------------------------------------------------------
+// Added for the escape, runsc, cleanup, cli and validation tests.
+// ---------------------------------------------------------------------------
+
+use code_runner::sandbox::SandboxEvent;
+
+impl Harness {
+    /// A harness whose engine is built from `settings` (another language
+    /// catalog, other limits). The worker id is still this test's own.
+    pub async fn with_settings(settings: SandboxSettings) -> Self {
+        let worker_id = format!("test-{}", uuid::Uuid::new_v4());
+        let setup = settings
+            .build(&worker_id)
+            .expect("the test's settings are valid");
+        let engine = SandboxEngine::connect(setup.sandbox)
+            .await
+            .expect("dockerd must be running for the integration tests (scripts/test starts it)");
+        Self {
+            engine,
+            catalog: setup.catalog,
+            policy: setup.policy,
+            worker_id,
+        }
+    }
+
+    /// Runs a job to its end and returns its result with every event it
+    /// streamed, in order.
+    pub async fn run_collecting(&self, spec: &JobSpec) -> (JobResult, Vec<SandboxEvent>) {
+        let job = self.prepare(spec);
+        let job_id = uuid::Uuid::new_v4().to_string();
+        let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(16);
+        let io = JobIo {
+            events: Some(events_tx),
+            ..Default::default()
+        };
+        let collect = async {
+            let mut events = Vec::new();
+            while let Some(event) = events_rx.recv().await {
+                events.push(event);
+            }
+            events
+        };
+        // The sender lives in `io`, which the run drops when it ends, so the
+        // collector sees the end of the channel right after the result.
+        let (result, events) = tokio::join!(self.engine.run(&job_id, &job, io), collect);
+        (result, events)
+    }
+
+    /// Waits (up to `within`) until a container of this test exists; returns
+    /// its id.
+    pub async fn wait_for_container(&self, within: Duration) -> String {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(id) = self.leftovers().await.into_iter().next() {
+                return id;
+            }
+            if Instant::now() > deadline {
+                panic!("no container of this test appeared within {within:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// A Python job (`main.py`).
+pub fn python(source: &str) -> JobSpec {
+    job("python", "main.py", source)
+}
+
+/// Run-stage stdout lines of a result, for exact comparison.
+pub fn stdout_lines(result: &JobResult) -> Vec<String> {
+    stdout(result).lines().map(str::to_string).collect()
+}
+
+/// Receives the next event, failing the test if none comes before `deadline`.
+pub async fn next_event(
+    events: &mut tokio::sync::mpsc::Receiver<SandboxEvent>,
+    deadline: Instant,
+) -> Option<SandboxEvent> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    tokio::time::timeout(left, events.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no event before the deadline"))
+}
+
+/// A Docker client that speaks the daemon's API version (dockerd 20.10 refuses
+/// bollard's default version).
+pub async fn docker() -> bollard::Docker {
+    bollard::Docker::connect_with_defaults()
+        .expect("docker client")
+        .negotiate_version()
+        .await
+        .expect("dockerd must be running for the integration tests (scripts/test starts it)")
+}
+
+/// Unix time in milliseconds.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Tests of the `code-runner` binary run one at a time: the CLI names its own
+/// worker (`cli-<uuid>`), so the only way to tell this test's containers from
+/// another's is that no other CLI test runs meanwhile.
+static CLI_SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Harness for tests that run the `code-runner` binary: the binary with a
+/// clean environment, and a check that every container it created is gone.
+pub struct CliHarness {
+    /// Containers created by a CLI before this are not this test's.
+    started_ms: u64,
+    docker: bollard::Docker,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl CliHarness {
+    pub async fn new() -> Self {
+        let serial = CLI_SERIAL.lock().await;
+        Self {
+            started_ms: unix_ms(),
+            docker: docker().await,
+            _serial: serial,
+        }
+    }
+
+    /// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
+    /// variable inherited from the environment the tests run in.
+    pub fn command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_code-runner"));
+        for (name, _) in std::env::vars_os() {
+            let name_text = name.to_string_lossy();
+            if name_text.starts_with("CODE_RUNNER_") || name_text == "SANDBOX_RUNTIME" {
+                command.env_remove(&name);
+            }
+        }
+        command.stdin(std::process::Stdio::null());
+        command
+    }
+
+    /// Containers created by a `code-runner` CLI since this harness started.
+    pub async fn leftovers(&self) -> Vec<String> {
+        cli_containers_since(&self.docker, self.started_ms).await
+    }
+
+    /// Waits (up to 10 s) until no container created by the CLI during this
+    /// test exists; fails the test with their ids otherwise.
+    pub async fn assert_clean(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.leftovers().await;
+            if left.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                panic!("containers left behind by the CLI: {left:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for CliHarness {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        // The test failed, maybe with a CLI killed mid-run: remove what it left.
+        let started_ms = self.started_ms;
+        let _ = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async move {
+                let docker = bollard::Docker::connect_with_defaults()
+                    .ok()?
+                    .negotiate_version()
+                    .await
+                    .ok()?;
+                for id in cli_containers_since(&docker, started_ms).await {
+                    let _ = force_remove(&docker, &id).await;
+                }
+                Some(())
+            })
+        })
+        .join();
+    }
+}
+
+async fn cli_containers_since(docker: &bollard::Docker, since_ms: u64) -> Vec<String> {
+    let filters =
+        std::collections::HashMap::from([("label".to_string(), vec![LABEL_WORKER.to_string()])]);
+    let options = ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    docker
+        .list_containers(Some(options))
+        .await
+        .expect("docker lists containers")
+        .into_iter()
+        .filter(|c| {
+            let labels = c.labels.clone().unwrap_or_default();
+            let by_cli = labels
+                .get(LABEL_WORKER)
+                .is_some_and(|w| w.starts_with("cli-"));
+            let created = labels
+                .get(code_runner::sandbox::LABEL_CREATED)
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(u64::MAX);
+            by_cli && created >= since_ms
+        })
+        .filter_map(|c| c.id)
+        .collect()
 }
