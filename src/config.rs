@@ -165,3 +165,180 @@ impl SandboxSettings {
         Ok(policy)
     }
 }
+
+/// Where the shared state lives.
+#[derive(Debug, Clone, Args)]
+pub struct RedisSettings {
+    /// Redis URL.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    pub redis_url: String,
+
+    /// Prefix of every Redis key (e.g. `cr:`), to share one Redis.
+    #[arg(long, env = "CODE_RUNNER_REDIS_PREFIX", default_value = "")]
+    pub redis_prefix: String,
+
+    /// Connections in the Redis pool (blocking reads use their own).
+    #[arg(long, env = "CODE_RUNNER_REDIS_POOL_SIZE", default_value_t = 16)]
+    pub redis_pool_size: usize,
+
+    /// How long a finished job (its key and streams) is kept, in seconds.
+    #[arg(long, env = "CODE_RUNNER_RESULT_TTL_SECS", default_value_t = 3600)]
+    pub result_ttl_secs: u64,
+}
+
+impl RedisSettings {
+    pub fn build(&self) -> Result<crate::queue::Queue, ConfigError> {
+        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_REDIS_URL",
+                format!("{:?} is not a redis:// URL", self.redis_url),
+            ));
+        }
+        if self.redis_pool_size == 0 || self.redis_pool_size > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_REDIS_POOL_SIZE",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.result_ttl_secs == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_RESULT_TTL_SECS",
+                "must be at least 1",
+            ));
+        }
+        crate::queue::Queue::new(
+            &self.redis_url,
+            &self.redis_prefix,
+            std::time::Duration::from_secs(self.result_ttl_secs),
+            self.redis_pool_size,
+        )
+        .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))
+    }
+}
+
+/// The worker role.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerSettings {
+    /// This worker's id (in heartbeats, processing lists and container
+    /// labels); unique per process. Default: hostname and a random suffix.
+    #[arg(long, env = "CODE_RUNNER_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// Most sandboxes this worker runs at once.
+    #[arg(long, env = "CODE_RUNNER_WORKER_MAX_SANDBOXES", default_value_t = 4)]
+    pub worker_max_sandboxes: usize,
+
+    /// How often the heartbeat is refreshed, in milliseconds.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_HEARTBEAT_INTERVAL_MS",
+        default_value_t = 5000
+    )]
+    pub heartbeat_interval_ms: u64,
+
+    /// How long a heartbeat lives without a refresh, in milliseconds.
+    #[arg(long, env = "CODE_RUNNER_HEARTBEAT_TTL_MS", default_value_t = 15000)]
+    pub heartbeat_ttl_ms: u64,
+
+    /// On SIGTERM: how long running jobs may go on before they are killed, in
+    /// milliseconds.
+    #[arg(long, env = "CODE_RUNNER_DRAIN_TIMEOUT_MS", default_value_t = 30000)]
+    pub drain_timeout_ms: u64,
+
+    /// Address of the worker role's own /metrics and /healthz (the `worker`
+    /// command; `serve` uses the API's address).
+    #[arg(
+        long,
+        env = "CODE_RUNNER_WORKER_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub worker_listen: std::net::SocketAddr,
+}
+
+impl WorkerSettings {
+    pub fn validate(&self) -> Result<String, ConfigError> {
+        if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WORKER_MAX_SANDBOXES",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HEARTBEAT_INTERVAL_MS",
+                "must be at least 1",
+            ));
+        }
+        if self.heartbeat_ttl_ms < self.heartbeat_interval_ms * 2 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HEARTBEAT_TTL_MS",
+                format!(
+                    "{} is less than twice the heartbeat interval ({})",
+                    self.heartbeat_ttl_ms, self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        let id = match &self.worker_id {
+            Some(id) => id.clone(),
+            None => {
+                let host = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_else(|| "worker".into());
+                let suffix = uuid::Uuid::new_v4().simple().to_string();
+                format!("{host}-{}", &suffix[..8])
+            }
+        };
+        if id.is_empty()
+            || id.len() > 64
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WORKER_ID",
+                format!("{id:?} must be 1-64 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        Ok(id)
+    }
+}
+
+/// The API role.
+#[derive(Debug, Clone, Args)]
+pub struct ApiSettings {
+    /// Address the HTTP API listens on.
+    #[arg(long, env = "CODE_RUNNER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: std::net::SocketAddr,
+
+    /// API keys: `name:key[:max_active]` separated by commas; max_active caps
+    /// the key's queued + running jobs.
+    #[arg(long, env = "CODE_RUNNER_API_KEYS")]
+    pub api_keys: Option<String>,
+
+    /// Submissions are refused (429) once this many jobs are queued.
+    #[arg(long, env = "CODE_RUNNER_MAX_QUEUE_DEPTH", default_value_t = 1000)]
+    pub max_queue_depth: u64,
+
+    /// Largest request body, in bytes (413 above it).
+    #[arg(long, env = "CODE_RUNNER_MAX_BODY_BYTES", default_value_t = 32 << 20)]
+    pub max_body_bytes: usize,
+
+    /// Longest `?wait=true` blocks before answering with the job's status, in
+    /// milliseconds.
+    #[arg(long, env = "CODE_RUNNER_MAX_WAIT_MS", default_value_t = 60000)]
+    pub max_wait_ms: u64,
+
+    /// Secret for signing job attach tokens (shared by every API replica);
+    /// when unset, one is generated and shared through Redis.
+    #[arg(long, env = "CODE_RUNNER_TOKEN_SECRET", hide_env_values = true)]
+    pub token_secret: Option<String>,
+
+    /// How long an attach token stays valid, in seconds.
+    #[arg(long, env = "CODE_RUNNER_TOKEN_TTL_SECS", default_value_t = 3600)]
+    pub token_ttl_secs: u64,
+}

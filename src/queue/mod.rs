@@ -1,0 +1,615 @@
+//! Redis: the shared state of the fleet (DESIGN §6). This is the only module
+//! that knows key names; the API and the worker call its operations.
+//!
+//! Keys, all under an optional prefix:
+//! - `jobs:queue` — list of pending job ids (LPUSH by the API; a worker claims
+//!   with `BLMOVE jobs:queue worker:<wid>:processing RIGHT LEFT`).
+//! - `job:<id>` — hash: spec, status, attempts, worker, api key, timestamps,
+//!   result. Expires `RESULT_TTL` after the job ends.
+//! - `job:<id>:stdin` — stream of control messages for the job's worker
+//!   (`cancel`; later stdin and signals).
+//! - `job:<id>:events` — stream of the job's events (live output; later).
+//! - `worker:<wid>:processing` — list of the ids a worker has claimed.
+//! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
+//! - `idem:<api key name>:<idempotency key>` — hash: job id and body hash.
+//! - `apikey:<name>:active` — set of the key's queued and running job ids.
+//! - `jobs:dead` — dead-letter list.
+//! - `config:token_secret` — the secret attach tokens are signed with, when
+//!   none is configured (shared by every API replica).
+
+mod scripts;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deadpool_redis::redis::{self, AsyncCommands, Script};
+use serde::{Deserialize, Serialize};
+
+use crate::job::{JobResult, JobSpec, Status};
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("redis is unavailable: {0}")]
+    Pool(#[from] deadpool_redis::PoolError),
+    #[error("redis command failed: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("cannot set up the redis pool: {0}")]
+    CreatePool(#[from] deadpool_redis::CreatePoolError),
+    #[error("job {id} is corrupt in redis: {message}")]
+    Corrupt { id: String, message: String },
+}
+
+/// Key names under the configured prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(prefix: &str) -> Self {
+        Self {
+            prefix: prefix.to_string(),
+        }
+    }
+    pub fn queue(&self) -> String {
+        format!("{}jobs:queue", self.prefix)
+    }
+    pub fn dead(&self) -> String {
+        format!("{}jobs:dead", self.prefix)
+    }
+    pub fn job(&self, id: &str) -> String {
+        format!("{}job:{id}", self.prefix)
+    }
+    pub fn stdin(&self, id: &str) -> String {
+        format!("{}job:{id}:stdin", self.prefix)
+    }
+    pub fn events(&self, id: &str) -> String {
+        format!("{}job:{id}:events", self.prefix)
+    }
+    pub fn processing(&self, worker: &str) -> String {
+        format!("{}worker:{worker}:processing", self.prefix)
+    }
+    pub fn heartbeat(&self, worker: &str) -> String {
+        format!("{}worker:{worker}:hb", self.prefix)
+    }
+    pub fn workers(&self) -> String {
+        format!("{}workers", self.prefix)
+    }
+    pub fn idempotency(&self, api_key: &str, key: &str) -> String {
+        format!("{}idem:{api_key}:{key}", self.prefix)
+    }
+    pub fn active(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:active", self.prefix)
+    }
+    pub fn token_secret(&self) -> String {
+        format!("{}config:token_secret", self.prefix)
+    }
+}
+
+/// A job as stored in `job:<id>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobRecord {
+    pub id: String,
+    pub status: Status,
+    pub language: String,
+    pub api_key: String,
+    pub attempts: u32,
+    pub worker: Option<String>,
+    pub created_ms: u64,
+    pub started_ms: Option<u64>,
+    pub finished_ms: Option<u64>,
+    pub metadata: serde_json::Map<String, serde_json::Value>,
+    pub result: Option<JobResult>,
+    #[serde(skip)]
+    pub spec: Option<String>,
+}
+
+/// A job to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub spec: &'a JobSpec,
+    pub api_key: &'a str,
+    pub language: &'a str,
+    /// Idempotency key and the hash of the request body.
+    pub idempotency: Option<(&'a str, &'a str)>,
+    pub max_queue_depth: u64,
+    /// Most queued + running jobs of this API key (`None`: no limit).
+    pub key_limit: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    Accepted,
+    /// The idempotency key was used before with the same body: that job.
+    Existing(String),
+    /// The idempotency key was used before with another body.
+    Conflict(String),
+    QueueFull {
+        depth: u64,
+    },
+    KeyLimit {
+        active: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartOutcome {
+    /// The job is now running on this worker.
+    Start {
+        spec: String,
+        created_ms: u64,
+        attempts: u32,
+    },
+    /// The job is not queued any more (cancelled, or gone); it was dropped
+    /// from the processing list.
+    Skip(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The job is back at the head of the queue.
+    Requeued,
+    /// The job is not queued any more (cancelled meanwhile); it was only
+    /// dropped from the processing list.
+    Dropped,
+    /// The id was not in the worker's processing list.
+    Absent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// It was queued and will never start.
+    Cancelled,
+    /// It is running; its worker was asked to kill it.
+    Requested,
+    /// It had already ended with this status.
+    AlreadyFinished(Status),
+    NotFound,
+}
+
+/// A control message for a running job, from `job:<id>:stdin`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    Cancel,
+    Stdin(Vec<u8>),
+    StdinClose,
+    Signal(crate::protocol::SignalKind),
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// How long a blocking read waits at most before returning to its loop.
+pub const BLOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Handle on the shared state: a pool for ordinary commands, and a client for
+/// the dedicated connections blocking commands need (so they never hold a
+/// pooled connection).
+#[derive(Clone)]
+pub struct Queue {
+    pool: deadpool_redis::Pool,
+    client: redis::Client,
+    keys: Keys,
+    result_ttl: Duration,
+    submit: std::sync::Arc<Script>,
+    start: std::sync::Arc<Script>,
+    finish: std::sync::Arc<Script>,
+    cancel: std::sync::Arc<Script>,
+    release: std::sync::Arc<Script>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").field("keys", &self.keys).finish()
+    }
+}
+
+impl Queue {
+    /// Sets up the pool; does not connect yet (the first command does).
+    pub fn new(
+        url: &str,
+        prefix: &str,
+        result_ttl: Duration,
+        pool_size: usize,
+    ) -> Result<Self, QueueError> {
+        let mut config = deadpool_redis::Config::from_url(url);
+        let timeout = Some(Duration::from_secs(2));
+        config.pool = Some(deadpool_redis::PoolConfig {
+            max_size: pool_size,
+            timeouts: deadpool_redis::Timeouts {
+                wait: timeout,
+                create: timeout,
+                recycle: timeout,
+            },
+            ..Default::default()
+        });
+        let pool = config.create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
+        let client = redis::Client::open(url)?;
+        Ok(Self {
+            pool,
+            client,
+            keys: Keys::new(prefix),
+            result_ttl,
+            submit: Script::new(scripts::SUBMIT).into(),
+            start: Script::new(scripts::START).into(),
+            finish: Script::new(scripts::FINISH).into(),
+            cancel: Script::new(scripts::CANCEL).into(),
+            release: Script::new(scripts::RELEASE).into(),
+        })
+    }
+
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    pub fn result_ttl(&self) -> Duration {
+        self.result_ttl
+    }
+
+    async fn conn(&self) -> Result<deadpool_redis::Connection, QueueError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// A connection of its own, for blocking commands; its response timeout
+    /// leaves room for the block.
+    pub async fn dedicated(&self) -> Result<redis::aio::MultiplexedConnection, QueueError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(BLOCK_TIMEOUT + Duration::from_secs(5)));
+        Ok(self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        let mut conn = self.conn().await?;
+        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
+        Ok(())
+    }
+
+    pub async fn queue_depth(&self) -> Result<u64, QueueError> {
+        let mut conn = self.conn().await?;
+        Ok(conn.llen(self.keys.queue()).await?)
+    }
+
+    /// Enqueues a job, atomically with the admission checks and the
+    /// idempotency record.
+    pub async fn submit(&self, job: NewJob<'_>) -> Result<SubmitOutcome, QueueError> {
+        let spec = serde_json::to_string(job.spec).map_err(|e| QueueError::Corrupt {
+            id: job.id.to_string(),
+            message: e.to_string(),
+        })?;
+        let metadata = serde_json::to_string(&job.spec.metadata).unwrap_or_else(|_| "{}".into());
+        let (idem_key, body_hash) = match job.idempotency {
+            Some((key, hash)) => (self.keys.idempotency(job.api_key, key), hash.to_string()),
+            None => (String::new(), String::new()),
+        };
+        let mut conn = self.conn().await?;
+        let (outcome, detail): (String, String) = self
+            .submit
+            .key(self.keys.queue())
+            .key(self.keys.job(job.id))
+            .key(self.keys.active(job.api_key))
+            .key(idem_key)
+            .arg(job.id)
+            .arg(spec)
+            .arg(job.api_key)
+            .arg(job.language)
+            .arg(now_ms())
+            .arg(job.max_queue_depth)
+            .arg(job.key_limit.unwrap_or(0))
+            .arg(body_hash)
+            .arg(self.result_ttl.as_secs().max(1) * 24)
+            .arg(metadata)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match outcome.as_str() {
+            "accepted" => SubmitOutcome::Accepted,
+            "existing" => SubmitOutcome::Existing(detail),
+            "conflict" => SubmitOutcome::Conflict(detail),
+            "queue_full" => SubmitOutcome::QueueFull {
+                depth: detail.parse().unwrap_or(0),
+            },
+            _ => SubmitOutcome::KeyLimit {
+                active: detail.parse().unwrap_or(0),
+            },
+        })
+    }
+
+    /// Reads a job; `None` when it does not exist (never did, or expired).
+    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
+        let mut conn = self.conn().await?;
+        let fields: HashMap<String, String> = conn.hgetall(self.keys.job(id)).await?;
+        if fields.is_empty() {
+            return Ok(None);
+        }
+        record_from_fields(id, fields).map(Some)
+    }
+
+    /// Cancels a job: a queued one never starts; a running one is killed by
+    /// its worker.
+    pub async fn cancel(
+        &self,
+        id: &str,
+        cancelled: &JobResult,
+    ) -> Result<CancelOutcome, QueueError> {
+        let result = serde_json::to_string(cancelled).unwrap_or_default();
+        let mut conn = self.conn().await?;
+        let outcome: String = self
+            .cancel
+            .key(self.keys.job(id))
+            .key(self.keys.queue())
+            .key(self.keys.stdin(id))
+            .key(self.keys.events(id))
+            .arg(id)
+            .arg(now_ms())
+            .arg(self.result_ttl.as_secs().max(1))
+            .arg(result)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match outcome.as_str() {
+            "cancelled" => CancelOutcome::Cancelled,
+            "requested" => CancelOutcome::Requested,
+            "missing" => CancelOutcome::NotFound,
+            other => CancelOutcome::AlreadyFinished(parse_status(
+                id,
+                other.strip_prefix("finished:").unwrap_or(other),
+            )?),
+        })
+    }
+
+    /// Whether a running job's cancellation was asked for (and not yet
+    /// acted on by its worker).
+    pub async fn cancel_requested(&self, id: &str) -> Result<bool, QueueError> {
+        let mut conn = self.conn().await?;
+        let flag: Option<String> = conn.hget(self.keys.job(id), "cancel_requested").await?;
+        Ok(flag.is_some_and(|f| f == "1"))
+    }
+
+    /// The secret attach tokens are signed with: `candidate` if no API
+    /// replica stored one before, else the stored one (`SET NX`, then `GET`,
+    /// in one transaction), so every replica signs with the same secret.
+    pub async fn shared_token_secret(&self, candidate: &str) -> Result<String, QueueError> {
+        let key = self.keys.token_secret();
+        let mut conn = self.conn().await?;
+        let (secret,): (String,) = redis::pipe()
+            .atomic()
+            .cmd("SET")
+            .arg(&key)
+            .arg(candidate)
+            .arg("NX")
+            .ignore()
+            .get(&key)
+            .query_async(&mut conn)
+            .await?;
+        Ok(secret)
+    }
+
+    /// Claims the next job for `worker`, waiting up to [`BLOCK_TIMEOUT`], on a
+    /// dedicated connection. The id moves to the worker's processing list in
+    /// the same command, so a worker that dies now does not lose it.
+    pub async fn claim(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        worker: &str,
+    ) -> Result<Option<String>, QueueError> {
+        Ok(conn
+            .blmove(
+                self.keys.queue(),
+                self.keys.processing(worker),
+                redis::Direction::Right,
+                redis::Direction::Left,
+                BLOCK_TIMEOUT.as_secs_f64(),
+            )
+            .await?)
+    }
+
+    /// Marks a claimed job running on `worker`, if it is still queued.
+    pub async fn start(&self, id: &str, worker: &str) -> Result<StartOutcome, QueueError> {
+        let mut conn = self.conn().await?;
+        let reply: Vec<String> = self
+            .start
+            .key(self.keys.job(id))
+            .key(self.keys.processing(worker))
+            .arg(id)
+            .arg(worker)
+            .arg(now_ms())
+            .invoke_async(&mut conn)
+            .await?;
+        match reply.as_slice() {
+            [start, spec, created, attempts] if start == "start" => Ok(StartOutcome::Start {
+                spec: spec.clone(),
+                created_ms: created.parse().unwrap_or(0),
+                attempts: attempts.parse().unwrap_or(1),
+            }),
+            [_, status] => Ok(StartOutcome::Skip(status.clone())),
+            _ => Err(QueueError::Corrupt {
+                id: id.to_string(),
+                message: format!("unexpected reply to start: {reply:?}"),
+            }),
+        }
+    }
+
+    /// Records a job's result, sets its keys to expire, then drops it from
+    /// the worker's processing list (in one atomic step).
+    pub async fn finish(
+        &self,
+        id: &str,
+        worker: &str,
+        result: &JobResult,
+    ) -> Result<(), QueueError> {
+        let json = serde_json::to_string(result).map_err(|e| QueueError::Corrupt {
+            id: id.to_string(),
+            message: e.to_string(),
+        })?;
+        let mut conn = self.conn().await?;
+        let _: String = self
+            .finish
+            .key(self.keys.job(id))
+            .key(self.keys.processing(worker))
+            .key(self.keys.events(id))
+            .key(self.keys.stdin(id))
+            .arg(id)
+            .arg(result.status.as_str())
+            .arg(json)
+            .arg(now_ms())
+            .arg(self.result_ttl.as_secs().max(1))
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Gives back a job `worker` claimed but will not start (it is shutting
+    /// down): in one atomic step the id leaves the processing list and, if
+    /// the job is still queued, goes back to the head of the queue.
+    pub async fn release(&self, id: &str, worker: &str) -> Result<ReleaseOutcome, QueueError> {
+        let mut conn = self.conn().await?;
+        let outcome: String = self
+            .release
+            .key(self.keys.queue())
+            .key(self.keys.processing(worker))
+            .key(self.keys.job(id))
+            .arg(id)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match outcome.as_str() {
+            "requeued" => ReleaseOutcome::Requeued,
+            "dropped" => ReleaseOutcome::Dropped,
+            _ => ReleaseOutcome::Absent,
+        })
+    }
+
+    /// Refreshes a worker's heartbeat (and records the worker id).
+    pub async fn heartbeat(
+        &self,
+        worker: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .set_ex(self.keys.heartbeat(worker), value, ttl.as_secs().max(1))
+            .ignore()
+            .sadd(self.keys.workers(), worker)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Removes a worker's heartbeat at a clean shutdown.
+    pub async fn retire(&self, worker: &str) -> Result<(), QueueError> {
+        let mut conn = self.conn().await?;
+        redis::pipe()
+            .del(self.keys.heartbeat(worker))
+            .ignore()
+            .srem(self.keys.workers(), worker)
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Reads control messages for a job after stream id `after`, waiting up
+    /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
+    /// read and the messages (unknown ones are skipped).
+    pub async fn read_control(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        id: &str,
+        after: &str,
+    ) -> Result<(String, Vec<Control>), QueueError> {
+        let options = redis::streams::StreamReadOptions::default()
+            .block(BLOCK_TIMEOUT.as_millis() as usize)
+            .count(100);
+        let reply: Option<redis::streams::StreamReadReply> = conn
+            .xread_options(&[self.keys.stdin(id)], &[after], &options)
+            .await?;
+        let mut last = after.to_string();
+        let mut messages = Vec::new();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                last = entry.id.clone();
+                if let Some(control) = control_from_entry(&entry.map) {
+                    messages.push(control);
+                }
+            }
+        }
+        Ok((last, messages))
+    }
+}
+
+fn control_from_entry(map: &HashMap<String, redis::Value>) -> Option<Control> {
+    use base64::Engine as _;
+    let text = |name: &str| -> Option<String> {
+        match map.get(name)? {
+            redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+            redis::Value::SimpleString(text) => Some(text.clone()),
+            _ => None,
+        }
+    };
+    match text("type")?.as_str() {
+        "cancel" => Some(Control::Cancel),
+        "stdin_close" => Some(Control::StdinClose),
+        "stdin" => base64::engine::general_purpose::STANDARD
+            .decode(text("data")?)
+            .ok()
+            .map(Control::Stdin),
+        "signal" => match text("signal")?.as_str() {
+            "interrupt" => Some(Control::Signal(crate::protocol::SignalKind::Interrupt)),
+            "kill" => Some(Control::Signal(crate::protocol::SignalKind::Kill)),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn parse_status(id: &str, text: &str) -> Result<Status, QueueError> {
+    serde_json::from_value(serde_json::Value::String(text.to_string())).map_err(|_| {
+        QueueError::Corrupt {
+            id: id.to_string(),
+            message: format!("unknown status {text:?}"),
+        }
+    })
+}
+
+fn record_from_fields(
+    id: &str,
+    mut fields: HashMap<String, String>,
+) -> Result<JobRecord, QueueError> {
+    let corrupt = |message: String| QueueError::Corrupt {
+        id: id.to_string(),
+        message,
+    };
+    let number = |value: Option<&String>| value.and_then(|v| v.parse::<u64>().ok());
+    let status = parse_status(id, fields.get("status").map_or("", String::as_str))?;
+    let result = match fields.get("result") {
+        Some(json) => {
+            Some(serde_json::from_str(json).map_err(|e| corrupt(format!("result: {e}")))?)
+        }
+        None => None,
+    };
+    let metadata = fields
+        .get("metadata")
+        .and_then(|m| serde_json::from_str(m).ok())
+        .unwrap_or_default();
+    Ok(JobRecord {
+        id: id.to_string(),
+        status,
+        language: fields.remove("language").unwrap_or_default(),
+        api_key: fields.remove("api_key").unwrap_or_default(),
+        attempts: number(fields.get("attempts")).unwrap_or(0) as u32,
+        worker: fields.remove("worker"),
+        created_ms: number(fields.get("created_ms")).unwrap_or(0),
+        started_ms: number(fields.get("started_ms")),
+        finished_ms: number(fields.get("finished_ms")),
+        metadata,
+        result,
+        spec: fields.remove("spec"),
+    })
+}
