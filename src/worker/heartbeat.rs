@@ -1,0 +1,89 @@
+//! The worker's heartbeat (`worker:<wid>:hb`, DESIGN §6): refreshed every
+//! `heartbeat_interval` with the worker's load, so autoscalers and the
+//! reaper see it alive; retried quickly after a Redis failure.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use super::backoff::{Backoff, INITIAL, sleep_unless_cancelled};
+
+/// The heartbeat's value: what an operator or autoscaler reads about this
+/// worker.
+pub(super) fn heartbeat_value(slots_used: usize, slots_max: usize, started_ms: u64) -> String {
+    serde_json::json!({
+        "slots_used": slots_used,
+        "slots_max": slots_max,
+        "version": env!("CARGO_PKG_VERSION"),
+        "started_ms": started_ms,
+    })
+    .to_string()
+}
+
+impl Shared {
+    /// Writes the heartbeat once.
+    pub(super) async fn beat(&self) -> Result<(), crate::queue::QueueError> {
+        let value = heartbeat_value(
+            self.slots_used(),
+            self.config.max_sandboxes,
+            self.started_ms,
+        );
+        self.queue
+            .heartbeat(&self.config.id, &value, self.config.heartbeat_ttl)
+            .await
+    }
+
+    /// Refreshes the heartbeat until `stop`; the first refresh is due after
+    /// `first_delay`. A failure is retried sooner than the interval (with
+    /// backoff capped at the interval) so a blip does not let it expire.
+    pub(super) async fn heartbeat_loop(&self, stop: CancellationToken, first_delay: Duration) {
+        let interval = self.config.heartbeat_interval;
+        let mut backoff = Backoff::new(INITIAL, interval);
+        let mut failing = false;
+        let mut delay = first_delay;
+        while sleep_unless_cancelled(delay, &stop).await {
+            delay = match self.beat().await {
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(worker.id = %self.config.id, "the heartbeat is written again");
+                    }
+                    failing = false;
+                    backoff.reset();
+                    interval
+                }
+                Err(error) => {
+                    failing = true;
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        worker.id = %self.config.id,
+                        %error,
+                        retry_ms = delay.as_millis() as u64,
+                        "could not write the heartbeat; retrying"
+                    );
+                    delay
+                }
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_value_names_the_load_and_the_version() {
+        let value: serde_json::Value =
+            serde_json::from_str(&heartbeat_value(2, 4, 1_700_000_000_000)).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "slots_used": 2,
+                "slots_max": 4,
+                "version": env!("CARGO_PKG_VERSION"),
+                "started_ms": 1_700_000_000_000u64,
+            })
+        );
+    }
+}

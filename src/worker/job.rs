@@ -1,0 +1,368 @@
+//! One claimed job, from START to a durable result: mark it running, check
+//! it still validates here, run it with its control relay, settle its
+//! status, write the result (retrying through Redis outages), count it.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use super::backoff::{Backoff, sleep_unless_cancelled};
+use super::control::{ControlRelay, INPUT_BUFFER};
+use crate::job::{JobResult, JobSpec, PreparedJob, Status, Timings, prepare};
+use crate::queue::{QueueError, ReleaseOutcome, StartOutcome, now_ms};
+use crate::sandbox::JobIo;
+
+/// Attempts to give a claimed job back to the queue at shutdown before it
+/// is left in the processing list for recovery.
+const RELEASE_ATTEMPTS: u32 = 5;
+
+/// What killed a job before it ended on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kill {
+    /// A client cancelled it (`DELETE /v1/jobs/<id>`).
+    Client,
+    /// The worker shut down and the drain timeout passed.
+    Drain,
+}
+
+/// The error of a job the drain killed.
+pub(super) fn drain_message(drain_timeout: Duration) -> String {
+    format!(
+        "the worker shut down (drain timeout of {} ms passed) while the job was running",
+        drain_timeout.as_millis()
+    )
+}
+
+/// The status a killed job is settled with. The engine reports a killed job
+/// as `cancelled` (or `error` when the kill came before the sandbox was
+/// ready); a client's cancel stays `cancelled`, a drain kill is the
+/// platform's doing and becomes `error` with the reason. A job that ended on
+/// its own before the kill landed keeps its status.
+pub(super) fn settle(
+    mut result: JobResult,
+    kill: Option<Kill>,
+    drain_timeout: Duration,
+) -> JobResult {
+    if !matches!(result.status, Status::Cancelled | Status::Error) {
+        return result;
+    }
+    match kill {
+        None => {}
+        Some(Kill::Client) => {
+            result.status = Status::Cancelled;
+            result.error = None;
+        }
+        Some(Kill::Drain) => {
+            result.status = Status::Error;
+            result.error = Some(drain_message(drain_timeout));
+        }
+    }
+    result
+}
+
+/// The result of a job that never reached a sandbox.
+fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
+    JobResult {
+        status: Status::Error,
+        language: language.to_string(),
+        version: version.unwrap_or_default().to_string(),
+        compile: None,
+        run: None,
+        error: Some(error),
+        timings: Timings::default(),
+    }
+}
+
+impl Shared {
+    /// The task of one claimed job; `id` is in this worker's processing
+    /// list, and the caller holds its slot until this returns.
+    pub(super) async fn run_claimed(&self, id: &str) {
+        let Some(outcome) = self.start(id).await else {
+            return;
+        };
+        let (spec, created_ms, attempts) = match outcome {
+            StartOutcome::Skip(status) => {
+                tracing::debug!(job.id = %id, %status, "the job is no longer queued; not starting it");
+                return;
+            }
+            StartOutcome::Start {
+                spec,
+                created_ms,
+                attempts,
+            } => (spec, created_ms, attempts),
+        };
+        let spec: JobSpec = match serde_json::from_str(&spec) {
+            Ok(spec) => spec,
+            Err(error) => {
+                let message = format!("the job's spec in redis cannot be read: {error}");
+                return self
+                    .conclude(id, refused("unknown", None, message), None)
+                    .await;
+            }
+        };
+        let language = spec.language.as_str();
+        let waited = now_ms().saturating_sub(created_ms);
+        self.metrics
+            .queue_wait
+            .with_label_values(&[language])
+            .observe(waited as f64 / 1000.0);
+        let job = match prepare(&spec, &self.catalog, &self.policy) {
+            Ok(job) => job,
+            Err(invalid) => {
+                let message = format!("the job cannot run on this worker: {invalid}");
+                let result = refused(language, spec.version.as_deref(), message);
+                return self.conclude(id, result, None).await;
+            }
+        };
+        tracing::info!(
+            job.id = %id,
+            worker.id = %self.config.id,
+            language,
+            attempts,
+            queue_wait_ms = waited,
+            "job started"
+        );
+        let started = Instant::now();
+        let result = self.execute(id, &job).await;
+        self.conclude(id, result, Some(started)).await;
+    }
+
+    /// Marks the job running, retrying through Redis failures; `None` when
+    /// the worker shut down meanwhile (the job was given back).
+    async fn start(&self, id: &str) -> Option<StartOutcome> {
+        let mut backoff = Backoff::redis();
+        let mut retried = false;
+        loop {
+            let error = match self.queue.start(id, &self.config.id).await {
+                Ok(StartOutcome::Skip(status)) if retried && status == "running" => {
+                    // An earlier START may have run with its reply lost: a
+                    // job running on this worker is ours to run.
+                    match self.queue.get(id).await {
+                        Ok(Some(record)) if record.worker.as_deref() == Some(&self.config.id) => {
+                            return Some(StartOutcome::Start {
+                                spec: record.spec.unwrap_or_default(),
+                                created_ms: record.created_ms,
+                                attempts: record.attempts,
+                            });
+                        }
+                        Ok(_) => return Some(StartOutcome::Skip(status)),
+                        Err(error) => error,
+                    }
+                }
+                Ok(outcome) => return Some(outcome),
+                Err(error) => error,
+            };
+            retried = true;
+            let delay = backoff.next_delay();
+            tracing::warn!(
+                job.id = %id,
+                %error,
+                retry_ms = delay.as_millis() as u64,
+                "could not mark the claimed job running; retrying"
+            );
+            if !sleep_unless_cancelled(delay, &self.shutdown).await {
+                self.release(id).await;
+                return None;
+            }
+        }
+    }
+
+    /// Gives a claimed job that will not start back to the queue (a few
+    /// attempts). If Redis stays down it stays in the processing list, and
+    /// the worker does not retire, so the reaper finds it after the
+    /// heartbeat expired.
+    pub(super) async fn release(&self, id: &str) {
+        let mut backoff = Backoff::redis();
+        for attempt in 1..=RELEASE_ATTEMPTS {
+            match self.queue.release(id, &self.config.id).await {
+                Ok(ReleaseOutcome::Requeued) => {
+                    tracing::info!(job.id = %id, "shutting down; gave the claimed job back to the queue");
+                    return;
+                }
+                Ok(outcome) => {
+                    tracing::debug!(job.id = %id, ?outcome, "shutting down; the claimed job was not queued any more");
+                    return;
+                }
+                Err(error) if attempt < RELEASE_ATTEMPTS => {
+                    tracing::warn!(job.id = %id, %error, "could not give the claimed job back; retrying");
+                    tokio::time::sleep(backoff.next_delay()).await;
+                }
+                Err(error) => {
+                    self.mark_abandoned();
+                    tracing::error!(
+                        job.id = %id,
+                        %error,
+                        "could not give the claimed job back; it stays in this worker's processing list for recovery"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Runs the job in a sandbox with its control relay; the settled result.
+    async fn execute(&self, id: &str, job: &PreparedJob) -> JobResult {
+        let cancel = self.drain_kill.child_token();
+        let (input, input_rx) = mpsc::channel(INPUT_BUFFER);
+        let io = JobIo {
+            events: None,
+            input: Some(input_rx),
+            cancel: cancel.clone(),
+        };
+        let done = CancellationToken::new();
+        let relay = ControlRelay {
+            queue: &self.queue,
+            job_id: id,
+            cancel,
+            input,
+            done: done.clone(),
+        };
+        let run = async {
+            let result = self.engine.run(id, job, io).await;
+            done.cancel();
+            result
+        };
+        let (result, client_cancelled) = tokio::join!(run, relay.run());
+        let kill = if client_cancelled {
+            Some(Kill::Client)
+        } else if self.drain_kill.is_cancelled() {
+            Some(Kill::Drain)
+        } else {
+            None
+        };
+        settle(result, kill, self.config.drain_timeout)
+    }
+
+    /// Writes the result, then counts and logs the job.
+    async fn conclude(&self, id: &str, result: JobResult, started: Option<Instant>) {
+        let language = result.language.as_str();
+        if let Some(started) = started {
+            self.metrics
+                .run
+                .with_label_values(&[language])
+                .observe(started.elapsed().as_secs_f64());
+            if result.timings.container_start_ms > 0 {
+                self.metrics
+                    .container_start
+                    .with_label_values(&[language])
+                    .observe(result.timings.container_start_ms as f64 / 1000.0);
+            }
+        }
+        self.metrics
+            .jobs
+            .with_label_values(&[language, result.status.as_str()])
+            .inc();
+        let written = self.write_result(id, &result).await;
+        let status = result.status.as_str();
+        let total_ms = result.timings.total_ms;
+        match (&result.error, result.status) {
+            (Some(error), _) => {
+                tracing::warn!(job.id = %id, status, %error, written, "job ended with an error")
+            }
+            (None, Status::Cancelled) => {
+                tracing::info!(job.id = %id, status, total_ms, written, "job cancelled")
+            }
+            (None, _) => tracing::info!(job.id = %id, status, total_ms, written, "job finished"),
+        }
+    }
+
+    /// Records the result durably (FINISH drops the id from the processing
+    /// list only after the result is stored), retrying with backoff through
+    /// Redis failures until it works or the worker gives up at exit; a result
+    /// given up is logged whole at error, never dropped silently.
+    async fn write_result(&self, id: &str, result: &JobResult) -> bool {
+        let mut backoff = Backoff::redis();
+        loop {
+            let error = match self.queue.finish(id, &self.config.id, result).await {
+                Ok(()) => return true,
+                Err(error @ QueueError::Corrupt { .. }) => {
+                    self.give_up_result(id, result, &error);
+                    return false;
+                }
+                Err(error) => error,
+            };
+            let delay = backoff.next_delay();
+            tracing::warn!(
+                job.id = %id,
+                %error,
+                retry_ms = delay.as_millis() as u64,
+                "could not write the job's result; retrying"
+            );
+            if !sleep_unless_cancelled(delay, &self.give_up).await {
+                self.give_up_result(id, result, &error);
+                return false;
+            }
+        }
+    }
+
+    fn give_up_result(&self, id: &str, result: &JobResult, error: &QueueError) {
+        self.mark_abandoned();
+        let result = serde_json::to_string(result).unwrap_or_default();
+        tracing::error!(
+            job.id = %id,
+            worker.id = %self.config.id,
+            %error,
+            %result,
+            "gave up writing the job's result; the job stays in this worker's processing list"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn result(status: Status, error: Option<&str>) -> JobResult {
+        JobResult {
+            status,
+            error: error.map(str::to_string),
+            ..refused("python", Some("3.12"), String::new())
+        }
+    }
+
+    const DRAIN: Duration = Duration::from_millis(300);
+
+    #[test]
+    fn a_drain_kill_settles_as_error_with_the_reason() {
+        let settled = settle(result(Status::Cancelled, None), Some(Kill::Drain), DRAIN);
+        assert_eq!(settled.status, Status::Error);
+        assert_eq!(
+            settled.error.as_deref(),
+            Some("the worker shut down (drain timeout of 300 ms passed) while the job was running")
+        );
+        // Killed before the sandbox was ready: the engine says error, with
+        // its own message; the drain is the real reason.
+        let settled = settle(
+            result(Status::Error, Some("the sandbox did not start within 30 s")),
+            Some(Kill::Drain),
+            DRAIN,
+        );
+        assert_eq!(settled.error, Some(drain_message(DRAIN)));
+    }
+
+    #[test]
+    fn a_client_cancel_stays_cancelled() {
+        let settled = settle(result(Status::Cancelled, None), Some(Kill::Client), DRAIN);
+        assert_eq!(settled.status, Status::Cancelled);
+        assert_eq!(settled.error, None);
+        let settled = settle(
+            result(Status::Error, Some("the sandbox did not start within 30 s")),
+            Some(Kill::Client),
+            DRAIN,
+        );
+        assert_eq!(settled.status, Status::Cancelled);
+        assert_eq!(settled.error, None);
+    }
+
+    #[test]
+    fn a_job_that_ended_on_its_own_keeps_its_status() {
+        for status in [Status::Succeeded, Status::Failed, Status::TimedOut] {
+            for kill in [None, Some(Kill::Client), Some(Kill::Drain)] {
+                assert_eq!(settle(result(status, None), kill, DRAIN).status, status);
+            }
+        }
+        let error = result(Status::Error, Some("docker could not create the sandbox"));
+        assert_eq!(settle(error.clone(), None, DRAIN), error);
+    }
+}

@@ -1,0 +1,366 @@
+//! The worker (DESIGN §6): claims jobs from Redis and runs each in a sandbox,
+//! never more at once than it has slots for.
+//!
+//! - A semaphore of `max_sandboxes` permits: the claim loop takes a permit
+//!   *before* it claims, so the worker never holds a job it cannot start;
+//!   the permit moves into the job's task and is returned when the job's
+//!   result is durable.
+//! - Claims block on a dedicated connection (`BLMOVE`, 1 s), never on the
+//!   pool. Each running job reads its control stream (cancel, stdin,
+//!   signals) on a dedicated connection of its own ([`control`]).
+//! - Redis failures are retried with backoff ([`backoff`]); the worker never
+//!   exits because Redis blipped, and never drops a result silently.
+//! - Shutdown: stop claiming at once (a claim that returns after shutdown
+//!   began is given back to the head of the queue), let running jobs finish
+//!   for up to `drain_timeout`, then kill the rest through the drain kill
+//!   token (they are settled as `error`, with the reason), wait for their
+//!   results, stop the heartbeat and retire it.
+
+mod backoff;
+mod control;
+mod heartbeat;
+mod job;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_redis::redis::aio::MultiplexedConnection;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::job::limits::LimitPolicy;
+use crate::languages::LanguageCatalog;
+use crate::metrics::Metrics;
+use crate::queue::{Queue, now_ms};
+use crate::sandbox::SandboxEngine;
+use backoff::{Backoff, sleep_unless_cancelled};
+
+/// After the drain kill: how long killed jobs get to be settled (the engine
+/// removes the container, the result is written) before the worker gives up
+/// on writing results that Redis still refuses.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+/// After giving up: how long tasks get to log what they could not write.
+const GIVE_UP_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// This worker's id: in its heartbeat, processing list and container labels.
+    pub id: String,
+    /// Most sandboxes running at once.
+    pub max_sandboxes: usize,
+    /// How often the heartbeat is refreshed.
+    pub heartbeat_interval: Duration,
+    /// How long the heartbeat lives without a refresh.
+    pub heartbeat_ttl: Duration,
+    /// On shutdown: how long running jobs may go on before they are killed.
+    pub drain_timeout: Duration,
+}
+
+/// Claims and runs jobs; see the module documentation.
+pub struct Worker {
+    config: WorkerConfig,
+    queue: Queue,
+    engine: SandboxEngine,
+    catalog: LanguageCatalog,
+    policy: LimitPolicy,
+    metrics: Metrics,
+}
+
+/// What the claim loop and the job tasks share.
+struct Shared {
+    config: WorkerConfig,
+    queue: Queue,
+    engine: SandboxEngine,
+    catalog: LanguageCatalog,
+    policy: LimitPolicy,
+    metrics: Metrics,
+    started_ms: u64,
+    /// Cancelled when shutdown begins (SIGTERM).
+    shutdown: CancellationToken,
+    /// Cancelled when the drain timeout passes: every job's cancel token is
+    /// a child of it.
+    drain_kill: CancellationToken,
+    /// Cancelled when the worker stops waiting for results Redis refuses.
+    give_up: CancellationToken,
+    /// Ids of the claimed jobs holding a slot.
+    running: Mutex<BTreeSet<String>>,
+    /// A job was left in the processing list (Redis refused its result or
+    /// its release): do not retire, so the reaper recovers it once the
+    /// heartbeat expires.
+    abandoned: AtomicBool,
+}
+
+/// A slot taken by a claimed job: its semaphore permit and its place in
+/// `slots_used`, both given back on drop (also if the task panics).
+struct Slot {
+    shared: Arc<Shared>,
+    id: String,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    fn take(shared: Arc<Shared>, id: String, permit: OwnedSemaphorePermit) -> Self {
+        shared.update_running(|running| {
+            running.insert(id.clone());
+        });
+        Self {
+            shared,
+            id,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shared.update_running(|running| {
+            running.remove(&self.id);
+        });
+    }
+}
+
+impl Worker {
+    pub fn new(
+        config: WorkerConfig,
+        queue: Queue,
+        engine: SandboxEngine,
+        catalog: LanguageCatalog,
+        policy: LimitPolicy,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            config,
+            queue,
+            engine,
+            catalog,
+            policy,
+            metrics,
+        }
+    }
+
+    /// Claims and runs jobs until `shutdown`, then drains: returns once
+    /// every claimed job is settled (or given up on) and the heartbeat is
+    /// retired.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let shared = Arc::new(Shared {
+            config: self.config,
+            queue: self.queue,
+            engine: self.engine,
+            catalog: self.catalog,
+            policy: self.policy,
+            metrics: self.metrics,
+            started_ms: now_ms(),
+            shutdown,
+            drain_kill: CancellationToken::new(),
+            give_up: CancellationToken::new(),
+            running: Mutex::new(BTreeSet::new()),
+            abandoned: AtomicBool::new(false),
+        });
+        let id = shared.config.id.clone();
+        shared
+            .metrics
+            .slots_max
+            .set(shared.config.max_sandboxes as i64);
+        shared.metrics.slots_used.set(0);
+        tracing::info!(
+            worker.id = %id,
+            max_sandboxes = shared.config.max_sandboxes,
+            "worker started"
+        );
+
+        // The first heartbeat goes out before anything is claimed.
+        let first_delay = match shared.beat().await {
+            Ok(()) => shared.config.heartbeat_interval,
+            Err(error) => {
+                tracing::warn!(worker.id = %id, %error, "could not write the first heartbeat; retrying");
+                backoff::INITIAL
+            }
+        };
+        let heartbeat_stop = CancellationToken::new();
+        let work = async {
+            let tracker = TaskTracker::new();
+            // Ends once the claim loop stopped (at shutdown) and every job
+            // task it spawned ended.
+            let jobs = async {
+                Arc::clone(&shared).claim_loop(&tracker).await;
+                tracker.close();
+                tracker.wait().await;
+            };
+            shared.drain(jobs).await;
+            heartbeat_stop.cancel();
+        };
+        tokio::join!(
+            shared.heartbeat_loop(heartbeat_stop.clone(), first_delay),
+            work
+        );
+
+        if shared.abandoned.load(Ordering::SeqCst) {
+            tracing::error!(
+                worker.id = %id,
+                "jobs were left in this worker's processing list; not retiring, so they are recovered once the heartbeat expires"
+            );
+        } else if let Err(error) = shared.queue.retire(&id).await {
+            tracing::warn!(worker.id = %id, %error, "could not remove the heartbeat; it expires on its own");
+        }
+        tracing::info!(worker.id = %id, "worker stopped");
+    }
+}
+
+impl Shared {
+    fn update_running(&self, change: impl FnOnce(&mut BTreeSet<String>)) {
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        change(&mut running);
+        self.metrics.slots_used.set(running.len() as i64);
+    }
+
+    fn running_ids(&self) -> Vec<String> {
+        let running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
+        running.iter().cloned().collect()
+    }
+
+    fn slots_used(&self) -> usize {
+        self.running
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    fn mark_abandoned(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes a slot, claims a job into it and spawns its task, until
+    /// shutdown. Returns at once when shutdown begins while waiting for a
+    /// slot; a claim in flight is let finish (at most the 1 s block), and
+    /// the job it returns given back.
+    async fn claim_loop(self: Arc<Self>, tracker: &TaskTracker) {
+        let worker = self.config.id.as_str();
+        let slots = Arc::new(Semaphore::new(self.config.max_sandboxes));
+        let mut conn: Option<MultiplexedConnection> = None;
+        let mut backoff = Backoff::redis();
+        let mut failing = false;
+        loop {
+            let permit = tokio::select! {
+                biased;
+                () = self.shutdown.cancelled() => return,
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    // The semaphore is never closed.
+                    Err(_) => return,
+                },
+            };
+            if self.shutdown.is_cancelled() {
+                return;
+            }
+            let claimed = match conn.as_mut() {
+                // Not raced with shutdown: a BLMOVE in flight may still move
+                // an id into the processing list, and only its reply says
+                // which one to give back.
+                Some(conn) => self.queue.claim(conn, worker).await,
+                None => match self.queue.dedicated().await {
+                    Ok(new) => {
+                        conn = Some(new);
+                        continue;
+                    }
+                    Err(error) => Err(error),
+                },
+            };
+            match claimed {
+                Ok(claimed) => {
+                    if failing {
+                        tracing::info!(worker.id = %worker, "redis answers again; claiming jobs");
+                    }
+                    failing = false;
+                    backoff.reset();
+                    let Some(id) = claimed else {
+                        continue;
+                    };
+                    if self.shutdown.is_cancelled() {
+                        self.release(&id).await;
+                        return;
+                    }
+                    tracing::debug!(job.id = %id, worker.id = %worker, "claimed a job");
+                    let slot = Slot::take(Arc::clone(&self), id, permit);
+                    tracker.spawn(async move {
+                        slot.shared.run_claimed(&slot.id).await;
+                        drop(slot);
+                    });
+                }
+                Err(error) => {
+                    drop(permit);
+                    conn = None;
+                    failing = true;
+                    let delay = backoff.next_delay();
+                    tracing::warn!(
+                        worker.id = %worker,
+                        %error,
+                        retry_ms = delay.as_millis() as u64,
+                        "could not claim a job; retrying"
+                    );
+                    if !sleep_unless_cancelled(delay, &self.shutdown).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `jobs` (the claim loop, then the wait for every job task) until
+    /// shutdown, then for up to `drain_timeout` more, counted from the
+    /// shutdown (not from the end of a claim still in flight); then kills
+    /// what is left and waits for it to be settled, giving up on results
+    /// Redis still refuses after [`SETTLE_TIMEOUT`].
+    async fn drain(&self, jobs: impl Future<Output = ()>) {
+        let worker = self.config.id.as_str();
+        let drain_timeout_ms = self.config.drain_timeout.as_millis() as u64;
+        tokio::pin!(jobs);
+        tokio::select! {
+            () = &mut jobs => return,
+            () = self.shutdown.cancelled() => {}
+        }
+        let deadline = Instant::now() + self.config.drain_timeout;
+        let running = self.running_ids();
+        if running.is_empty() {
+            tracing::info!(worker.id = %worker, "shutting down; no job is running");
+        } else {
+            tracing::info!(
+                worker.id = %worker,
+                jobs = running.len(),
+                drain_timeout_ms,
+                "shutting down; letting the running jobs finish"
+            );
+        }
+        if tokio::time::timeout_at(deadline, &mut jobs).await.is_ok() {
+            return;
+        }
+        tracing::warn!(
+            worker.id = %worker,
+            jobs = ?self.running_ids(),
+            drain_timeout_ms,
+            "the drain timeout passed; killing the jobs still running"
+        );
+        self.drain_kill.cancel();
+        if tokio::time::timeout(SETTLE_TIMEOUT, &mut jobs)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        self.give_up.cancel();
+        if tokio::time::timeout(GIVE_UP_TIMEOUT, &mut jobs)
+            .await
+            .is_err()
+        {
+            self.mark_abandoned();
+            tracing::error!(
+                worker.id = %worker,
+                jobs = ?self.running_ids(),
+                "jobs did not end after they were killed; leaving them"
+            );
+        }
+    }
+}

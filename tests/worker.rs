@@ -1,0 +1,917 @@
+//! The worker against a real redis-server (started by each test on a free
+//! loopback port) and the real dockerd: claims, capacity, cancellation,
+//! drain, and Redis outages.
+//!
+//! Every test uses its own worker id (so its containers carry a label only
+//! it uses), its own Redis and its own key prefix; the guards kill the
+//! redis-server and remove leftover containers also when a test fails.
+
+mod common;
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::ListContainersOptions;
+use code_runner::job::{JobResult, JobSpec, Status, Timings};
+use code_runner::metrics::Metrics;
+use code_runner::queue::{CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome};
+use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
+use code_runner::worker::{Worker, WorkerConfig};
+use common::{Harness, python};
+use redis::AsyncCommands;
+use tokio_util::sync::CancellationToken;
+
+const POLL: Duration = Duration::from_millis(50);
+/// Long enough for a cold container start on a loaded CI machine.
+const JOB_DEADLINE: Duration = Duration::from_secs(60);
+
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TEST_LOG")
+                .unwrap_or_else(|_| "code_runner=info".into()),
+        )
+        .try_init();
+}
+
+/// Polls `probe` every 50 ms until it returns `Some`, failing the test with
+/// `what` after `within`.
+async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+// ---------------------------------------------------------------------------
+// redis-server
+// ---------------------------------------------------------------------------
+
+/// A redis-server child process on a free loopback port, killed on drop.
+/// Its data directory is a temporary one, so `SHUTDOWN SAVE` and a restart
+/// on the same port keep the data (an outage that loses nothing).
+struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    async fn start() -> Self {
+        for _ in 0..5 {
+            let mut server = Self {
+                child: None,
+                port: free_port(),
+                dir: tempfile::tempdir().expect("temporary directory"),
+            };
+            if server.spawn().await {
+                return server;
+            }
+            // Someone took the port meanwhile: try another.
+        }
+        panic!("redis-server did not start (is it installed?)");
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.dir.path().to_path_buf()
+    }
+
+    /// Starts the server on `self.port`; whether it answers PING within 10 s.
+    async fn spawn(&mut self) -> bool {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server runs");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false;
+            }
+            if self.ping().await {
+                return true;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        self.kill();
+        false
+    }
+
+    async fn ping(&self) -> bool {
+        let Ok(client) = redis::Client::open(self.url()) else {
+            return false;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            return false;
+        };
+        redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .is_ok()
+    }
+
+    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the test's redis-server answers")
+    }
+
+    /// Stops the server after it saved its data (an outage).
+    async fn shutdown_saving(&mut self) {
+        let mut conn = self.conn().await;
+        // The server closes the connection instead of answering.
+        let _ = redis::cmd("SHUTDOWN")
+            .arg("SAVE")
+            .query_async::<()>(&mut conn)
+            .await;
+        let mut child = self.child.take().expect("the server is running");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait().expect("wait for redis-server").is_none() {
+            assert!(Instant::now() < deadline, "redis-server did not shut down");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Starts the server again on the same port, with the saved data.
+    async fn restart(&mut self) {
+        assert!(self.spawn().await, "redis-server did not restart");
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("a free loopback port")
+}
+
+// ---------------------------------------------------------------------------
+// The test's world: redis, queue, docker, worker
+// ---------------------------------------------------------------------------
+
+struct World {
+    harness: Harness,
+    redis: RedisServer,
+    queue: Queue,
+    metrics: Metrics,
+}
+
+/// A worker running in-process; shut down (without waiting) on drop.
+struct RunningWorker {
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl RunningWorker {
+    /// Begins the graceful shutdown (as SIGTERM does).
+    fn shut_down(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits until `Worker::run` returned; fails the test after `within`.
+    async fn stopped(&mut self, within: Duration) -> Duration {
+        let started = Instant::now();
+        let handle = self.handle.take().expect("the worker is running");
+        tokio::time::timeout(within, handle)
+            .await
+            .unwrap_or_else(|_| panic!("the worker did not stop within {within:?}"))
+            .expect("the worker task did not panic");
+        started.elapsed()
+    }
+}
+
+impl Drop for RunningWorker {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+impl World {
+    async fn new() -> Self {
+        init_tracing();
+        let redis = RedisServer::start().await;
+        let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
+        let queue = Queue::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
+            .expect("queue settings are valid");
+        Self {
+            harness: Harness::new().await,
+            redis,
+            queue,
+            metrics: Metrics::new().expect("metrics"),
+        }
+    }
+
+    fn worker_id(&self) -> &str {
+        &self.harness.worker_id
+    }
+
+    fn start_worker(&self, max_sandboxes: usize, drain_timeout: Duration) -> RunningWorker {
+        let config = WorkerConfig {
+            id: self.worker_id().to_string(),
+            max_sandboxes,
+            heartbeat_interval: Duration::from_millis(500),
+            heartbeat_ttl: Duration::from_secs(5),
+            drain_timeout,
+        };
+        let worker = Worker::new(
+            config,
+            self.queue.clone(),
+            self.harness.engine.clone(),
+            self.harness.catalog.clone(),
+            self.harness.policy.clone(),
+            self.metrics.clone(),
+        );
+        let shutdown = CancellationToken::new();
+        let handle = tokio::spawn(worker.run(shutdown.clone()));
+        RunningWorker {
+            shutdown,
+            handle: Some(handle),
+        }
+    }
+
+    async fn submit(&self, spec: &JobSpec) -> String {
+        let id = uuid::Uuid::new_v4().to_string();
+        let outcome = self
+            .queue
+            .submit(NewJob {
+                id: &id,
+                spec,
+                api_key: "test",
+                language: &spec.language,
+                idempotency: None,
+                max_queue_depth: 1000,
+                key_limit: None,
+            })
+            .await
+            .expect("submit");
+        assert_eq!(outcome, SubmitOutcome::Accepted);
+        id
+    }
+
+    async fn record(&self, id: &str) -> JobRecord {
+        self.queue
+            .get(id)
+            .await
+            .expect("redis answers")
+            .unwrap_or_else(|| panic!("job {id} exists"))
+    }
+
+    async fn wait_status(&self, id: &str, within: Duration, done: fn(Status) -> bool) -> JobRecord {
+        wait_for(&format!("job {id} to reach the status"), within, || async {
+            self.queue
+                .get(id)
+                .await
+                .ok()
+                .flatten()
+                .filter(|record| done(record.status))
+        })
+        .await
+    }
+
+    async fn wait_terminal(&self, id: &str, within: Duration) -> JobRecord {
+        self.wait_status(id, within, Status::is_terminal).await
+    }
+
+    /// Waits until the job is running and its container exists.
+    async fn wait_running(&self, id: &str) {
+        self.wait_status(id, JOB_DEADLINE, |s| s == Status::Running)
+            .await;
+        wait_for("the job's container", JOB_DEADLINE, || async {
+            containers(&self.harness, self.worker_id())
+                .await
+                .contains(&id.to_string())
+                .then_some(())
+        })
+        .await;
+    }
+
+    async fn processing_len(&self) -> u64 {
+        let mut conn = self.redis.conn().await;
+        conn.llen(self.queue.keys().processing(self.worker_id()))
+            .await
+            .expect("LLEN")
+    }
+
+    async fn queue_len(&self) -> u64 {
+        let mut conn = self.redis.conn().await;
+        conn.llen(self.queue.keys().queue()).await.expect("LLEN")
+    }
+
+    async fn job_ttl(&self, id: &str) -> i64 {
+        let mut conn = self.redis.conn().await;
+        conn.ttl(self.queue.keys().job(id)).await.expect("TTL")
+    }
+
+    async fn heartbeat(&self) -> Option<serde_json::Value> {
+        let mut conn = self.redis.conn().await;
+        let value: Option<String> = conn
+            .get(self.queue.keys().heartbeat(self.worker_id()))
+            .await
+            .expect("GET");
+        value.map(|v| serde_json::from_str(&v).expect("the heartbeat is JSON"))
+    }
+
+    /// What must hold for every job that ended: it left the processing
+    /// list, and its key expires.
+    async fn assert_settled(&self, id: &str) {
+        let mut conn = self.redis.conn().await;
+        let processing: Vec<String> = conn
+            .lrange(self.queue.keys().processing(self.worker_id()), 0, -1)
+            .await
+            .expect("LRANGE");
+        assert!(
+            !processing.contains(&id.to_string()),
+            "job {id} is still in the processing list {processing:?}"
+        );
+        let ttl = self.job_ttl(id).await;
+        assert!(ttl > 0, "job {id} has no TTL ({ttl})");
+    }
+}
+
+/// Job ids (from their labels) of this worker's containers that exist now.
+async fn containers(harness: &Harness, worker_id: &str) -> Vec<String> {
+    let filters = std::collections::HashMap::from([(
+        "label".to_string(),
+        vec![format!("{LABEL_WORKER}={worker_id}")],
+    )]);
+    let options = ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    harness
+        .engine
+        .docker()
+        .list_containers(Some(options))
+        .await
+        .expect("docker lists containers")
+        .into_iter()
+        .map(|c| {
+            c.labels
+                .and_then(|mut labels| labels.remove(LABEL_JOB))
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// What a sampler saw while it ran.
+#[derive(Debug, Default)]
+struct Samples {
+    max_containers: usize,
+    max_slots_used: i64,
+    jobs_seen: HashSet<String>,
+    count: usize,
+}
+
+/// Samples this worker's containers (`docker ps` by label) and
+/// `slots_used` every 50 ms until `stop`.
+fn sample(world: &World, stop: CancellationToken) -> tokio::task::JoinHandle<Samples> {
+    let harness_engine = world.harness.engine.clone();
+    let worker_id = world.worker_id().to_string();
+    let metrics = world.metrics.clone();
+    tokio::spawn(async move {
+        let mut samples = Samples::default();
+        let filters = std::collections::HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_WORKER}={worker_id}")],
+        )]);
+        while !stop.is_cancelled() {
+            let options = ListContainersOptions {
+                all: true,
+                filters: Some(filters.clone()),
+                ..Default::default()
+            };
+            let list = harness_engine
+                .docker()
+                .list_containers(Some(options))
+                .await
+                .expect("docker lists containers");
+            samples.max_containers = samples.max_containers.max(list.len());
+            samples.max_slots_used = samples.max_slots_used.max(metrics.slots_used.get());
+            for container in list {
+                if let Some(job) = container.labels.and_then(|mut l| l.remove(LABEL_JOB)) {
+                    samples.jobs_seen.insert(job);
+                }
+            }
+            samples.count += 1;
+            tokio::time::sleep(POLL).await;
+        }
+        samples
+    })
+}
+
+fn run_stdout(record: &JobRecord) -> String {
+    let result = record.result.as_ref().expect("a terminal job has a result");
+    common::stdout(result)
+}
+
+fn cancelled_result(language: &str) -> JobResult {
+    JobResult {
+        status: Status::Cancelled,
+        language: language.to_string(),
+        version: String::new(),
+        compile: None,
+        run: None,
+        error: None,
+        timings: Timings::default(),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_python_job_succeeds_and_its_keys_expire() {
+    let world = World::new().await;
+    let id = world
+        .submit(&python("print('hello from the worker')"))
+        .await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "hello from the worker\n");
+    assert_eq!(record.worker.as_deref(), Some(world.worker_id()));
+    assert_eq!(record.attempts, 1);
+    world.assert_settled(&id).await;
+
+    let heartbeat = world.heartbeat().await.expect("the worker heartbeats");
+    assert_eq!(heartbeat["slots_max"], 2);
+    assert_eq!(heartbeat["version"], env!("CARGO_PKG_VERSION"));
+    let text = world.metrics.render();
+    assert!(
+        text.contains("code_runner_jobs_total{language=\"python\",status=\"succeeded\"} 1"),
+        "{text}"
+    );
+    assert!(text.contains("code_runner_slots_max 2"), "{text}");
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    assert_eq!(world.heartbeat().await, None, "the heartbeat is retired");
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn never_more_sandboxes_than_slots() {
+    let world = World::new().await;
+    let mut ids = Vec::new();
+    for _ in 0..8 {
+        ids.push(
+            world
+                .submit(&python("import time\ntime.sleep(0.5)\nprint('ok')"))
+                .await,
+        );
+    }
+    let stop = CancellationToken::new();
+    let sampler = sample(&world, stop.clone());
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+
+    for id in &ids {
+        let record = world.wait_terminal(id, JOB_DEADLINE * 2).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(run_stdout(&record), "ok\n");
+        world.assert_settled(id).await;
+    }
+    stop.cancel();
+    let samples = sampler.await.expect("the sampler ran");
+    assert!(
+        samples.max_containers <= 2,
+        "{} containers at once: {samples:?}",
+        samples.max_containers
+    );
+    assert_eq!(samples.max_slots_used, 2, "{samples:?}");
+    assert!(samples.count > 10, "too few samples: {samples:?}");
+    assert_eq!(world.metrics.slots_used.get(), 0);
+    assert_eq!(world.processing_len().await, 0);
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_cancelled_while_queued_never_runs() {
+    let world = World::new().await;
+    let cancelled = world.submit(&python("print('must not run')")).await;
+    let marker = world.submit(&python("print('after')")).await;
+    assert_eq!(
+        world
+            .queue
+            .cancel(&cancelled, &cancelled_result("python"))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Cancelled
+    );
+    let stop = CancellationToken::new();
+    let sampler = sample(&world, stop.clone());
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    // Jobs are claimed in order: once the later one ended, the cancelled one
+    // would have been claimed before it.
+    let record = world.wait_terminal(&marker, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    stop.cancel();
+    let samples = sampler.await.expect("the sampler ran");
+
+    let record = world.record(&cancelled).await;
+    assert_eq!(record.status, Status::Cancelled);
+    assert_eq!(record.attempts, 0, "it never started: {record:#?}");
+    assert_eq!(record.started_ms, None);
+    assert_eq!(record.worker, None);
+    assert!(
+        !samples.jobs_seen.contains(&cancelled),
+        "a container ran the cancelled job: {samples:?}"
+    );
+    assert!(
+        samples.jobs_seen.contains(&marker),
+        "the sampler never saw the job that ran: {samples:?}"
+    );
+    world.assert_settled(&cancelled).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_job_cancelled_is_killed() {
+    let world = World::new().await;
+    let id = world
+        .submit(&python(
+            "import time\nprint('started', flush=True)\ntime.sleep(30)",
+        ))
+        .await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+    world.wait_running(&id).await;
+
+    let asked = Instant::now();
+    assert_eq!(
+        world
+            .queue
+            .cancel(&id, &cancelled_result("python"))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Requested
+    );
+    let record = world.wait_terminal(&id, Duration::from_secs(20)).await;
+    assert_eq!(record.status, Status::Cancelled, "{record:#?}");
+    assert_eq!(record.result.as_ref().and_then(|r| r.error.clone()), None);
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        asked.elapsed()
+    );
+    world.assert_settled(&id).await;
+    assert!(
+        containers(&world.harness, world.worker_id())
+            .await
+            .is_empty()
+    );
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn shutdown_lets_a_running_job_finish_within_the_drain_timeout() {
+    let world = World::new().await;
+    let id = world
+        .submit(&python("import time\ntime.sleep(2)\nprint('done')"))
+        .await;
+    let mut worker = world.start_worker(2, Duration::from_secs(60));
+    world.wait_running(&id).await;
+
+    worker.shut_down();
+    // Submitted after shutdown began: never claimed.
+    let late = world.submit(&python("print('late')")).await;
+    worker.stopped(JOB_DEADLINE).await;
+
+    let record = world.record(&id).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "done\n");
+    world.assert_settled(&id).await;
+    let late = world.record(&late).await;
+    assert_eq!(late.status, Status::Queued, "{late:#?}");
+    assert_eq!(world.queue_len().await, 1);
+    assert_eq!(world.heartbeat().await, None, "the heartbeat is retired");
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_drain_timeout_settles_what_is_left_as_an_error() {
+    let world = World::new().await;
+    let id = world.submit(&python("import time\ntime.sleep(30)")).await;
+    let mut worker = world.start_worker(2, Duration::from_millis(300));
+    world.wait_running(&id).await;
+
+    worker.shut_down();
+    let took = worker.stopped(Duration::from_secs(15)).await;
+    assert!(took < Duration::from_secs(8), "the drain took {took:?}");
+
+    let record = world.record(&id).await;
+    assert_eq!(record.status, Status::Error, "{record:#?}");
+    let result = record.result.as_ref().expect("a result");
+    assert_eq!(
+        result.error.as_deref(),
+        Some("the worker shut down (drain timeout of 300 ms passed) while the job was running")
+    );
+    world.assert_settled(&id).await;
+    assert!(
+        containers(&world.harness, world.worker_id())
+            .await
+            .is_empty()
+    );
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+/// Whether a client of this Redis is blocked in BLMOVE right now.
+async fn claim_in_flight(world: &World) -> bool {
+    let mut conn = world.redis.conn().await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT LIST");
+    clients.lines().any(|line| {
+        line.split(' ').any(|f| f == "cmd=blmove")
+            && line
+                .split(' ')
+                .any(|f| f.starts_with("flags=") && f.contains('b'))
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_claimed_after_shutdown_began_goes_back_to_the_queue() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    wait_for(
+        "the worker to block in BLMOVE",
+        Duration::from_secs(10),
+        || async { claim_in_flight(&world).await.then_some(()) },
+    )
+    .await;
+
+    // The BLMOVE in flight takes this job after shutdown began: the worker
+    // must give it back rather than start it or keep it.
+    worker.shut_down();
+    let id = world.submit(&python("print('later')")).await;
+    worker.stopped(Duration::from_secs(10)).await;
+
+    let record = world.record(&id).await;
+    assert_eq!(record.status, Status::Queued, "{record:#?}");
+    assert_eq!(record.attempts, 0);
+    assert_eq!(world.queue_len().await, 1);
+    assert_eq!(world.processing_len().await, 0);
+    world.harness.assert_clean().await;
+
+    // The next worker runs it.
+    let mut next = world.start_worker(1, Duration::from_secs(30));
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    next.shut_down();
+    next.stopped(Duration::from_secs(10)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_puts_a_claimed_job_back_at_the_head_unless_cancelled() {
+    let world = World::new().await;
+    let worker = world.worker_id().to_string();
+    let first = world.submit(&python("print(1)")).await;
+    let second = world.submit(&python("print(2)")).await;
+    let mut conn = world.queue.dedicated().await.expect("connection");
+
+    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    assert_eq!(claimed.as_deref(), Some(first.as_str()));
+    assert_eq!(
+        world.queue.release(&first, &worker).await.expect("release"),
+        ReleaseOutcome::Requeued
+    );
+    assert_eq!(world.processing_len().await, 0);
+    // Back at the head: claimed again before the second job.
+    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    assert_eq!(claimed.as_deref(), Some(first.as_str()));
+
+    world
+        .queue
+        .cancel(&first, &cancelled_result("python"))
+        .await
+        .expect("cancel");
+    assert_eq!(
+        world.queue.release(&first, &worker).await.expect("release"),
+        ReleaseOutcome::Dropped
+    );
+    assert_eq!(
+        world.queue.release(&first, &worker).await.expect("release"),
+        ReleaseOutcome::Absent
+    );
+    assert_eq!(world.processing_len().await, 0);
+    assert_eq!(world.queue_len().await, 1);
+    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    assert_eq!(claimed.as_deref(), Some(second.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_outage_delays_the_result_but_loses_nothing() {
+    let mut world = World::new().await;
+    let id = world
+        .submit(&python("import time\ntime.sleep(3)\nprint('survived')"))
+        .await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    world.wait_running(&id).await;
+
+    // Redis goes away while the job runs, and stays away until the job's
+    // container is gone: the worker then holds a result it cannot write.
+    world.redis.shutdown_saving().await;
+    wait_for("the job's container to end", JOB_DEADLINE, || async {
+        (!containers(&world.harness, world.worker_id())
+            .await
+            .contains(&id))
+        .then_some(())
+    })
+    .await;
+    world.redis.restart().await;
+
+    let record = world.wait_terminal(&id, Duration::from_secs(30)).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "survived\n");
+    world.assert_settled(&id).await;
+
+    // The worker kept going: it claims and runs new jobs.
+    let next = world.submit(&python("print('next')")).await;
+    let record = world.wait_terminal(&next, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    wait_for(
+        "the heartbeat to be back",
+        Duration::from_secs(10),
+        || async { world.heartbeat().await },
+    )
+    .await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+/// Appends a control message to the job's control stream, as the API does.
+async fn send_control(world: &World, id: &str, fields: &[(&str, &str)]) {
+    let mut conn = world.redis.conn().await;
+    let _: String = conn
+        .xadd(world.queue.keys().stdin(id), "*", fields)
+        .await
+        .expect("XADD");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn live_stdin_and_signals_reach_the_running_job() {
+    use base64::Engine as _;
+    let world = World::new().await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+
+    let spec = JobSpec {
+        interactive: true,
+        ..python("import sys\nprint(sys.stdin.read().upper(), end='')")
+    };
+    let echo = world.submit(&spec).await;
+    world.wait_running(&echo).await;
+    let data = base64::engine::general_purpose::STANDARD.encode("hello, worker\n");
+    send_control(&world, &echo, &[("type", "stdin"), ("data", &data)]).await;
+    send_control(&world, &echo, &[("type", "stdin_close")]).await;
+    let record = world.wait_terminal(&echo, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "HELLO, WORKER\n");
+    world.assert_settled(&echo).await;
+
+    let sleeper = world
+        .submit(&python(
+            "import time\nprint('up', flush=True)\ntime.sleep(30)",
+        ))
+        .await;
+    world.wait_running(&sleeper).await;
+    // The job's output is not observable here (no event stream yet), so
+    // the program may not have started when the first interrupt arrives (a
+    // signal before the stage starts has nothing to reach): interrupt again
+    // until the job ends.
+    let record = wait_for(
+        "the interrupted job to end",
+        Duration::from_secs(20),
+        || async {
+            send_control(
+                &world,
+                &sleeper,
+                &[("type", "signal"), ("signal", "interrupt")],
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            world
+                .queue
+                .get(&sleeper)
+                .await
+                .ok()
+                .flatten()
+                .filter(|r| r.status.is_terminal())
+        },
+    )
+    .await;
+    assert_eq!(record.status, Status::Failed, "{record:#?}");
+    let result = record.result.as_ref().expect("a result");
+    let run = result.run.as_ref().expect("a run stage");
+    assert!(
+        common::stderr(result).contains("KeyboardInterrupt")
+            || run.signal.as_deref() == Some("SIGINT"),
+        "{result:#?}"
+    );
+    world.assert_settled(&sleeper).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_this_worker_cannot_run_ends_as_an_error_without_a_sandbox() {
+    let world = World::new().await;
+    // Accepted by an API whose catalog had the language; this worker's has not.
+    let id = world
+        .submit(&common::job("cobol", "main.cob", "DISPLAY 'HI'."))
+        .await;
+    let stop = CancellationToken::new();
+    let sampler = sample(&world, stop.clone());
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    stop.cancel();
+    let samples = sampler.await.expect("the sampler ran");
+    assert_eq!(record.status, Status::Error, "{record:#?}");
+    let error = record
+        .result
+        .as_ref()
+        .and_then(|r| r.error.clone())
+        .unwrap_or_default();
+    assert!(
+        error
+            .starts_with("the job cannot run on this worker: language: unknown language \"cobol\""),
+        "{error}"
+    );
+    assert!(samples.jobs_seen.is_empty(), "{samples:?}");
+    world.assert_settled(&id).await;
+    let text = world.metrics.render();
+    assert!(
+        text.contains("code_runner_jobs_total{language=\"cobol\",status=\"error\"} 1"),
+        "{text}"
+    );
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
