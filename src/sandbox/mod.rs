@@ -125,10 +125,41 @@ impl SandboxEngine {
         &self.config
     }
 
+    /// What keeps this engine from running jobs: Docker not answering within
+    /// `timeout`, or an image of `images` missing. Each problem is
+    /// `(check, message)`; empty when ready.
+    pub async fn readiness(&self, images: &[String], timeout: Duration) -> Vec<(String, String)> {
+        if let Some(message) = failure_within(timeout, self.docker.ping()).await {
+            return vec![("docker".to_string(), message)];
+        }
+        let lookups = images.iter().map(|image| async move {
+            failure_within(timeout, self.docker.inspect_image(image))
+                .await
+                .map(|message| (format!("image {image}"), message))
+        });
+        futures_util::future::join_all(lookups)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
     /// Runs `job` to its end. Platform failures are a result with status
     /// `error`, never a panic; the container is removed on every path,
     /// including when this future is dropped.
     pub async fn run(&self, job_id: &str, job: &PreparedJob, io: JobIo) -> JobResult {
         session::run(&self.docker, &self.config, job_id, job, io).await
+    }
+}
+
+/// Why `check` failed or did not answer within `timeout`; `None` on success.
+async fn failure_within<T, E: std::fmt::Display>(
+    timeout: Duration,
+    check: impl Future<Output = Result<T, E>>,
+) -> Option<String> {
+    match tokio::time::timeout(timeout, check).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(error)) => Some(error.to_string()),
+        Err(_) => Some(format!("no answer within {} s", timeout.as_secs())),
     }
 }

@@ -1,0 +1,317 @@
+//! API keys: parsed from configuration, checked on every request in
+//! constant time. Only SHA-256 digests of the keys are kept in memory; a
+//! presented key is hashed and compared with every configured digest, with no
+//! early exit, so neither which key matched nor how much of it matched shows
+//! in the timing.
+
+use axum::extract::FromRequestParts;
+use axum::http::header;
+use axum::http::request::Parts;
+use sha2::{Digest, Sha256};
+
+use super::ApiState;
+use super::error::ApiError;
+
+/// Shortest accepted API key.
+pub const MIN_KEY_CHARS: usize = 16;
+/// Longest accepted key name.
+const MAX_NAME_CHARS: usize = 64;
+
+/// One configured key: its name (in logs, metrics-free, and in Redis key
+/// names), the digest of the secret, and its own limit.
+#[derive(Clone)]
+struct ApiKey {
+    name: String,
+    digest: [u8; 32],
+    /// Most queued + running jobs of this key; `None`: only the global limits.
+    max_active: Option<u64>,
+}
+
+/// Every configured API key.
+#[derive(Clone)]
+pub struct ApiKeys {
+    keys: Vec<ApiKey>,
+}
+
+impl std::fmt::Debug for ApiKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.keys.iter().map(|k| &k.name))
+            .finish()
+    }
+}
+
+/// The authenticated caller of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// Name of the API key used.
+    pub name: String,
+    pub max_active: Option<u64>,
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+/// Equality of two digests in constant time: every byte is looked at.
+fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let difference = a
+        .iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=MAX_NAME_CHARS).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+impl ApiKeys {
+    /// Parses `name:key[:max_active]`, comma-separated. Names are 1–64
+    /// letters, digits, `_` or `-`; keys are at least 16 visible ASCII
+    /// characters; names and keys are unique; `max_active` is a positive
+    /// integer. Errors name the entry (by its name, or its position when the
+    /// name itself is bad) and never repeat a key.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut keys: Vec<ApiKey> = Vec::new();
+        let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
+        for (index, entry) in entries.enumerate() {
+            let position = index + 1;
+            let parts: Vec<&str> = entry.split(':').collect();
+            let (name, key, max_active) = match parts.as_slice() {
+                [name, key] => (*name, *key, None),
+                [name, key, max_active] => (*name, *key, Some(*max_active)),
+                _ => {
+                    return Err(format!("entry {position} is not name:key[:max_active]"));
+                }
+            };
+            if !valid_name(name) {
+                return Err(format!(
+                    "entry {position}: the name must be 1-{MAX_NAME_CHARS} letters, digits, '_' or '-'"
+                ));
+            }
+            if key.chars().count() < MIN_KEY_CHARS {
+                return Err(format!(
+                    "key {name:?}: the key must be at least {MIN_KEY_CHARS} characters"
+                ));
+            }
+            if !key.chars().all(|c| c.is_ascii_graphic()) {
+                return Err(format!(
+                    "key {name:?}: the key must be visible ASCII characters only"
+                ));
+            }
+            let max_active = match max_active {
+                None => None,
+                Some(text) => match text.parse::<u64>() {
+                    Ok(n) if n > 0 => Some(n),
+                    _ => {
+                        return Err(format!(
+                            "key {name:?}: max_active {text:?} is not a positive integer"
+                        ));
+                    }
+                },
+            };
+            if keys.iter().any(|k| k.name == name) {
+                return Err(format!("key {name:?} is configured twice"));
+            }
+            let digest = digest(key);
+            if let Some(other) = keys.iter().find(|k| k.digest == digest) {
+                return Err(format!(
+                    "keys {:?} and {name:?} have the same secret",
+                    other.name
+                ));
+            }
+            keys.push(ApiKey {
+                name: name.to_string(),
+                digest,
+                max_active,
+            });
+        }
+        if keys.is_empty() {
+            return Err("no API keys configured; set CODE_RUNNER_API_KEYS".into());
+        }
+        Ok(Self { keys })
+    }
+
+    /// The caller a presented key belongs to. Compares with every key, in
+    /// constant time, whatever matches.
+    pub fn check(&self, presented: &str) -> Option<Caller> {
+        let presented = digest(presented);
+        let mut found: Option<usize> = None;
+        for (index, key) in self.keys.iter().enumerate() {
+            let equal = digests_equal(&key.digest, &presented);
+            // No branch on which key matched changes the work done.
+            found = if equal { Some(index) } else { found };
+        }
+        let key = &self.keys[found?];
+        Some(Caller {
+            name: key.name.clone(),
+            max_active: key.max_active,
+        })
+    }
+
+    /// The names of the configured keys.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| k.name.as_str())
+    }
+
+    /// Authenticates a request by its `Authorization: Bearer <key>` header.
+    pub fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
+        let value = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .ok_or(ApiError::Unauthorized("missing bearer api key"))?;
+        let key = value
+            .to_str()
+            .ok()
+            .and_then(|v| {
+                let (scheme, key) = v.trim().split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+            })
+            .ok_or(ApiError::Unauthorized(
+                "the authorization header must be \"Bearer <api key>\"",
+            ))?;
+        self.check(key)
+            .ok_or(ApiError::Unauthorized("invalid api key"))
+    }
+}
+
+impl FromRequestParts<ApiState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &ApiState) -> Result<Self, ApiError> {
+        state.keys().authenticate(parts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "alice-key-0123456789";
+    const B: &str = "bob-key-abcdefghijkl";
+
+    #[test]
+    fn parses_names_keys_and_limits() {
+        let keys = ApiKeys::parse(&format!(" alice:{A}:2 , bob:{B},")).unwrap();
+        assert_eq!(keys.names().collect::<Vec<_>>(), ["alice", "bob"]);
+        assert_eq!(
+            keys.check(A),
+            Some(Caller {
+                name: "alice".into(),
+                max_active: Some(2)
+            })
+        );
+        assert_eq!(
+            keys.check(B),
+            Some(Caller {
+                name: "bob".into(),
+                max_active: None
+            })
+        );
+        assert_eq!(keys.check("alice-key-012345678"), None);
+        assert_eq!(keys.check(""), None);
+        assert_eq!(format!("{keys:?}"), "[\"alice\", \"bob\"]");
+    }
+
+    #[test]
+    fn empty_configuration_is_an_error() {
+        for text in ["", " ", ",,"] {
+            assert_eq!(
+                ApiKeys::parse(text).unwrap_err(),
+                "no API keys configured; set CODE_RUNNER_API_KEYS"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_the_entry_and_never_the_key() {
+        let cases = [
+            (
+                format!("alice:{A},bob"),
+                "entry 2 is not name:key[:max_active]",
+            ),
+            (
+                format!("alice:{A}:1:2"),
+                "entry 1 is not name:key[:max_active]",
+            ),
+            (
+                format!("al ice:{A}"),
+                "entry 1: the name must be 1-64 letters, digits, '_' or '-'",
+            ),
+            (
+                format!("{}:{A}", "n".repeat(65)),
+                "entry 1: the name must be 1-64 letters, digits, '_' or '-'",
+            ),
+            (
+                "alice:short-key".to_string(),
+                "key \"alice\": the key must be at least 16 characters",
+            ),
+            (
+                "alice:has a space in the key".to_string(),
+                "key \"alice\": the key must be visible ASCII characters only",
+            ),
+            (
+                format!("alice:{A}:0"),
+                "key \"alice\": max_active \"0\" is not a positive integer",
+            ),
+            (
+                format!("alice:{A}:-1"),
+                "key \"alice\": max_active \"-1\" is not a positive integer",
+            ),
+            (
+                format!("alice:{A},alice:{B}"),
+                "key \"alice\" is configured twice",
+            ),
+            (
+                format!("alice:{A},bob:{A}"),
+                "keys \"alice\" and \"bob\" have the same secret",
+            ),
+        ];
+        for (text, expected) in cases {
+            let error = ApiKeys::parse(&text).unwrap_err();
+            assert_eq!(error, expected, "for {text:?}");
+            assert!(!error.contains(A) && !error.contains(B));
+        }
+    }
+
+    #[test]
+    fn bearer_header_is_required() {
+        let keys = ApiKeys::parse(&format!("alice:{A}")).unwrap();
+        let parts = |value: Option<&str>| {
+            let mut request = axum::http::Request::builder();
+            if let Some(value) = value {
+                request = request.header(header::AUTHORIZATION, value);
+            }
+            request.body(()).unwrap().into_parts().0
+        };
+        assert_eq!(
+            keys.authenticate(&parts(Some(&format!("Bearer {A}"))))
+                .unwrap()
+                .name,
+            "alice"
+        );
+        assert_eq!(
+            keys.authenticate(&parts(Some(&format!("bearer  {A} "))))
+                .unwrap()
+                .name,
+            "alice"
+        );
+        for value in [None, Some(A), Some("Basic abc"), Some("Bearer nope")] {
+            let error = keys.authenticate(&parts(value)).unwrap_err();
+            assert!(matches!(error, ApiError::Unauthorized(_)), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn digest_comparison() {
+        let a = digest(A);
+        let mut b = a;
+        assert!(digests_equal(&a, &b));
+        b[31] ^= 1;
+        assert!(!digests_equal(&a, &b));
+    }
+}

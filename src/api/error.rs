@@ -1,0 +1,327 @@
+//! The one error type of the API and how it becomes an HTTP response:
+//! `{"error": {"code", "message", "field"?, "status"?}}` with the status code
+//! that says whose fault it was. A client's mistake is never a 500; a Redis
+//! failure is a 503.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::job::{InvalidJob, Status};
+use crate::queue::QueueError;
+
+/// Why a request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The body is not a job: bad JSON, a wrong type, an unknown field.
+    #[error("{message}")]
+    MalformedBody { message: String },
+    /// The body is a job the server will not run.
+    #[error("{0}")]
+    InvalidJob(InvalidJob),
+    /// A header or query parameter is wrong.
+    #[error("{field}: {message}")]
+    InvalidRequest {
+        field: &'static str,
+        message: String,
+    },
+    #[error("{0}")]
+    Unauthorized(&'static str),
+    /// Authenticated, but not for this (reserved for attach tokens).
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("{0}")]
+    NotFound(&'static str),
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("job already finished with status {}", status.as_str())]
+    AlreadyFinished { status: Status },
+    #[error("idempotency key was used with another request body")]
+    IdempotencyConflict,
+    #[error("the job of this idempotency key has expired; use a new key")]
+    IdempotencyExpired,
+    #[error("request body is larger than {limit} bytes")]
+    TooLarge { limit: usize },
+    #[error("the queue is full ({depth} jobs waiting); retry later")]
+    QueueFull { depth: u64 },
+    #[error("this api key already has {active} queued or running jobs, its limit")]
+    KeyLimit { active: u64 },
+    /// Redis failed; the detail is logged, not sent.
+    #[error("the job store is unavailable; retry later")]
+    Unavailable(#[source] QueueError),
+}
+
+impl From<QueueError> for ApiError {
+    fn from(error: QueueError) -> Self {
+        ApiError::Unavailable(error)
+    }
+}
+
+impl From<InvalidJob> for ApiError {
+    fn from(error: InvalidJob) -> Self {
+        ApiError::InvalidJob(error)
+    }
+}
+
+impl ApiError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::MalformedBody { .. }
+            | ApiError::InvalidJob(_)
+            | ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::AlreadyFinished { .. }
+            | ApiError::IdempotencyConflict
+            | ApiError::IdempotencyExpired => StatusCode::CONFLICT,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::QueueFull { .. } | ApiError::KeyLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The machine-readable `error.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::MalformedBody { .. } => "invalid_json",
+            ApiError::InvalidJob(_) => "invalid_job",
+            ApiError::InvalidRequest { .. } => "invalid_request",
+            ApiError::Unauthorized(_) => "unauthorized",
+            ApiError::Forbidden(_) => "forbidden",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::MethodNotAllowed => "method_not_allowed",
+            ApiError::AlreadyFinished { .. } => "already_finished",
+            ApiError::IdempotencyConflict => "idempotency_conflict",
+            ApiError::IdempotencyExpired => "idempotency_expired",
+            ApiError::TooLarge { .. } => "too_large",
+            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::KeyLimit { .. } => "key_limit",
+            ApiError::Unavailable(_) => "unavailable",
+        }
+    }
+
+    /// The `reason` label of `code_runner_submissions_rejected_total` when
+    /// this error refuses a submission; `None` for failures of our own.
+    pub fn rejection_reason(&self) -> Option<&'static str> {
+        match self {
+            ApiError::Unauthorized(_) | ApiError::Forbidden(_) => Some("unauthorized"),
+            ApiError::MalformedBody { .. } => Some("malformed"),
+            ApiError::InvalidJob(_) | ApiError::InvalidRequest { .. } => Some("invalid"),
+            ApiError::TooLarge { .. } => Some("too_large"),
+            ApiError::QueueFull { .. } => Some("queue_full"),
+            ApiError::KeyLimit { .. } => Some("key_limit"),
+            ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
+            ApiError::NotFound(_)
+            | ApiError::MethodNotAllowed
+            | ApiError::AlreadyFinished { .. }
+            | ApiError::Unavailable(_) => None,
+        }
+    }
+
+    /// Seconds a client should wait before retrying, for the answers that
+    /// carry `Retry-After`.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            ApiError::QueueFull { .. } => Some(2),
+            ApiError::KeyLimit { .. } => Some(1),
+            ApiError::Unavailable(_) => Some(1),
+            _ => None,
+        }
+    }
+
+    fn body(&self) -> ErrorBody {
+        let (field, message) = match self {
+            ApiError::InvalidJob(invalid) => (Some(invalid.field.clone()), invalid.message.clone()),
+            ApiError::InvalidRequest { field, message } => {
+                (Some((*field).to_string()), message.clone())
+            }
+            other => (None, other.to_string()),
+        };
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                message,
+                field,
+                status: match self {
+                    ApiError::AlreadyFinished { status } => Some(*status),
+                    _ => None,
+                },
+            },
+        }
+    }
+}
+
+/// The JSON of an error answer.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail {
+    pub code: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// For `already_finished`: the status the job ended with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        match &self {
+            ApiError::Unavailable(error) => {
+                tracing::warn!(error = %error, "Redis failed; answering 503.");
+            }
+            other => tracing::debug!(
+                status = status.as_u16(),
+                code = other.code(),
+                message = %other,
+                "Request refused."
+            ),
+        }
+        let mut response = (status, Json(self.body())).into_response();
+        let headers = response.headers_mut();
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if matches!(self, ApiError::Unauthorized(_)) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json_of(error: ApiError) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
+        let body = serde_json::to_value(error.body()).unwrap();
+        let response = error.into_response();
+        (response.status(), response.headers().clone(), body)
+    }
+
+    #[test]
+    fn every_error_maps_to_its_status_and_code() {
+        let cases: Vec<(ApiError, u16, &str)> = vec![
+            (
+                ApiError::MalformedBody {
+                    message: "x".into(),
+                },
+                400,
+                "invalid_json",
+            ),
+            (
+                ApiError::InvalidJob(InvalidJob::new("language", "unknown")),
+                400,
+                "invalid_job",
+            ),
+            (
+                ApiError::InvalidRequest {
+                    field: "wait",
+                    message: "x".into(),
+                },
+                400,
+                "invalid_request",
+            ),
+            (ApiError::Unauthorized("missing"), 401, "unauthorized"),
+            (ApiError::Forbidden("other job"), 403, "forbidden"),
+            (ApiError::NotFound("job not found"), 404, "not_found"),
+            (ApiError::MethodNotAllowed, 405, "method_not_allowed"),
+            (
+                ApiError::AlreadyFinished {
+                    status: Status::Succeeded,
+                },
+                409,
+                "already_finished",
+            ),
+            (ApiError::IdempotencyConflict, 409, "idempotency_conflict"),
+            (ApiError::IdempotencyExpired, 409, "idempotency_expired"),
+            (ApiError::TooLarge { limit: 10 }, 413, "too_large"),
+            (ApiError::QueueFull { depth: 3 }, 429, "queue_full"),
+            (ApiError::KeyLimit { active: 2 }, 429, "key_limit"),
+            (
+                ApiError::Unavailable(QueueError::Corrupt {
+                    id: "j".into(),
+                    message: "m".into(),
+                }),
+                503,
+                "unavailable",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let (got_status, _, body) = json_of(error);
+            assert_eq!(got_status.as_u16(), status, "{code}");
+            assert_eq!(body["error"]["code"], code);
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(!message.ends_with('.'), "{message:?} ends with a period");
+            assert_eq!(
+                message.chars().next().map(char::is_uppercase),
+                Some(false),
+                "{message:?} starts with a capital"
+            );
+        }
+    }
+
+    #[test]
+    fn invalid_job_names_the_field() {
+        let (_, _, body) = json_of(ApiError::InvalidJob(InvalidJob::new(
+            "files[0].name",
+            "\"../x\" contains \"..\"",
+        )));
+        assert_eq!(
+            body,
+            serde_json::json!({"error": {
+                "code": "invalid_job",
+                "field": "files[0].name",
+                "message": "\"../x\" contains \"..\"",
+            }})
+        );
+    }
+
+    #[test]
+    fn retry_after_and_www_authenticate_are_set() {
+        let (_, headers, _) = json_of(ApiError::QueueFull { depth: 3 });
+        assert_eq!(headers[header::RETRY_AFTER], "2");
+        let (_, headers, _) = json_of(ApiError::KeyLimit { active: 2 });
+        assert_eq!(headers[header::RETRY_AFTER], "1");
+        let (_, headers, _) = json_of(ApiError::Unauthorized("missing"));
+        assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
+        assert!(!headers.contains_key(header::RETRY_AFTER));
+    }
+
+    #[test]
+    fn already_finished_carries_the_status() {
+        let (_, _, body) = json_of(ApiError::AlreadyFinished {
+            status: Status::TimedOut,
+        });
+        assert_eq!(body["error"]["status"], "timed_out");
+        assert_eq!(
+            body["error"]["message"],
+            "job already finished with status timed_out"
+        );
+    }
+
+    #[test]
+    fn only_submission_refusals_have_a_reason() {
+        assert_eq!(
+            ApiError::QueueFull { depth: 1 }.rejection_reason(),
+            Some("queue_full")
+        );
+        assert_eq!(ApiError::NotFound("x").rejection_reason(), None);
+        assert_eq!(
+            ApiError::Unavailable(QueueError::Corrupt {
+                id: "j".into(),
+                message: "m".into()
+            })
+            .rejection_reason(),
+            None
+        );
+    }
+}

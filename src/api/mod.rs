@@ -1,0 +1,199 @@
+//! The HTTP API (DESIGN §7): axum, JSON, under `/v1`. Knows HTTP; keeps the
+//! shared state through [`crate::queue`] and never names a Redis key.
+//!
+//! - `mod.rs`: the state, the router and the server loop.
+//! - [`auth`]: API keys and the bearer check (constant time).
+//! - [`tokens`]: job-scoped attach tokens (HMAC), for the streams.
+//! - [`error`]: the one error type and its JSON answers.
+//! - `jobs`: submit, status, cancel; the job view.
+//! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
+//!
+//! Routes:
+//! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
+//! - `GET /v1/languages` (no key: the catalog is public, so an editor can
+//!   show it before anyone signs in);
+//! - `GET /healthz`, `GET /readyz`, `GET /metrics` (no key; operators keep
+//!   them off the public network).
+//!
+//! The streams of a job (`/v1/jobs/{id}/ws`, `/v1/jobs/{id}/events`) are
+//! announced in every job view and come with the streams issue; they
+//! authenticate with [`tokens::TokenSigner::verify`] and end on
+//! [`ApiState`]'s shutdown token like `?wait=true` does.
+
+pub mod auth;
+pub mod error;
+mod jobs;
+mod ops;
+pub mod tokens;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
+
+use crate::job::limits::LimitPolicy;
+use crate::languages::LanguageCatalog;
+use crate::metrics::Metrics;
+use crate::queue::Queue;
+
+pub use auth::{ApiKeys, Caller};
+pub use error::ApiError;
+pub use tokens::{TokenError, TokenSigner};
+
+/// Everything the API needs, validated by the caller.
+pub struct ApiConfig {
+    pub queue: Queue,
+    pub catalog: LanguageCatalog,
+    pub policy: LimitPolicy,
+    pub keys: ApiKeys,
+    pub metrics: Metrics,
+    /// Submissions are refused (429) once `LLEN jobs:queue` reaches this.
+    pub max_queue_depth: u64,
+    /// Largest request body (413 above it).
+    pub max_body_bytes: usize,
+    /// Longest a `?wait=true` submit blocks.
+    pub max_wait: Duration,
+    pub tokens: TokenSigner,
+    /// Set when a worker shares the process: /readyz then checks Docker too.
+    pub engine: Option<crate::sandbox::SandboxEngine>,
+}
+
+/// Every `reason` of `code_runner_submissions_rejected_total`; each starts
+/// at 0 so a dashboard sees the series before the first refusal.
+pub const REJECTION_REASONS: &[&str] = &[
+    "unauthorized",
+    "invalid",
+    "too_large",
+    "queue_full",
+    "key_limit",
+    "conflict",
+    "malformed",
+];
+
+/// The shared state of every handler: cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<ApiConfig>,
+    ops: ops::OpsState,
+    /// Cancelled when the server shuts down: long requests (`?wait=true`,
+    /// later the streams) end early instead of holding the shutdown up.
+    shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("queue", &self.inner.queue)
+            .field("keys", &self.inner.keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    pub fn new(config: ApiConfig) -> Self {
+        for reason in REJECTION_REASONS {
+            config
+                .metrics
+                .submissions_rejected
+                .with_label_values(&[*reason]);
+        }
+        let docker = config.engine.clone().map(|engine| {
+            let mut images: Vec<String> =
+                config.catalog.all().iter().map(|l| l.image_ref()).collect();
+            images.sort();
+            images.dedup();
+            ops::DockerCheck { engine, images }
+        });
+        let ops = ops::OpsState::new(config.queue.clone(), config.metrics.clone(), docker);
+        Self {
+            inner: Arc::new(config),
+            ops,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    pub fn keys(&self) -> &ApiKeys {
+        &self.inner.keys
+    }
+
+    pub fn tokens(&self) -> &TokenSigner {
+        &self.inner.tokens
+    }
+
+    /// The same state, ending its long requests when `shutdown` is cancelled.
+    fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.shutdown = shutdown;
+        self
+    }
+}
+
+/// The whole API as a router.
+pub fn router(state: ApiState) -> Router {
+    let body_limit = state.inner.max_body_bytes;
+    Router::new()
+        .route("/v1/jobs", post(jobs::submit))
+        .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
+        .route("/v1/languages", get(ops::languages))
+        .merge(ops::router(state.ops.clone()))
+        .fallback(ops::no_route)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn(log_request))
+        .with_state(state)
+}
+
+/// Serves the API until `shutdown` is cancelled, then lets requests in
+/// flight finish (waiting submits answer at once with the job's status).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: ApiState,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(address = %address, "The API is listening.");
+    }
+    let app = router(state.with_shutdown(shutdown.clone()));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// Serves /metrics, /healthz and /readyz for a worker-only process.
+pub async fn serve_ops(
+    listener: tokio::net::TcpListener,
+    metrics: Metrics,
+    queue: Queue,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(address = %address, "The metrics endpoint is listening.");
+    }
+    let app = ops::router(ops::OpsState::new(queue, metrics, None))
+        .fallback(ops::no_route)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(middleware::from_fn(log_request));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+}
+
+/// One debug line per request: method, path, status, time taken.
+async fn log_request(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    tracing::debug!(
+        http.method = %method,
+        http.path = %path,
+        http.status = response.status().as_u16(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "Request served."
+    );
+    response
+}
