@@ -13,11 +13,17 @@
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
 
+pub mod api;
+pub mod app;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod exit;
 pub mod init;
 pub mod job;
 pub mod languages;
+pub mod metrics;
 pub mod protocol;
+pub mod queue;
 pub mod sandbox;
+pub mod worker;

@@ -7,7 +7,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::SandboxSettings;
+use clap::Args;
+
+use crate::config::{ApiSettings, RedisSettings, SandboxSettings, WorkerSettings};
 use crate::exit;
 
 #[derive(Debug, Parser)]
@@ -37,6 +39,41 @@ pub enum Command {
     },
     /// Check Docker, runtimes, images and the seccomp profile; one line per problem.
     Doctor,
+    /// API + worker in one process (the single-machine default).
+    Serve(Box<ServeArgs>),
+    /// The HTTP API only.
+    Api(Box<ApiArgs>),
+    /// A worker only: claims jobs from Redis and runs them (a fleet node).
+    Worker(Box<WorkerArgs>),
+    /// Submit files to a running API, print the output, exit with the
+    /// program's exit code.
+    Run(Box<crate::client::RunArgs>),
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub worker: WorkerSettings,
+    #[command(flatten)]
+    pub api: ApiSettings,
+}
+
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub api: ApiSettings,
+}
+
+#[derive(Debug, Args)]
+pub struct WorkerArgs {
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub worker: WorkerSettings,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,6 +102,22 @@ pub async fn main() -> ExitCode {
         Command::Sandbox(SandboxCommand::Run(args)) => sandbox_run::run(&cli.sandbox, *args).await,
         Command::Languages { json } => languages(&cli.sandbox, json),
         Command::Doctor => doctor::run(&cli.sandbox).await,
+        Command::Serve(args) => {
+            crate::app::run(
+                &cli.sandbox,
+                &args.redis,
+                Some(&args.worker),
+                Some(&args.api),
+            )
+            .await
+        }
+        Command::Api(args) => {
+            crate::app::run(&cli.sandbox, &args.redis, None, Some(&args.api)).await
+        }
+        Command::Worker(args) => {
+            crate::app::run(&cli.sandbox, &args.redis, Some(&args.worker), None).await
+        }
+        Command::Run(args) => crate::client::run(*args).await,
     };
     ExitCode::from(code)
 }

@@ -2,69 +2,28 @@
 //! engine, with no Redis and no API. For operators checking an install, and
 //! for tests.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::path::PathBuf;
 
-use base64::Engine as _;
 use clap::Args;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc;
 
+use crate::client::JobArgs;
 use crate::config::SandboxSettings;
 use crate::exit;
-use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
-use crate::job::{Encoding, FileSpec, JobSpec, prepare};
+use crate::job::prepare;
 use crate::sandbox::{JobInput, JobIo, SandboxEngine, SandboxEvent};
 
 #[derive(Debug, Args)]
 pub struct SandboxRunArgs {
-    /// Source files; the first is the entry unless --entry names another.
-    #[arg(required = true)]
-    pub files: Vec<PathBuf>,
-    /// Language id or alias; guessed from the first file's extension if unset.
-    #[arg(short, long)]
-    pub language: Option<String>,
-    /// Input for the program: the text itself, or `-` to read the terminal's stdin.
-    #[arg(long)]
-    pub stdin: Option<String>,
+    #[command(flatten)]
+    pub job: JobArgs,
     /// Interactive: what you type reaches the program live.
     #[arg(short, long, conflicts_with = "stdin")]
     pub interactive: bool,
     /// Print the full result as JSON at the end instead of streaming output.
     #[arg(long)]
     pub json: bool,
-    /// The entry file (a file name as given to the sandbox: the base name).
-    #[arg(long)]
-    pub entry: Option<String>,
-    /// An argument for the program (repeatable).
-    #[arg(long = "arg", allow_hyphen_values = true)]
-    pub args: Vec<String>,
-    /// An environment variable NAME=VALUE for the program (repeatable).
-    #[arg(long = "env")]
-    pub env: Vec<String>,
-    #[arg(long)]
-    pub wall_ms: Option<u64>,
-    #[arg(long)]
-    pub idle_ms: Option<u64>,
-    #[arg(long)]
-    pub cpu_ms: Option<u64>,
-    #[arg(long)]
-    pub memory_mb: Option<u64>,
-    #[arg(long)]
-    pub pids: Option<u64>,
-    #[arg(long)]
-    pub output_bytes: Option<u64>,
-    #[arg(long)]
-    pub disk_mb: Option<u64>,
-    #[arg(long)]
-    pub files_bytes: Option<u64>,
-    #[arg(long)]
-    pub compile_wall_ms: Option<u64>,
-    #[arg(long)]
-    pub compile_cpu_ms: Option<u64>,
-    #[arg(long)]
-    pub compile_output_bytes: Option<u64>,
 }
 
 fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
@@ -78,7 +37,7 @@ pub async fn run(settings: &SandboxSettings, args: SandboxRunArgs) -> u8 {
         Ok(setup) => setup,
         Err(error) => return fail(exit::USAGE, error),
     };
-    let spec = match job_spec(&args, &setup.catalog).await {
+    let spec = match args.job.job_spec(&setup.catalog, args.interactive).await {
         Ok(spec) => spec,
         Err(message) => return fail(exit::USAGE, message),
     };
@@ -165,96 +124,4 @@ async fn forward_terminal_input(input: mpsc::Sender<JobInput>) {
             }
         }
     }
-}
-
-async fn job_spec(
-    args: &SandboxRunArgs,
-    catalog: &crate::languages::LanguageCatalog,
-) -> Result<JobSpec, String> {
-    let mut files = Vec::new();
-    for path in &args.files {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .ok_or_else(|| format!("{} has no usable file name", path.display()))?
-            .to_string();
-        let (content, encoding) = match String::from_utf8(bytes) {
-            Ok(text) => (text, Encoding::Utf8),
-            Err(error) => (
-                base64::engine::general_purpose::STANDARD.encode(error.into_bytes()),
-                Encoding::Base64,
-            ),
-        };
-        files.push(FileSpec {
-            name,
-            content,
-            encoding,
-        });
-    }
-    let language = match &args.language {
-        Some(language) => language.clone(),
-        None => catalog
-            .for_file_name(&files[0].name)
-            .map(|l| l.id.clone())
-            .ok_or_else(|| {
-                format!(
-                    "cannot tell the language of {}; pass --language",
-                    files[0].name
-                )
-            })?,
-    };
-    let stdin = match args.stdin.as_deref() {
-        None => Vec::new(),
-        Some("-") => {
-            let mut data = Vec::new();
-            tokio::io::stdin()
-                .read_to_end(&mut data)
-                .await
-                .map_err(|e| format!("cannot read stdin: {e}"))?;
-            data
-        }
-        Some(text) => text.as_bytes().to_vec(),
-    };
-    let (stdin, stdin_encoding) = match String::from_utf8(stdin) {
-        Ok(text) => (text, Encoding::Utf8),
-        Err(error) => (
-            base64::engine::general_purpose::STANDARD.encode(error.into_bytes()),
-            Encoding::Base64,
-        ),
-    };
-    let mut env = BTreeMap::new();
-    for item in &args.env {
-        let (name, value) = item
-            .split_once('=')
-            .ok_or_else(|| format!("--env {item:?} is not NAME=VALUE"))?;
-        env.insert(name.to_string(), value.to_string());
-    }
-    Ok(JobSpec {
-        language,
-        files,
-        entry: args.entry.clone(),
-        stdin,
-        stdin_encoding,
-        args: args.args.clone(),
-        env,
-        interactive: args.interactive,
-        limits: LimitsRequest {
-            wall_ms: args.wall_ms,
-            idle_ms: args.idle_ms,
-            cpu_ms: args.cpu_ms,
-            memory_mb: args.memory_mb,
-            pids: args.pids,
-            output_bytes: args.output_bytes,
-            disk_mb: args.disk_mb,
-            files_bytes: args.files_bytes,
-        },
-        compile_limits: CompileLimitsRequest {
-            wall_ms: args.compile_wall_ms,
-            cpu_ms: args.compile_cpu_ms,
-            output_bytes: args.compile_output_bytes,
-        },
-        ..Default::default()
-    })
 }

@@ -1,0 +1,169 @@
+//! Wires the roles of the daemon (`serve`, `api`, `worker`) together: validates
+//! every setting before anything binds or connects, owns the root
+//! cancellation token and the task tracker, and turns SIGTERM/SIGINT into a
+//! graceful shutdown (the worker drains; the API stops accepting).
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api::{ApiConfig, ApiKeys, ApiState, TokenSigner};
+use crate::config::{ApiSettings, ConfigError, RedisSettings, SandboxSettings, WorkerSettings};
+use crate::exit;
+use crate::metrics::Metrics;
+use crate::sandbox::SandboxEngine;
+use crate::worker::{Worker, WorkerConfig};
+
+fn config_error(error: ConfigError) -> u8 {
+    eprintln!("code-runner: {error}");
+    exit::USAGE
+}
+
+/// Runs the given roles until SIGTERM or SIGINT; returns the exit code.
+pub async fn run(
+    sandbox: &SandboxSettings,
+    redis: &RedisSettings,
+    worker: Option<&WorkerSettings>,
+    api: Option<&ApiSettings>,
+) -> u8 {
+    // 1. Validate everything; nothing has connected or bound yet.
+    let worker_id = match worker.map(WorkerSettings::validate).transpose() {
+        Ok(id) => id,
+        Err(error) => return config_error(error),
+    };
+    let setup = match sandbox.build(worker_id.as_deref().unwrap_or("api")) {
+        Ok(setup) => setup,
+        Err(error) => return config_error(error),
+    };
+    let queue = match redis.build() {
+        Ok(queue) => queue,
+        Err(error) => return config_error(error),
+    };
+    let keys = match api.map(|a| ApiKeys::parse(a.api_keys.as_deref().unwrap_or(""))) {
+        Some(Err(message)) => {
+            return config_error(ConfigError {
+                setting: "CODE_RUNNER_API_KEYS",
+                message,
+            });
+        }
+        Some(Ok(keys)) => Some(keys),
+        None => None,
+    };
+    let metrics = match Metrics::new() {
+        Ok(metrics) => metrics,
+        Err(error) => {
+            eprintln!("code-runner: cannot set up metrics: {error}");
+            return exit::PLATFORM_ERROR;
+        }
+    };
+
+    // 2. Bind, then connect.
+    let listen = match (api, worker) {
+        (Some(api), _) => api.listen,
+        (None, Some(worker)) => worker.worker_listen,
+        (None, None) => return exit::USAGE,
+    };
+    let listener = match tokio::net::TcpListener::bind(listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!("code-runner: cannot listen on {listen}: {error}");
+            return exit::UNAVAILABLE;
+        }
+    };
+    let engine = match worker {
+        Some(_) => match SandboxEngine::connect(setup.sandbox.clone()).await {
+            Ok(engine) => Some(engine),
+            Err(error) => {
+                eprintln!("code-runner: {error}");
+                return exit::UNAVAILABLE;
+            }
+        },
+        None => None,
+    };
+
+    let root = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    tracker.spawn(shutdown_on_signal(root.clone()));
+
+    if let (Some(settings), Some(worker_id), Some(engine)) = (worker, worker_id, engine.clone()) {
+        let config = WorkerConfig {
+            id: worker_id,
+            max_sandboxes: settings.worker_max_sandboxes,
+            heartbeat_interval: Duration::from_millis(settings.heartbeat_interval_ms),
+            heartbeat_ttl: Duration::from_millis(settings.heartbeat_ttl_ms),
+            drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
+        };
+        let worker = Worker::new(
+            config,
+            queue.clone(),
+            engine,
+            setup.catalog.clone(),
+            setup.policy.clone(),
+            metrics.clone(),
+        );
+        let shutdown = root.child_token();
+        tracker.spawn(async move { worker.run(shutdown).await });
+    }
+
+    let served = match (api, keys) {
+        (Some(settings), Some(keys)) => {
+            let tokens = match TokenSigner::from_config(
+                settings.token_secret.as_deref(),
+                &queue,
+                Duration::from_secs(settings.token_ttl_secs),
+            )
+            .await
+            {
+                Ok(tokens) => tokens,
+                Err(error) => {
+                    eprintln!("code-runner: cannot set up attach tokens: {error}");
+                    root.cancel();
+                    tracker.close();
+                    tracker.wait().await;
+                    return exit::UNAVAILABLE;
+                }
+            };
+            let state = ApiState::new(ApiConfig {
+                queue: queue.clone(),
+                catalog: setup.catalog.clone(),
+                policy: setup.policy.clone(),
+                keys,
+                metrics: metrics.clone(),
+                max_queue_depth: settings.max_queue_depth,
+                max_body_bytes: settings.max_body_bytes,
+                max_wait: Duration::from_millis(settings.max_wait_ms),
+                tokens,
+                engine,
+            });
+            crate::api::serve(listener, state, root.child_token()).await
+        }
+        _ => crate::api::serve_ops(listener, metrics, queue, root.child_token()).await,
+    };
+    if let Err(error) = served {
+        eprintln!("code-runner: the HTTP server failed: {error}");
+        root.cancel();
+    }
+    // The server returns once shutdown began; let the worker drain.
+    root.cancel();
+    tracker.close();
+    tracker.wait().await;
+    0
+}
+
+async fn shutdown_on_signal(root: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received; shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received; shutting down"),
+        () = root.cancelled() => return,
+    }
+    root.cancel();
+}

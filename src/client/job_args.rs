@@ -1,0 +1,167 @@
+//! The job flags shared by `code-runner run` (through the API) and
+//! `code-runner sandbox run` (straight through the engine): files, language,
+//! stdin, entry, args, env and limits, and the one function that turns them
+//! into a [`JobSpec`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use clap::Args;
+use tokio::io::AsyncReadExt;
+
+use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
+use crate::job::{Encoding, FileSpec, JobSpec};
+use crate::languages::LanguageCatalog;
+
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// Source files; the first is the entry unless --entry names another.
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Language id or alias; guessed from the first file's extension if unset.
+    #[arg(short, long)]
+    pub language: Option<String>,
+    /// Input for the program: the text itself, or `-` to read the terminal's stdin.
+    #[arg(long)]
+    pub stdin: Option<String>,
+    /// The entry file (a file name as given to the sandbox: the base name).
+    #[arg(long)]
+    pub entry: Option<String>,
+    /// An argument for the program (repeatable).
+    #[arg(long = "arg", allow_hyphen_values = true)]
+    pub args: Vec<String>,
+    /// An environment variable NAME=VALUE for the program (repeatable).
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// Wall-clock limit of the run stage, in milliseconds.
+    #[arg(long)]
+    pub wall_ms: Option<u64>,
+    /// Interactive jobs: longest time with no input and no output, in milliseconds.
+    #[arg(long)]
+    pub idle_ms: Option<u64>,
+    /// CPU time limit of the run stage, in milliseconds.
+    #[arg(long)]
+    pub cpu_ms: Option<u64>,
+    /// Memory limit of the sandbox, in MiB.
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Most processes and threads in the sandbox.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Most stdout + stderr bytes of a stage.
+    #[arg(long)]
+    pub output_bytes: Option<u64>,
+    /// Size of /workspace and /tmp, in MiB.
+    #[arg(long)]
+    pub disk_mb: Option<u64>,
+    /// Most bytes of submitted files.
+    #[arg(long)]
+    pub files_bytes: Option<u64>,
+    /// Wall-clock limit of the compile stage, in milliseconds.
+    #[arg(long)]
+    pub compile_wall_ms: Option<u64>,
+    /// CPU time limit of the compile stage, in milliseconds.
+    #[arg(long)]
+    pub compile_cpu_ms: Option<u64>,
+    /// Most stdout + stderr bytes of the compile stage.
+    #[arg(long)]
+    pub compile_output_bytes: Option<u64>,
+}
+
+/// Text as UTF-8 when it is, base64 otherwise.
+fn encode(bytes: Vec<u8>) -> (String, Encoding) {
+    match String::from_utf8(bytes) {
+        Ok(text) => (text, Encoding::Utf8),
+        Err(error) => (STANDARD.encode(error.into_bytes()), Encoding::Base64),
+    }
+}
+
+impl JobArgs {
+    /// Reads the files (and stdin for `--stdin -`) and builds the job. The
+    /// catalog is only used to guess the language from the first file's
+    /// extension when `--language` is not given. Errors are one line for the
+    /// user.
+    pub async fn job_spec(
+        &self,
+        catalog: &LanguageCatalog,
+        interactive: bool,
+    ) -> Result<JobSpec, String> {
+        let mut files = Vec::new();
+        for path in &self.files {
+            let bytes =
+                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| format!("{} has no usable file name", path.display()))?
+                .to_string();
+            let (content, encoding) = encode(bytes);
+            files.push(FileSpec {
+                name,
+                content,
+                encoding,
+            });
+        }
+        let first = files.first().ok_or("at least one file is required")?;
+        let language = match &self.language {
+            Some(language) => language.clone(),
+            None => catalog
+                .for_file_name(&first.name)
+                .map(|l| l.id.clone())
+                .ok_or_else(|| {
+                    format!(
+                        "cannot tell the language of {}; pass --language",
+                        first.name
+                    )
+                })?,
+        };
+        let stdin = match self.stdin.as_deref() {
+            None => Vec::new(),
+            Some("-") => {
+                let mut data = Vec::new();
+                tokio::io::stdin()
+                    .read_to_end(&mut data)
+                    .await
+                    .map_err(|e| format!("cannot read stdin: {e}"))?;
+                data
+            }
+            Some(text) => text.as_bytes().to_vec(),
+        };
+        let (stdin, stdin_encoding) = encode(stdin);
+        let mut env = BTreeMap::new();
+        for item in &self.env {
+            let (name, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("--env {item:?} is not NAME=VALUE"))?;
+            env.insert(name.to_string(), value.to_string());
+        }
+        Ok(JobSpec {
+            language,
+            files,
+            entry: self.entry.clone(),
+            stdin,
+            stdin_encoding,
+            args: self.args.clone(),
+            env,
+            interactive,
+            limits: LimitsRequest {
+                wall_ms: self.wall_ms,
+                idle_ms: self.idle_ms,
+                cpu_ms: self.cpu_ms,
+                memory_mb: self.memory_mb,
+                pids: self.pids,
+                output_bytes: self.output_bytes,
+                disk_mb: self.disk_mb,
+                files_bytes: self.files_bytes,
+            },
+            compile_limits: CompileLimitsRequest {
+                wall_ms: self.compile_wall_ms,
+                cpu_ms: self.compile_cpu_ms,
+                output_bytes: self.compile_output_bytes,
+            },
+            ..Default::default()
+        })
+    }
+}

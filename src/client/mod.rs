@@ -1,0 +1,528 @@
+//! `code-runner run FILE…`: the client of a running API (DESIGN §2).
+//!
+//! It builds the job from the files and flags exactly as `sandbox run` does
+//! ([`JobArgs`]), submits it to `POST /v1/jobs` with a fresh
+//! `Idempotency-Key`, polls `GET /v1/jobs/<id>` until the job is terminal,
+//! prints the run stage's stdout and stderr (the compile stage's when
+//! compilation failed) and exits with [`exit::for_result`] of the result.
+//!
+//! The client's own failures: a refused key or an invalid job exit 64; an API
+//! that cannot be reached, stays busy (429 for longer than [`BUSY_BUDGET`]) or
+//! is unavailable exits 69; Ctrl-C cancels the job (`DELETE`) and exits 130.
+//! Each comes with one `code-runner: …` line on stderr.
+
+mod job_args;
+
+use std::io::IsTerminal as _;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use reqwest::StatusCode;
+use serde::Deserialize;
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::exit;
+use crate::job::{JobResult, Output, Status};
+use crate::languages::LanguageCatalog;
+
+pub use job_args::JobArgs;
+
+/// How long the client keeps retrying a submission the API refuses with 429.
+pub const BUSY_BUDGET: Duration = Duration::from_secs(30);
+/// Longest pause between two retries of a busy submission, whatever
+/// `Retry-After` says.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(10);
+/// How long polling goes on through an API that cannot be reached or answers
+/// 5xx (a restart), before giving up.
+const OUTAGE_BUDGET: Duration = Duration::from_secs(15);
+/// First and longest pause between two polls of the job.
+const FIRST_POLL: Duration = Duration::from_millis(25);
+const MAX_POLL: Duration = Duration::from_secs(1);
+/// Connecting to the API, and one whole request.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long cancelling on Ctrl-C may take.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub job: JobArgs,
+    /// Print the job (with its full result) as JSON at the end instead of the
+    /// program's output.
+    #[arg(long)]
+    pub json: bool,
+    /// URL of the code-runner API.
+    #[arg(long, env = "CODE_RUNNER_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// API key (sent as `Authorization: Bearer`); `scripts/up` prints one.
+    #[arg(long, env = "CODE_RUNNER_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+}
+
+/// Why the client gave up; each maps to an exit code and one line.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    #[error("cannot reach {url}: {cause}")]
+    Unreachable { url: String, cause: String },
+    #[error("the API refused the key")]
+    Unauthorized,
+    #[error("invalid job: {0}")]
+    Invalid(String),
+    #[error("the API is busy ({message}); gave up after {waited_secs} s")]
+    Busy { message: String, waited_secs: u64 },
+    #[error("the API is unavailable: {0}")]
+    Unavailable(String),
+    #[error("job {0} no longer exists on the API")]
+    Gone(String),
+    #[error("unexpected answer from the API: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    fn exit_code(&self) -> u8 {
+        match self {
+            ClientError::Unauthorized | ClientError::Invalid(_) => exit::USAGE,
+            ClientError::Unreachable { .. }
+            | ClientError::Busy { .. }
+            | ClientError::Unavailable(_) => exit::UNAVAILABLE,
+            ClientError::Gone(_) | ClientError::Protocol(_) => exit::PLATFORM_ERROR,
+        }
+    }
+
+    /// Worth trying again while polling: the API may be restarting.
+    fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable { .. } | ClientError::Unavailable(_)
+        )
+    }
+}
+
+fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
+    eprintln!("code-runner: {message}");
+    code
+}
+
+pub async fn run(args: RunArgs) -> u8 {
+    let Some(key) = args.api_key.clone().filter(|k| !k.is_empty()) else {
+        return fail(
+            exit::USAGE,
+            "CODE_RUNNER_API_KEY is not set: it is the API key to submit with (scripts/up prints one)",
+        );
+    };
+    let base = args.url.trim_end_matches('/').to_string();
+    if !base.starts_with("http://") {
+        return fail(
+            exit::USAGE,
+            format!("CODE_RUNNER_URL {:?} is not an http:// URL", args.url),
+        );
+    }
+    let catalog = match LanguageCatalog::embedded() {
+        Ok(catalog) => catalog,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    let spec = match args.job.job_spec(&catalog, false).await {
+        Ok(spec) => spec,
+        Err(message) => return fail(exit::USAGE, message),
+    };
+    let body = match serde_json::to_vec(&spec) {
+        Ok(body) => body,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    let api = match Api::new(base, key) {
+        Ok(api) => api,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    // From here on Ctrl-C cancels the job instead of ending the process.
+    let mut interrupt = match signal(SignalKind::interrupt()) {
+        Ok(interrupt) => interrupt,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    let idempotency_key = uuid::Uuid::new_v4().to_string();
+
+    let id = tokio::select! {
+        submitted = api.submit(&body, &idempotency_key) => match submitted {
+            Ok(id) => id,
+            Err(error) => return fail(error.exit_code(), error),
+        },
+        _ = interrupt.recv() => {
+            // The submission may have arrived: the same Idempotency-Key and
+            // body name the same job, so ask once more and cancel what it names.
+            let again = tokio::time::timeout(
+                CANCEL_TIMEOUT,
+                api.submit_once(&body, &idempotency_key),
+            )
+            .await;
+            if let Ok(Ok(Submitted::Job(id))) = again {
+                return cancel(&api, &id).await;
+            }
+            return fail(exit::CANCELLED, "interrupted before the job was submitted");
+        }
+    };
+
+    let view = tokio::select! {
+        view = api.wait_terminal(&id) => match view {
+            Ok(view) => view,
+            Err(error) => return fail(error.exit_code(), error),
+        },
+        _ = interrupt.recv() => return cancel(&api, &id).await,
+    };
+    report(&view, args.json)
+}
+
+/// Cancels the job after Ctrl-C; always exits 130.
+async fn cancel(api: &Api, id: &str) -> u8 {
+    match tokio::time::timeout(CANCEL_TIMEOUT, api.cancel(id)).await {
+        Ok(Ok(())) => fail(exit::CANCELLED, "interrupted; the job was cancelled"),
+        Ok(Err(error)) => fail(
+            exit::CANCELLED,
+            format!("interrupted; cancelling job {id} failed: {error}"),
+        ),
+        Err(_) => fail(
+            exit::CANCELLED,
+            format!("interrupted; cancelling job {id} took too long"),
+        ),
+    }
+}
+
+/// Prints the outcome of a terminal job and returns the exit code.
+fn report(view: &serde_json::Value, json: bool) -> u8 {
+    let result = match view.get("result").filter(|r| !r.is_null()) {
+        Some(result) => match serde_json::from_value::<JobResult>(result.clone()) {
+            Ok(result) => result,
+            Err(error) => {
+                return fail(
+                    exit::PLATFORM_ERROR,
+                    ClientError::Protocol(format!("the job's result does not parse: {error}")),
+                );
+            }
+        },
+        None => return report_without_result(view, json),
+    };
+    let (code, message) = exit::for_result(&result);
+    if json {
+        return print_json(view).map_or_else(|error| fail(exit::PLATFORM_ERROR, error), |()| code);
+    }
+    // The compile stage's output when compilation failed, else the program's.
+    if let Some(stage) = result.run.as_ref().or(result.compile.as_ref()) {
+        write_all(&mut std::io::stdout().lock(), &stage.stdout);
+        write_all(&mut std::io::stderr().lock(), &stage.stderr);
+    }
+    if let Some(message) = message {
+        eprintln!("code-runner: {message}");
+    }
+    code
+}
+
+/// A terminal job with no result (the API should always give one).
+fn report_without_result(view: &serde_json::Value, json: bool) -> u8 {
+    let status = view.get("status").and_then(|s| s.as_str()).unwrap_or("");
+    let (code, message) = match status {
+        "cancelled" => (exit::CANCELLED, "the job was cancelled".to_string()),
+        other => (
+            exit::PLATFORM_ERROR,
+            format!("the job ended {other:?} without a result"),
+        ),
+    };
+    if json {
+        return print_json(view).map_or_else(|error| fail(exit::PLATFORM_ERROR, error), |()| code);
+    }
+    fail(code, message)
+}
+
+fn print_json(view: &serde_json::Value) -> Result<(), serde_json::Error> {
+    let text = serde_json::to_string_pretty(view)?;
+    println!("{text}");
+    Ok(())
+}
+
+fn write_all(out: &mut impl std::io::Write, data: &Output) {
+    // A closed pipe (`| head`) is not the program's failure.
+    let _ = out.write_all(data.as_bytes());
+    let _ = out.flush();
+}
+
+/// The error body of the API: `{"error": {"code", "message", "field"?}}`.
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    error: ErrorDetail,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ErrorDetail {
+    #[serde(default)]
+    code: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    field: Option<String>,
+}
+
+impl ErrorDetail {
+    /// `field: message`, or whatever the API said.
+    fn describe(&self, status: StatusCode) -> String {
+        match (&self.field, self.message.is_empty()) {
+            (Some(field), false) => format!("{field}: {}", self.message),
+            (None, false) => self.message.clone(),
+            _ if !self.code.is_empty() => self.code.clone(),
+            _ => status.to_string(),
+        }
+    }
+}
+
+/// What one submission attempt gave.
+enum Submitted {
+    Job(String),
+    /// 429: try again after this long.
+    Busy {
+        retry_after: Duration,
+        message: String,
+    },
+}
+
+struct Api {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Api {
+    fn new(base: String, key: String) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("code-runner/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(Self { http, base, key })
+    }
+
+    fn transport(&self, error: reqwest::Error) -> ClientError {
+        if error.is_connect() || error.is_timeout() || error.is_request() {
+            ClientError::Unreachable {
+                url: self.base.clone(),
+                cause: root_cause(&error),
+            }
+        } else {
+            ClientError::Protocol(root_cause(&error))
+        }
+    }
+
+    /// The error an unsuccessful answer stands for.
+    async fn refusal(&self, response: reqwest::Response) -> ClientError {
+        let status = response.status();
+        let detail = response
+            .json::<ErrorBody>()
+            .await
+            .map(|b| b.error)
+            .unwrap_or_default();
+        let text = detail.describe(status);
+        match status {
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ClientError::Unauthorized,
+            StatusCode::BAD_REQUEST
+            | StatusCode::CONFLICT
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::UNPROCESSABLE_ENTITY => ClientError::Invalid(text),
+            StatusCode::SERVICE_UNAVAILABLE
+            | StatusCode::BAD_GATEWAY
+            | StatusCode::GATEWAY_TIMEOUT => ClientError::Unavailable(text),
+            _ => ClientError::Protocol(format!("{status}: {text}")),
+        }
+    }
+
+    /// Submits, retrying while the API answers 429 (for up to [`BUSY_BUDGET`]).
+    async fn submit(&self, body: &[u8], idempotency_key: &str) -> Result<String, ClientError> {
+        let started = Instant::now();
+        let mut told = false;
+        loop {
+            match self.submit_once(body, idempotency_key).await? {
+                Submitted::Job(id) => return Ok(id),
+                Submitted::Busy {
+                    retry_after,
+                    message,
+                } => {
+                    let waited = started.elapsed();
+                    if waited + retry_after > BUSY_BUDGET {
+                        return Err(ClientError::Busy {
+                            message,
+                            waited_secs: waited.as_secs(),
+                        });
+                    }
+                    if !told && std::io::stderr().is_terminal() {
+                        eprintln!("code-runner: the API is busy ({message}); retrying");
+                        told = true;
+                    }
+                    tokio::time::sleep(retry_after).await;
+                }
+            }
+        }
+    }
+
+    async fn submit_once(
+        &self,
+        body: &[u8],
+        idempotency_key: &str,
+    ) -> Result<Submitted, ClientError> {
+        let response = self
+            .http
+            .post(format!("{}/v1/jobs", self.base))
+            .bearer_auth(&self.key)
+            .header("Idempotency-Key", idempotency_key)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_vec())
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        let status = response.status();
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(Duration::from_secs(1), Duration::from_secs)
+                .clamp(Duration::from_millis(200), MAX_RETRY_AFTER);
+            let detail = response
+                .json::<ErrorBody>()
+                .await
+                .map(|b| b.error)
+                .unwrap_or_default();
+            return Ok(Submitted::Busy {
+                retry_after,
+                message: detail.describe(status),
+            });
+        }
+        if !status.is_success() {
+            return Err(self.refusal(response).await);
+        }
+        let view: serde_json::Value = response
+            .json()
+            .await
+            .map_err(|e| ClientError::Protocol(format!("the submit answer: {e}")))?;
+        view.get("id")
+            .and_then(|id| id.as_str())
+            .map(|id| Submitted::Job(id.to_string()))
+            .ok_or_else(|| ClientError::Protocol(format!("the submit answer has no id: {view}")))
+    }
+
+    async fn get(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        let response = self
+            .http
+            .get(format!("{}/v1/jobs/{id}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        match response.status() {
+            status if status.is_success() => response
+                .json()
+                .await
+                .map_err(|e| ClientError::Protocol(format!("the job view: {e}"))),
+            StatusCode::NOT_FOUND => Err(ClientError::Gone(id.to_string())),
+            _ => Err(self.refusal(response).await),
+        }
+    }
+
+    /// Polls the job until it is terminal; rides out an API outage of up to
+    /// [`OUTAGE_BUDGET`].
+    async fn wait_terminal(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        let mut pause = FIRST_POLL;
+        let mut outage: Option<Instant> = None;
+        loop {
+            match self.get(id).await {
+                Ok(view) => {
+                    outage = None;
+                    let status = view
+                        .get("status")
+                        .cloned()
+                        .and_then(|s| serde_json::from_value::<Status>(s).ok())
+                        .ok_or_else(|| {
+                            ClientError::Protocol(format!("the job view has no status: {view}"))
+                        })?;
+                    if status.is_terminal() {
+                        return Ok(view);
+                    }
+                }
+                Err(error) if error.is_transient() => {
+                    let since = *outage.get_or_insert_with(Instant::now);
+                    if since.elapsed() > OUTAGE_BUDGET {
+                        return Err(error);
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 3 / 2).min(MAX_POLL);
+        }
+    }
+
+    async fn cancel(&self, id: &str) -> Result<(), ClientError> {
+        let response = self
+            .http
+            .delete(format!("{}/v1/jobs/{id}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(|e| self.transport(e))?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(self.refusal(response).await)
+        }
+    }
+}
+
+/// The innermost cause of an error: "Connection refused (os error 111)"
+/// rather than "error sending request".
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut current = error;
+    while let Some(source) = current.source() {
+        current = source;
+    }
+    current.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_body_names_the_field() {
+        let body: ErrorBody = serde_json::from_str(
+            r#"{"error":{"code":"invalid_job","message":"unknown language","field":"language"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            body.error.describe(StatusCode::BAD_REQUEST),
+            "language: unknown language"
+        );
+        let empty = ErrorDetail::default();
+        assert_eq!(
+            empty.describe(StatusCode::PAYLOAD_TOO_LARGE),
+            "413 Payload Too Large"
+        );
+    }
+
+    #[test]
+    fn exit_codes_follow_the_kind_of_failure() {
+        assert_eq!(ClientError::Unauthorized.exit_code(), exit::USAGE);
+        assert_eq!(ClientError::Invalid(String::new()).exit_code(), exit::USAGE);
+        let unreachable = ClientError::Unreachable {
+            url: "http://127.0.0.1:1".into(),
+            cause: "Connection refused (os error 111)".into(),
+        };
+        assert_eq!(unreachable.exit_code(), exit::UNAVAILABLE);
+        assert_eq!(
+            unreachable.to_string(),
+            "cannot reach http://127.0.0.1:1: Connection refused (os error 111)"
+        );
+        assert_eq!(
+            ClientError::Busy {
+                message: String::new(),
+                waited_secs: 30
+            }
+            .exit_code(),
+            exit::UNAVAILABLE
+        );
+    }
+}

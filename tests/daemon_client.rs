@@ -1,0 +1,348 @@
+//! `code-runner run`, the client, against a real `code-runner serve`: what it
+//! prints, how it exits, and what it does on refusals, 429 and Ctrl-C.
+
+#[path = "common/daemon.rs"]
+mod daemon;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use daemon::{
+    ChildGuard, Daemon, DaemonBuilder, KEY_A, KEY_B, Redis, Role, code_runner, docker, drain,
+};
+use reqwest::StatusCode;
+
+fn source(dir: &Path, name: &str, content: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
+}
+
+/// `code-runner run FILE… FLAGS…` against `daemon` with `key`.
+fn client(url: &str, key: Option<&str>, files: &[&Path], flags: &[&str]) -> Command {
+    let mut command = code_runner();
+    command.arg("run").args(files).args(flags);
+    command.env("CODE_RUNNER_URL", url);
+    if let Some(key) = key {
+        command.env("CODE_RUNNER_API_KEY", key);
+    }
+    command
+}
+
+/// Runs the client to its end (on a blocking thread; up to 60 s).
+async fn finish(mut command: Command, stdin: Option<&'static str>) -> Output {
+    tokio::task::spawn_blocking(move || {
+        command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        if stdin.is_some() {
+            command.stdin(Stdio::piped());
+        }
+        let mut child = command.spawn().expect("code-runner starts");
+        if let Some(text) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(text.as_bytes()).unwrap();
+        }
+        let stdout = drain(child.stdout.take());
+        let stderr = drain(child.stderr.take());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("code-runner run did not end within 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Output {
+            status,
+            stdout: stdout.join().unwrap(),
+            stderr: stderr.join().unwrap(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn serve(redis: &Redis) -> Daemon {
+    DaemonBuilder::new(Role::Serve, redis).start().await
+}
+
+#[tokio::test]
+async fn it_prints_the_programs_output_and_exits_with_its_code() {
+    let redis = Redis::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    let hello = source(dir.path(), "hello.py", "print('hello')\n");
+    let out = finish(client(&daemon.url, Some(KEY_A), &[&hello], &[]), None).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(text(&out.stdout), "hello\n");
+    assert_eq!(text(&out.stderr), "");
+
+    let three = source(
+        dir.path(),
+        "three.py",
+        "import sys\nprint('bye')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n",
+    );
+    let out = finish(client(&daemon.url, Some(KEY_B), &[&three], &[]), None).await;
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(text(&out.stdout), "bye\n");
+    assert_eq!(text(&out.stderr), "oops\n");
+
+    // Flags reach the program: args, env, another entry file.
+    let args = source(dir.path(), "args.sh", "echo \"$# $1 $2 $GREETING\"\n");
+    let lib = source(dir.path(), "lib.txt", "unused\n");
+    let out = finish(
+        client(
+            &daemon.url,
+            Some(KEY_A),
+            &[&lib, &args],
+            &[
+                "--language",
+                "bash",
+                "--entry",
+                "args.sh",
+                "--arg",
+                "one",
+                "--arg",
+                "-two",
+                "--env",
+                "GREETING=hi",
+            ],
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(text(&out.stdout), "2 one -two hi\n");
+
+    // --json prints the job view, result included.
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&hello], &["--json"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let view: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(view["status"], "succeeded");
+    assert_eq!(view["result"]["run"]["stdout"], "hello\n");
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn a_timeout_exits_124_with_one_line_and_a_compile_error_shows_the_compiler() {
+    let redis = Redis::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+
+    let sleep = source(dir.path(), "sleep.sh", "echo started\nsleep 100\n");
+    let started = Instant::now();
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&sleep], &["--wall-ms", "500"]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(124), "{out:?}");
+    assert_eq!(text(&out.stdout), "started\n");
+    assert_eq!(
+        text(&out.stderr),
+        "code-runner: program exceeded its wall time limit\n"
+    );
+    assert!(started.elapsed() < Duration::from_secs(15));
+
+    let broken = source(dir.path(), "main.c", "int main(void) { return nope; }\n");
+    let out = finish(client(&daemon.url, Some(KEY_A), &[&broken], &[]), None).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(text(&out.stdout), "");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("main.c:1:25: error: ‘nope’ undeclared (first use in this function)"),
+        "{stderr:?}"
+    );
+    assert!(
+        stderr.ends_with("\ncode-runner: compilation failed (exit code 1)\n"),
+        "{stderr:?}"
+    );
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn stdin_dash_sends_the_commands_own_stdin() {
+    let redis = Redis::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let echo = source(
+        dir.path(),
+        "echo.py",
+        "import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())\n",
+    );
+    let input = "line one\nünïcode line two, no newline at the end";
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&echo], &["--stdin", "-"]),
+        Some(input),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(text(&out.stdout), input);
+    assert_eq!(text(&out.stderr), "");
+
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&echo], &["--stdin", "given"]),
+        None,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "given");
+}
+
+#[tokio::test]
+async fn refusals_exit_64_or_69_with_one_line() {
+    let redis = Redis::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let hello = source(dir.path(), "hello.py", "print('hello')\n");
+
+    let out = finish(client(&daemon.url, None, &[&hello], &[]), None).await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("code-runner: CODE_RUNNER_API_KEY is not set")
+            && stderr.lines().count() == 1,
+        "{stderr:?}"
+    );
+
+    let out = finish(client(&daemon.url, Some("wrong-key"), &[&hello], &[]), None).await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert_eq!(text(&out.stderr), "code-runner: the API refused the key\n");
+
+    let out = finish(
+        client(
+            &daemon.url,
+            Some(KEY_A),
+            &[&hello],
+            &["--memory-mb", "999999"],
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert_eq!(
+        text(&out.stderr),
+        "code-runner: invalid job: limits.memory_mb: 999999 is above the server maximum of 2048\n"
+    );
+
+    let nobody = format!("http://127.0.0.1:{}", daemon::free_port());
+    let out = finish(client(&nobody, Some(KEY_A), &[&hello], &[]), None).await;
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("code-runner: cannot reach {nobody}"))
+            && stderr.lines().count() == 1,
+        "{stderr:?}"
+    );
+    assert!(out.stdout.is_empty());
+}
+
+#[tokio::test]
+async fn a_busy_key_is_retried_after_retry_after_until_it_is_accepted() {
+    let redis = Redis::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A}:1"))
+        .start()
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let hello = source(dir.path(), "after.py", "print('after')\n");
+
+    // Key a's only slot is taken for about 3 s.
+    let busy = daemon.submit(&daemon::sleeper(3.0)).await;
+    assert_eq!(busy.status, StatusCode::ACCEPTED, "{busy:#?}");
+    let busy = busy.id();
+    let refused = daemon.submit(&daemon::python("print(1)")).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{refused:#?}"
+    );
+
+    let started = Instant::now();
+    let out = finish(client(&daemon.url, Some(KEY_A), &[&hello], &[]), None).await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(text(&out.stdout), "after\n");
+    assert_eq!(text(&out.stderr), "");
+    eprintln!("accepted after retrying for {:?}", started.elapsed());
+    assert_eq!(daemon.job(&busy).await["status"], "succeeded");
+}
+
+#[tokio::test]
+async fn ctrl_c_cancels_the_job_and_exits_130() {
+    let redis = Redis::start();
+    let daemon = serve(&redis).await;
+    let docker = docker().await;
+    let dir = tempfile::tempdir().unwrap();
+    let forever = source(dir.path(), "forever.sh", "sleep 60\n");
+
+    let mut guard = ChildGuard(
+        client(
+            &daemon.url,
+            Some(KEY_A),
+            &[&forever],
+            &["--wall-ms", "120000"],
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
+    let child = &mut guard.0;
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+
+    // The only job in this test's Redis, once it runs in a container.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let id = loop {
+        let keys = redis.cli(&["KEYS", "job:*"]);
+        let running = keys
+            .lines()
+            .filter_map(|k| k.strip_prefix("job:"))
+            .find(|id| !id.contains(':') && redis.job_field(id, "status") == "running")
+            .map(str::to_string);
+        if let Some(id) = running
+            && !daemon::job_containers(&docker, &id).await.is_empty()
+        {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "the job never ran: {keys}");
+        tokio::time::sleep(daemon::POLL).await;
+    };
+
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "code-runner run did not end after SIGINT"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(text(&stdout.join().unwrap()), "");
+    assert_eq!(
+        text(&stderr.join().unwrap()),
+        "code-runner: interrupted; the job was cancelled\n"
+    );
+    daemon
+        .wait_status(&id, &["cancelled"], Duration::from_secs(15))
+        .await;
+    daemon.assert_no_containers(&docker).await;
+}
