@@ -86,6 +86,7 @@ pub async fn run(
     let tracker = TaskTracker::new();
     tracker.spawn(shutdown_on_signal(root.clone()));
 
+    let mut worker_task = None;
     if let (Some(settings), Some(worker_id), Some(engine)) = (worker, worker_id, engine.clone()) {
         let config = WorkerConfig {
             id: worker_id,
@@ -103,7 +104,20 @@ pub async fn run(
             metrics.clone(),
         );
         let shutdown = root.child_token();
-        tracker.spawn(async move { worker.run(shutdown).await });
+        worker_task = Some(tracker.spawn(async move { worker.run(shutdown).await }));
+    }
+    // The HTTP server outlives the drain: while the worker finishes its jobs,
+    // clients can still read their results (submissions get 503).
+    let http_stop = CancellationToken::new();
+    {
+        let (root, http_stop) = (root.clone(), http_stop.clone());
+        tracker.spawn(async move {
+            root.cancelled().await;
+            if let Some(worker_task) = worker_task {
+                let _ = worker_task.await;
+            }
+            http_stop.cancel();
+        });
     }
 
     let served = match (api, keys) {
@@ -134,17 +148,18 @@ pub async fn run(
                 max_body_bytes: settings.max_body_bytes,
                 max_wait: Duration::from_millis(settings.max_wait_ms),
                 tokens,
+                draining: root.clone(),
                 engine,
             });
-            crate::api::serve(listener, state, root.child_token()).await
+            crate::api::serve(listener, state, http_stop.clone()).await
         }
-        _ => crate::api::serve_ops(listener, metrics, queue, root.child_token()).await,
+        _ => crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await,
     };
     if let Err(error) = served {
         eprintln!("code-runner: the HTTP server failed: {error}");
         root.cancel();
     }
-    // The server returns once shutdown began; let the worker drain.
+    // The server returns once the worker (if any) has drained.
     root.cancel();
     tracker.close();
     tracker.wait().await;

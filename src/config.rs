@@ -254,7 +254,7 @@ pub struct WorkerSettings {
     #[arg(
         long,
         env = "CODE_RUNNER_WORKER_LISTEN",
-        default_value = "127.0.0.1:9090"
+        default_value = "127.0.0.1:8081"
     )]
     pub worker_listen: std::net::SocketAddr,
 }

@@ -142,6 +142,7 @@ impl Api {
             max_wait: options.max_wait,
             tokens,
             engine: options.engine,
+            draining: CancellationToken::new(),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

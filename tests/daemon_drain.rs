@@ -47,6 +47,27 @@ async fn a_running_job_finishes_inside_the_drain_window_and_the_process_exits_0(
 
     let signalled = Instant::now();
     daemon.sigterm();
+    // While the worker drains, the API still answers reads but takes no jobs.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let refused = loop {
+        let answer = daemon.submit(&python("print('too late')\n")).await;
+        if answer.status != StatusCode::ACCEPTED {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "submissions still accepted after SIGTERM"
+        );
+        tokio::time::sleep(daemon::POLL).await;
+    };
+    assert_eq!(
+        refused.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{refused:#?}"
+    );
+    assert_eq!(refused.error().0, "shutting_down");
+    let view = daemon.job(&id).await;
+    assert_eq!(view["status"], "running", "{view:#}");
     let status = daemon.wait_exit(Duration::from_secs(30)).await;
     let took = signalled.elapsed();
     eprintln!("drained and exited in {took:?}");

@@ -47,6 +47,10 @@ pub enum ApiError {
     QueueFull { depth: u64 },
     #[error("this api key already has {active} queued or running jobs, its limit")]
     KeyLimit { active: u64 },
+    /// The process is shutting down: it still answers reads while its worker
+    /// drains, but takes no new jobs.
+    #[error("this server is shutting down; submit to another one or retry later")]
+    ShuttingDown,
     /// Redis failed; the detail is logged, not sent.
     #[error("the job store is unavailable; retry later")]
     Unavailable(#[source] QueueError),
@@ -79,7 +83,7 @@ impl ApiError {
             | ApiError::IdempotencyExpired => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } | ApiError::KeyLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -100,6 +104,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::KeyLimit { .. } => "key_limit",
             ApiError::Unavailable(_) => "unavailable",
+            ApiError::ShuttingDown => "shutting_down",
         }
     }
 
@@ -117,7 +122,8 @@ impl ApiError {
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed
             | ApiError::AlreadyFinished { .. }
-            | ApiError::Unavailable(_) => None,
+            | ApiError::Unavailable(_)
+            | ApiError::ShuttingDown => None,
         }
     }
 
@@ -127,7 +133,7 @@ impl ApiError {
         match self {
             ApiError::QueueFull { .. } => Some(2),
             ApiError::KeyLimit { .. } => Some(1),
-            ApiError::Unavailable(_) => Some(1),
+            ApiError::Unavailable(_) | ApiError::ShuttingDown => Some(1),
             _ => None,
         }
     }

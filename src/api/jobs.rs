@@ -250,6 +250,9 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let config = &state.inner;
     let (parts, body) = request.into_parts();
     let caller = config.keys.authenticate(&parts)?;
+    if config.draining.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
     let idempotency = idempotency_key(&parts.headers)?;
     let wait = wait_requested(&parts.uri)?;
     let body = Bytes::from_request(Request::from_parts(parts, body), &())

@@ -59,6 +59,9 @@ pub struct ApiConfig {
     /// Longest a `?wait=true` submit blocks.
     pub max_wait: Duration,
     pub tokens: TokenSigner,
+    /// Cancelled when the process begins shutting down: submissions are then
+    /// refused (503) while reads go on until the server stops.
+    pub draining: CancellationToken,
     /// Set when a worker shares the process: /readyz then checks Docker too.
     pub engine: Option<crate::sandbox::SandboxEngine>,
 }
