@@ -31,43 +31,38 @@ impl ConfigError {
 pub struct SandboxSettings {
     /// OCI runtime for sandboxes: runc (Docker's default) or runsc (gVisor).
     /// `SANDBOX_RUNTIME` is read too.
-    #[arg(long = "runtime", env = "CODE_RUNNER_SANDBOX_RUNTIME", global = true)]
+    #[arg(long = "runtime", env = "CODE_RUNNER_SANDBOX_RUNTIME")]
     pub runtime: Option<String>,
 
     /// Seccomp profile (Docker JSON format); the built-in copy of
     /// seccomp/profile.json when unset.
-    #[arg(long, env = "CODE_RUNNER_SECCOMP_PROFILE", global = true)]
+    #[arg(long, env = "CODE_RUNNER_SECCOMP_PROFILE")]
     pub seccomp_profile: Option<PathBuf>,
 
     /// Language catalog (languages.toml); the built-in copy when unset.
-    #[arg(long, env = "CODE_RUNNER_LANGUAGES_FILE", global = true)]
+    #[arg(long, env = "CODE_RUNNER_LANGUAGES_FILE")]
     pub languages_file: Option<PathBuf>,
 
     /// CPU quota of one sandbox, in CPUs.
-    #[arg(
-        long,
-        env = "CODE_RUNNER_SANDBOX_CPUS",
-        default_value_t = 1.0,
-        global = true
-    )]
+    #[arg(long, env = "CODE_RUNNER_SANDBOX_CPUS", default_value_t = 1.0)]
     pub sandbox_cpus: f64,
 
     /// Server defaults for job limits, as key=value,… (wall_ms, idle_ms, cpu_ms,
     /// memory_mb, pids, output_bytes, disk_mb, files_bytes).
-    #[arg(long, env = "CODE_RUNNER_DEFAULT_LIMITS", global = true)]
+    #[arg(long, env = "CODE_RUNNER_DEFAULT_LIMITS")]
     pub default_limits: Option<String>,
 
     /// Server maximums for job limits, as key=value,…; a job asking for more is
     /// refused.
-    #[arg(long, env = "CODE_RUNNER_MAX_LIMITS", global = true)]
+    #[arg(long, env = "CODE_RUNNER_MAX_LIMITS")]
     pub max_limits: Option<String>,
 
     /// Defaults for the compile stage, as key=value,… (wall_ms, cpu_ms, output_bytes).
-    #[arg(long, env = "CODE_RUNNER_COMPILE_DEFAULT_LIMITS", global = true)]
+    #[arg(long, env = "CODE_RUNNER_COMPILE_DEFAULT_LIMITS")]
     pub compile_default_limits: Option<String>,
 
     /// Maximums for the compile stage, as key=value,….
-    #[arg(long, env = "CODE_RUNNER_COMPILE_MAX_LIMITS", global = true)]
+    #[arg(long, env = "CODE_RUNNER_COMPILE_MAX_LIMITS")]
     pub compile_max_limits: Option<String>,
 }
 

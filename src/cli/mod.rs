@@ -5,9 +5,7 @@ mod sandbox_run;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-
-use clap::Args;
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::{ApiSettings, RedisSettings, SandboxSettings, WorkerSettings};
 use crate::exit;
@@ -19,9 +17,6 @@ use crate::exit;
     about = "Runs untrusted code in hardened per-job containers"
 )]
 pub struct Cli {
-    #[command(flatten)]
-    pub sandbox: SandboxSettings,
-
     #[command(subcommand)]
     pub command: Command,
 }
@@ -32,13 +27,9 @@ pub enum Command {
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// List the languages this server offers.
-    Languages {
-        /// Print JSON instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
+    Languages(LanguagesArgs),
     /// Check Docker, runtimes, images and the seccomp profile; one line per problem.
-    Doctor,
+    Doctor(DoctorArgs),
     /// API + worker in one process (the single-machine default).
     Serve(Box<ServeArgs>),
     /// The HTTP API only.
@@ -51,7 +42,24 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
+pub struct LanguagesArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
+}
+
+#[derive(Debug, Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
     #[command(flatten)]
     pub redis: RedisSettings,
     #[command(flatten)]
@@ -63,6 +71,8 @@ pub struct ServeArgs {
 #[derive(Debug, Args)]
 pub struct ApiArgs {
     #[command(flatten)]
+    pub sandbox: SandboxSettings,
+    #[command(flatten)]
     pub redis: RedisSettings,
     #[command(flatten)]
     pub api: ApiSettings,
@@ -70,6 +80,8 @@ pub struct ApiArgs {
 
 #[derive(Debug, Args)]
 pub struct WorkerArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
     #[command(flatten)]
     pub redis: RedisSettings,
     #[command(flatten)]
@@ -99,12 +111,12 @@ pub async fn main() -> ExitCode {
         }
     };
     let code = match cli.command {
-        Command::Sandbox(SandboxCommand::Run(args)) => sandbox_run::run(&cli.sandbox, *args).await,
-        Command::Languages { json } => languages(&cli.sandbox, json),
-        Command::Doctor => doctor::run(&cli.sandbox).await,
+        Command::Sandbox(SandboxCommand::Run(args)) => sandbox_run::run(*args).await,
+        Command::Languages(args) => languages(&args.sandbox, args.json),
+        Command::Doctor(args) => doctor::run(&args.sandbox).await,
         Command::Serve(args) => {
             crate::app::run(
-                &cli.sandbox,
+                &args.sandbox,
                 &args.redis,
                 Some(&args.worker),
                 Some(&args.api),
@@ -112,10 +124,10 @@ pub async fn main() -> ExitCode {
             .await
         }
         Command::Api(args) => {
-            crate::app::run(&cli.sandbox, &args.redis, None, Some(&args.api)).await
+            crate::app::run(&args.sandbox, &args.redis, None, Some(&args.api)).await
         }
         Command::Worker(args) => {
-            crate::app::run(&cli.sandbox, &args.redis, Some(&args.worker), None).await
+            crate::app::run(&args.sandbox, &args.redis, Some(&args.worker), None).await
         }
         Command::Run(args) => crate::client::run(*args).await,
     };

@@ -18,6 +18,8 @@ use crate::sandbox::{JobInput, JobIo, SandboxEngine, SandboxEvent};
 pub struct SandboxRunArgs {
     #[command(flatten)]
     pub job: JobArgs,
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
     /// Interactive: what you type reaches the program live.
     #[arg(short, long, conflicts_with = "stdin")]
     pub interactive: bool,
@@ -31,9 +33,9 @@ fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
     code
 }
 
-pub async fn run(settings: &SandboxSettings, args: SandboxRunArgs) -> u8 {
+pub async fn run(args: SandboxRunArgs) -> u8 {
     let worker_id = format!("cli-{}", uuid::Uuid::new_v4());
-    let setup = match settings.build(&worker_id) {
+    let setup = match args.sandbox.build(&worker_id) {
         Ok(setup) => setup,
         Err(error) => return fail(exit::USAGE, error),
     };
