@@ -9,6 +9,13 @@
 //! - [`languages`]: the language catalog (`runner-images/languages.toml`).
 //! - [`sandbox`]: the engine that runs one job in one hardened container
 //!   through the Docker Engine API. Knows Docker, not HTTP or Redis.
+//! - [`queue`]: Redis, the shared state; the only module that names a key.
+//! - [`worker`]: claims jobs (a semaphore permit first), runs them in the
+//!   engine, writes results, heartbeats, drains on shutdown.
+//! - [`api`]: the HTTP API (axum). Knows HTTP, not bollard or Redis keys.
+//! - [`app`]: wires the roles (`serve`, `api`, `worker`), owns the root
+//!   cancellation token; [`metrics`]: every Prometheus metric.
+//! - [`client`]: the `run` command, a client of a running API.
 //! - [`config`]: settings shared by every role, validated before use.
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
