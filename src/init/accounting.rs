@@ -8,8 +8,12 @@
 //! `utime + stime + cutime + cstime` covers the process and the children it
 //! has waited for; children reaped by the supervisor are added by the caller
 //! from their `wait4` usage.
+//!
+//! Those figures are trusted only up to what the CPUs can physically give:
+//! see [`cpu_ceiling_ms`].
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// Clock ticks per second in `/proc/<pid>/stat`: Linux fixes `USER_HZ` at
 /// 100 for user space on every architecture we run on.
@@ -82,6 +86,43 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
         ticks = ticks.saturating_add(u64::try_from(value).unwrap_or(0));
     }
     Some((state, ticks))
+}
+
+/// How many CPUs the job's processes can run on at once: the supervisor's
+/// CPU affinity, which they inherit (and which covers every CPU of the
+/// container unless something pinned it); `u64::MAX` (no ceiling) if it
+/// cannot be read.
+pub(crate) fn usable_cpus() -> u64 {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => {
+            let count = (0..CpuSet::count())
+                .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+                .count();
+            u64::try_from(count).unwrap_or(u64::MAX).max(1)
+        }
+        Err(_) => u64::MAX,
+    }
+}
+
+/// The most CPU time the job can really have used `elapsed` after its stage
+/// started, on `cpus` CPUs: figures above it are not CPU time.
+///
+/// gVisor (runsc) needs this. Its kernel charges a task CPU time for as long
+/// as the task is marked running in the sentry, whether or not a host CPU
+/// runs it: time spent waiting for the container's CPU quota or contending
+/// for sentry locks (fork, exit, wait) counts as `stime`. Each process of a
+/// fork bomb then shows ~100-300 ms of `stime` while sleeping, and the sum
+/// grows at 10-15 s per second of wall time in a 1-CPU container (gVisor's own
+/// `getrusage(RUSAGE_CHILDREN)` shows the same), which ended bombs as
+/// `cpu_timeout` well before their wall limit. Under runc the figures are
+/// real and stay under the ceiling; a real busy loop (and the CPU of
+/// grandchildren and orphans) still counts in full under both runtimes.
+pub(crate) fn cpu_ceiling_ms(elapsed: Duration, cpus: u64) -> u64 {
+    u64::try_from(elapsed.as_millis())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(cpus)
 }
 
 /// The memory cgroup counters that show an OOM kill.
@@ -219,6 +260,13 @@ mod tests {
         let v2 = "low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\n";
         assert_eq!(keyed_counter(v2, "max"), Some(12));
         assert_eq!(keyed_counter(v2, "missing"), None);
+    }
+
+    #[test]
+    fn cpu_ceiling_is_wall_time_times_cpus() {
+        assert_eq!(cpu_ceiling_ms(Duration::from_millis(1500), 2), 3000);
+        assert_eq!(cpu_ceiling_ms(Duration::from_secs(1), u64::MAX), u64::MAX);
+        assert!(usable_cpus() >= 1);
     }
 
     #[test]

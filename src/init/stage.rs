@@ -17,7 +17,7 @@ use nix::sys::signal::Signal;
 use tokio::net::unix::pipe;
 
 use super::InitError;
-use super::accounting::{MemoryCounters, sample_uid};
+use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpus};
 use super::kill::Target;
 use super::reap::{Reaped, Termination, reap_one};
 use super::report::{Facts, classify, not_started};
@@ -94,6 +94,7 @@ pub(crate) async fn run_stage(
         next_poll: started,
         polled_cpu_ms: 0,
         orphan_cpu_ms: 0,
+        cpus: usable_cpus(),
         exit: None,
         helpers: HashSet::new(),
     };
@@ -135,6 +136,8 @@ struct Run {
     polled_cpu_ms: u64,
     /// CPU time of the job's orphans reaped by the supervisor.
     orphan_cpu_ms: u64,
+    /// CPUs the job can use at once, for [`cpu_ceiling_ms`].
+    cpus: u64,
     /// The main process, once reaped, and when.
     exit: Option<(Reaped, Instant)>,
     /// Signal helpers not yet reaped.
@@ -247,7 +250,12 @@ impl Run {
 
     fn poll_cpu(&mut self, ctx: &mut Context<'_>) {
         let sample = sample_uid(ctx.uid);
-        let total = sample.cpu_ms.saturating_add(self.orphan_cpu_ms);
+        // Capped at what the CPUs can give since the start: gVisor reports
+        // far more for many concurrent processes (see `cpu_ceiling_ms`).
+        let total = sample
+            .cpu_ms
+            .saturating_add(self.orphan_cpu_ms)
+            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpus));
         self.polled_cpu_ms = self.polled_cpu_ms.max(total);
         if self.polled_cpu_ms > self.limits.cpu_ms {
             self.kill(ctx, Reason::CpuTimeout);
@@ -476,9 +484,12 @@ impl Run {
             }
             None => (None, None, millis(self.started.elapsed()), 0, 0),
         };
+        // Every process of the stage is gone by now, so the time since the
+        // start bounds the CPU they used (see `cpu_ceiling_ms`).
         let cpu_ms = main_cpu_ms
             .saturating_add(self.orphan_cpu_ms)
-            .max(self.polled_cpu_ms);
+            .max(self.polled_cpu_ms)
+            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpus));
         let reason = self.reason.unwrap_or_else(|| {
             classify(Facts {
                 exit_code,
