@@ -6,8 +6,9 @@
 //! worker through the queue's own operations. No sleeps for synchronisation:
 //! every wait polls with a deadline.
 
-use std::net::TcpListener as StdTcpListener;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use code_runner::api::{ApiConfig, ApiKeys, ApiState, TokenSigner};
@@ -16,6 +17,7 @@ use code_runner::job::{JobResult, Status, Timings};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
 use code_runner::queue::{Keys, Queue, StartOutcome};
+use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -24,69 +26,6 @@ use tokio_util::sync::CancellationToken;
 const ALICE: &str = "alice-key-0123456789abcdef";
 const BOB: &str = "bob-key-0123456789abcdef";
 const KEYS: &str = "alice:alice-key-0123456789abcdef:2,bob:bob-key-0123456789abcdef";
-
-// ---------------------------------------------------------------------------
-// redis-server
-// ---------------------------------------------------------------------------
-
-/// A redis-server child process on a free loopback port, killed on drop.
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-}
-
-impl RedisServer {
-    fn start() -> Self {
-        for _ in 0..5 {
-            let port = StdTcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .expect("a free loopback port")
-                .port();
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed (apt-get install redis-server)");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if child.try_wait().expect("poll redis-server").is_some() {
-                    break; // the port was taken meanwhile: try another
-                }
-                if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}"))
-                    && let Ok(mut conn) = client.get_connection()
-                    && redis::cmd("PING").query::<String>(&mut conn).is_ok()
-                {
-                    return Self {
-                        child: Some(child),
-                        port,
-                    };
-                }
-                assert!(Instant::now() < deadline, "redis-server did not start");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        panic!("redis-server did not start on any port");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 // ---------------------------------------------------------------------------
 // The API under test
@@ -197,11 +136,7 @@ impl Api {
     }
 
     async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.redis.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
+        self.redis.conn().await
     }
 
     async fn queued_ids(&self) -> Vec<String> {
@@ -892,18 +827,7 @@ run = ["python3", "main.py"]
 "#
     ))
     .unwrap();
-    let setup = code_runner::config::SandboxSettings {
-        runtime: None,
-        seccomp_profile: None,
-        languages_file: None,
-        sandbox_cpus: 1.0,
-        default_limits: None,
-        max_limits: None,
-        compile_default_limits: None,
-        compile_max_limits: None,
-    }
-    .build("api-test")
-    .unwrap();
+    let setup = common::default_settings(None).build("api-test").unwrap();
     let engine = code_runner::sandbox::SandboxEngine::connect(setup.sandbox)
         .await
         .expect("dockerd must be running for the integration tests (scripts/test starts it)");

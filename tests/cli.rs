@@ -4,11 +4,11 @@
 mod common;
 
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{CliHarness, runsc_enabled};
+use common::{CliHarness, drain, runsc_enabled, source};
 
 /// What a finished command left.
 #[derive(Debug)]
@@ -32,15 +32,6 @@ fn run(mut command: Command) -> Ran {
 /// stdout and stderr; a child still running at the deadline fails the test
 /// (and the guard stops it).
 fn finish(mut guard: ChildGuard) -> Ran {
-    fn drain(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<Vec<u8>> {
-        std::thread::spawn(move || {
-            let mut data = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut data);
-            }
-            data
-        })
-    }
     let stdout = drain(guard.child().stdout.take());
     let stderr = drain(guard.child().stderr.take());
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -90,13 +81,6 @@ impl Drop for ChildGuard {
         let _ = child.kill();
         let _ = child.wait();
     }
-}
-
-/// Writes a source file into `dir`.
-fn source(dir: &Path, name: &str, content: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, content).unwrap();
-    path
 }
 
 fn sandbox_run(harness: &CliHarness, files: &[&Path], flags: &[&str]) -> Command {

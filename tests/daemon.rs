@@ -2,45 +2,21 @@
 //! real redis-server per test and the real dockerd.
 
 mod common;
-#[path = "common/daemon.rs"]
-mod daemon;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use common::containers::docker;
+use common::daemon;
+use common::programs::HELLO;
+use common::redis_server::RedisServer;
 use daemon::{
-    DaemonBuilder, KEY_A, KEY_B, Redis, Role, docker, job, job_containers, metric, python,
-    run_stdout, run_to_end, sleeper,
+    DaemonBuilder, KEY_A, KEY_B, Role, job, job_containers, metric, python, run_stdout, run_to_end,
+    sleeper,
 };
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-const HELLO: &[(&str, &str, &str)] = &[
-    ("python", "main.py", "print('hello from python')"),
-    (
-        "javascript",
-        "main.js",
-        "console.log('hello from javascript')",
-    ),
-    (
-        "c",
-        "main.c",
-        "#include <stdio.h>\nint main(void){puts(\"hello from c\");return 0;}",
-    ),
-    (
-        "cpp",
-        "main.cpp",
-        "#include <iostream>\nint main(){std::cout<<\"hello from cpp\"<<std::endl;}",
-    ),
-    ("bash", "main.sh", "echo hello from bash"),
-    ("ruby", "main.rb", "puts 'hello from ruby'"),
-    (
-        "go",
-        "main.go",
-        "package main\nimport \"fmt\"\nfunc main(){fmt.Println(\"hello from go\")}",
-    ),
-];
 
 /// Long enough for a Go compile on a busy 2-core machine.
 const JOB_DEADLINE: Duration = Duration::from_secs(90);
@@ -63,7 +39,7 @@ fn assert_succeeded_view(view: &Value, id: &str, language: &str, worker: &str) {
 #[tokio::test]
 async fn every_language_by_poll_and_by_wait_gives_the_engines_output() {
     let engine = common::Harness::new().await;
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 4)
         .start()
@@ -116,7 +92,7 @@ async fn every_language_by_poll_and_by_wait_gives_the_engines_output() {
 
 #[tokio::test]
 async fn a_failing_program_and_a_compile_error_are_reported_in_the_result() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
     let failing = daemon
         .submit_wait(&python(
@@ -147,7 +123,7 @@ async fn a_failing_program_and_a_compile_error_are_reported_in_the_result() {
 
 #[tokio::test]
 async fn cancelling_a_queued_job_means_it_never_starts_and_a_running_one_is_killed() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 1)
         .start()
@@ -233,7 +209,7 @@ async fn cancelling_a_queued_job_means_it_never_starts_and_a_running_one_is_kill
 
 #[tokio::test]
 async fn the_same_idempotency_key_and_body_give_the_same_job_another_body_409() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
     let body = serde_json::to_vec(&python("print('once')")).unwrap();
     let first = daemon
@@ -275,7 +251,7 @@ async fn the_same_idempotency_key_and_body_give_the_same_job_another_body_409() 
 
 #[tokio::test]
 async fn requests_without_a_valid_key_get_401_and_one_keys_limit_leaves_another_key_alone() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A}:1,b:{KEY_B}"))
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
@@ -329,7 +305,7 @@ async fn requests_without_a_valid_key_get_401_and_one_keys_limit_leaves_another_
 
 #[tokio::test]
 async fn bad_bodies_are_4xx_with_the_error_shape_never_500() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     // The API alone: nothing here reaches a worker.
     let daemon = DaemonBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_MAX_BODY_BYTES", 4096)
@@ -402,7 +378,7 @@ async fn bad_bodies_are_4xx_with_the_error_shape_never_500() {
 
 #[tokio::test]
 async fn a_finished_jobs_redis_key_expires_within_the_result_ttl() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_RESULT_TTL_SECS", 120)
         .start()
@@ -442,7 +418,7 @@ type Env<'a> = &'a [(&'a str, &'a str)];
 #[tokio::test]
 async fn invalid_configuration_exits_64_with_one_line_naming_the_setting() {
     let keys = format!("a:{KEY_A}");
-    let port = format!("127.0.0.1:{}", daemon::free_port());
+    let port = format!("127.0.0.1:{}", common::redis_server::free_port());
     let cases: &[(&str, Env, &str)] = &[
         (
             "serve",
@@ -488,7 +464,7 @@ async fn invalid_configuration_exits_64_with_one_line_naming_the_setting() {
 
 #[tokio::test]
 async fn metrics_pass_promtool_and_carry_the_contract_names() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
         .start()

@@ -2,13 +2,15 @@
 //! however many jobs arrive at once. In a test binary of its own, so nothing
 //! else competes for the machine while it samples.
 
-#[path = "common/daemon.rs"]
-mod daemon;
+mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use daemon::{DaemonBuilder, Redis, Role, docker, metric, python, run_stdout};
+use common::containers::docker;
+use common::daemon;
+use common::redis_server::RedisServer;
+use daemon::{DaemonBuilder, Role, metric, python, run_stdout};
 use reqwest::StatusCode;
 
 const JOBS: usize = 40;
@@ -17,7 +19,7 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandboxes_exist() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", SLOTS)
         .start()

@@ -1,24 +1,19 @@
 //! `code-runner run`, the client, against a real `code-runner serve`: what it
 //! prints, how it exits, and what it does on refusals, 429 and Ctrl-C.
 
-#[path = "common/daemon.rs"]
-mod daemon;
+mod common;
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use daemon::{
-    ChildGuard, Daemon, DaemonBuilder, KEY_A, KEY_B, Redis, Role, code_runner, docker, drain,
-};
+use common::containers::docker;
+use common::daemon;
+use common::redis_server::RedisServer;
+use common::{code_runner, drain, source};
+use daemon::{ChildGuard, Daemon, DaemonBuilder, KEY_A, KEY_B, Role};
 use reqwest::StatusCode;
-
-fn source(dir: &Path, name: &str, content: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, content).unwrap();
-    path
-}
 
 /// `code-runner run FILE… FLAGS…` against `daemon` with `key`.
 fn client(url: &str, key: Option<&str>, files: &[&Path], flags: &[&str]) -> Command {
@@ -71,13 +66,13 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-async fn serve(redis: &Redis) -> Daemon {
+async fn serve(redis: &RedisServer) -> Daemon {
     DaemonBuilder::new(Role::Serve, redis).start().await
 }
 
 #[tokio::test]
 async fn it_prints_the_programs_output_and_exits_with_its_code() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = serve(&redis).await;
     let dir = tempfile::tempdir().unwrap();
 
@@ -139,7 +134,7 @@ async fn it_prints_the_programs_output_and_exits_with_its_code() {
 
 #[tokio::test]
 async fn a_timeout_exits_124_with_one_line_and_a_compile_error_shows_the_compiler() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = serve(&redis).await;
     let dir = tempfile::tempdir().unwrap();
 
@@ -176,7 +171,7 @@ async fn a_timeout_exits_124_with_one_line_and_a_compile_error_shows_the_compile
 
 #[tokio::test]
 async fn stdin_dash_sends_the_commands_own_stdin() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = serve(&redis).await;
     let dir = tempfile::tempdir().unwrap();
     let echo = source(
@@ -204,7 +199,7 @@ async fn stdin_dash_sends_the_commands_own_stdin() {
 
 #[tokio::test]
 async fn refusals_exit_64_or_69_with_one_line() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = serve(&redis).await;
     let dir = tempfile::tempdir().unwrap();
     let hello = source(dir.path(), "hello.py", "print('hello')\n");
@@ -238,7 +233,7 @@ async fn refusals_exit_64_or_69_with_one_line() {
         "code-runner: invalid job: limits.memory_mb: 999999 is above the server maximum of 2048\n"
     );
 
-    let nobody = format!("http://127.0.0.1:{}", daemon::free_port());
+    let nobody = format!("http://127.0.0.1:{}", common::redis_server::free_port());
     let out = finish(client(&nobody, Some(KEY_A), &[&hello], &[]), None).await;
     assert_eq!(out.status.code(), Some(69), "{out:?}");
     let stderr = text(&out.stderr);
@@ -252,7 +247,7 @@ async fn refusals_exit_64_or_69_with_one_line() {
 
 #[tokio::test]
 async fn a_busy_key_is_retried_after_retry_after_until_it_is_accepted() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A}:1"))
         .start()
@@ -282,7 +277,7 @@ async fn a_busy_key_is_retried_after_retry_after_until_it_is_accepted() {
 
 #[tokio::test]
 async fn ctrl_c_cancels_the_job_and_exits_130() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let daemon = serve(&redis).await;
     let docker = docker().await;
     let dir = tempfile::tempdir().unwrap();

@@ -1,12 +1,14 @@
 //! SIGTERM: the worker stops claiming, lets running jobs finish within
 //! `DRAIN_TIMEOUT`, settles what is left as `error`, and exits 0.
 
-#[path = "common/daemon.rs"]
-mod daemon;
+mod common;
 
 use std::time::{Duration, Instant};
 
-use daemon::{DaemonBuilder, Redis, Role, docker, job_containers, python};
+use common::containers::docker;
+use common::daemon;
+use common::redis_server::RedisServer;
+use daemon::{DaemonBuilder, Role, job_containers, python};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -23,14 +25,14 @@ async fn wait_running(daemon: &daemon::Daemon, docker: &bollard::Docker, id: &st
 }
 
 /// The job's result as stored in Redis (the API is gone after SIGTERM).
-fn stored_result(redis: &Redis, id: &str) -> Value {
+fn stored_result(redis: &RedisServer, id: &str) -> Value {
     let text = redis.job_field(id, "result");
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("result of {id} ({e}): {text:?}"))
 }
 
 #[tokio::test]
 async fn a_running_job_finishes_inside_the_drain_window_and_the_process_exits_0() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let mut daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_DRAIN_TIMEOUT_MS", 30000)
         .start()
@@ -89,7 +91,7 @@ async fn a_running_job_finishes_inside_the_drain_window_and_the_process_exits_0(
 
 #[tokio::test]
 async fn with_a_short_drain_window_a_running_job_is_settled_as_error_with_a_reason() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let mut daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_DRAIN_TIMEOUT_MS", 300)
         .start()

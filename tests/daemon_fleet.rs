@@ -1,21 +1,21 @@
 //! Several processes on one Redis: an `api` process and `worker` processes,
 //! as a fleet runs them.
 
-#[path = "common/daemon.rs"]
-mod daemon;
+mod common;
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use daemon::{
-    DaemonBuilder, Redis, Role, assert_promtool_passes, docker, metric, python, run_stdout,
-};
+use common::containers::docker;
+use common::daemon;
+use common::redis_server::RedisServer;
+use daemon::{DaemonBuilder, Role, assert_promtool_passes, metric, python, run_stdout};
 use reqwest::StatusCode;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_share_the_queue_and_each_job_runs_exactly_once() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let api = DaemonBuilder::new(Role::Api, &redis).start().await;
     let (first, second) = tokio::join!(
         DaemonBuilder::new(Role::Worker, &redis)
@@ -88,7 +88,7 @@ async fn two_workers_share_the_queue_and_each_job_runs_exactly_once() {
 
 #[tokio::test]
 async fn a_full_queue_gets_429_with_retry_after_until_a_worker_drains_it() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     // No worker yet: jobs stay queued.
     let api = DaemonBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_MAX_QUEUE_DEPTH", 3)

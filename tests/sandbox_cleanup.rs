@@ -144,10 +144,7 @@ async fn a_job_cancelled_before_it_starts_is_cancelled_and_leaves_nothing() {
 
 #[tokio::test]
 async fn an_image_that_does_not_exist_is_an_error_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let catalog = dir.path().join("languages.toml");
-    std::fs::write(
-        &catalog,
+    let harness = harness_with_catalog(
         r#"
 [[language]]
 id = "ghost"
@@ -159,10 +156,7 @@ source_file = "main.ghost"
 run = ["cat", "{entry}"]
 "#,
     )
-    .unwrap();
-    let mut settings = default_settings(None);
-    settings.languages_file = Some(catalog);
-    let harness = Harness::with_settings(settings).await;
+    .await;
     let result = harness
         .run(&common::job("ghost", "main.ghost", "boo"))
         .await;
@@ -277,10 +271,7 @@ async fn cancelling_a_job_whose_sandbox_never_became_ready_is_a_cancellation() {
     // An image without the supervisor: the base image's default command is a
     // shell that reads the frames as (failing) commands and never says
     // ready. The container runs, with no network and a read-only root.
-    let dir = tempfile::tempdir().unwrap();
-    let catalog = dir.path().join("languages.toml");
-    std::fs::write(
-        &catalog,
+    let harness = harness_with_catalog(
         r#"
 [[language]]
 id = "stuck"
@@ -291,10 +282,7 @@ source_file = "main.txt"
 run = ["cat", "{entry}"]
 "#,
     )
-    .unwrap();
-    let mut settings = default_settings(None);
-    settings.languages_file = Some(catalog);
-    let harness = Harness::with_settings(settings).await;
+    .await;
     let (task, _events, cancel) = spawn_job(
         &harness,
         &common::job("stuck", "main.txt", "never read"),
@@ -314,4 +302,14 @@ run = ["cat", "{entry}"]
     assert_eq!(result.status, Status::Cancelled, "{result:#?}");
     assert_eq!(result.error, None);
     harness.assert_clean().await;
+}
+
+/// A harness whose language catalog is `languages` (a languages file).
+async fn harness_with_catalog(languages: &str) -> Harness {
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("languages.toml");
+    std::fs::write(&catalog, languages).unwrap();
+    let mut settings = default_settings(None);
+    settings.languages_file = Some(catalog);
+    Harness::with_settings(settings).await
 }

@@ -290,7 +290,7 @@ async fn invalid_base64_is_refused_in_a_file_and_in_stdin() {
         &harness,
         &spec,
         "files[1].content",
-        "invalid base64: Invalid symbol 33, offset 0.",
+        "invalid base64: invalid symbol 33, offset 0",
     );
 
     let mut spec = python("print(1)");
@@ -300,7 +300,7 @@ async fn invalid_base64_is_refused_in_a_file_and_in_stdin() {
         &harness,
         &spec,
         "stdin",
-        "invalid base64: Invalid symbol 61, offset 7.",
+        "invalid base64: invalid symbol 61, offset 7",
     );
     harness.assert_clean().await;
 }

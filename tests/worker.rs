@@ -10,16 +10,15 @@ mod common;
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::ListContainersOptions;
 use code_runner::job::{JobResult, JobSpec, Status, Timings};
 use code_runner::metrics::Metrics;
 use code_runner::queue::{CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome};
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::worker::{Worker, WorkerConfig};
+use common::containers::list_labelled;
+use common::redis_server::RedisServer;
 use common::{Harness, python};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
@@ -53,136 +52,6 @@ where
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(POLL).await;
     }
-}
-
-// ---------------------------------------------------------------------------
-// redis-server
-// ---------------------------------------------------------------------------
-
-/// A redis-server child process on a free loopback port, killed on drop.
-/// Its data directory is a temporary one, so `SHUTDOWN SAVE` and a restart
-/// on the same port keep the data (an outage that loses nothing).
-struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    async fn start() -> Self {
-        for _ in 0..5 {
-            let mut server = Self {
-                child: None,
-                port: free_port(),
-                dir: tempfile::tempdir().expect("temporary directory"),
-            };
-            if server.spawn().await {
-                return server;
-            }
-            // Someone took the port meanwhile: try another.
-        }
-        panic!("redis-server did not start (is it installed?)");
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn dir(&self) -> PathBuf {
-        self.dir.path().to_path_buf()
-    }
-
-    /// Starts the server on `self.port`; whether it answers PING within 10 s.
-    async fn spawn(&mut self) -> bool {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .arg("--dir")
-            .arg(self.dir())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server runs");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(_)) = child.try_wait()
-            {
-                self.child = None;
-                return false;
-            }
-            if self.ping().await {
-                return true;
-            }
-            tokio::time::sleep(POLL).await;
-        }
-        self.kill();
-        false
-    }
-
-    async fn ping(&self) -> bool {
-        let Ok(client) = redis::Client::open(self.url()) else {
-            return false;
-        };
-        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
-            return false;
-        };
-        redis::cmd("PING")
-            .query_async::<String>(&mut conn)
-            .await
-            .is_ok()
-    }
-
-    async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
-            .expect("redis url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("the test's redis-server answers")
-    }
-
-    /// Stops the server after it saved its data (an outage).
-    async fn shutdown_saving(&mut self) {
-        let mut conn = self.conn().await;
-        // The server closes the connection instead of answering.
-        let _ = redis::cmd("SHUTDOWN")
-            .arg("SAVE")
-            .query_async::<()>(&mut conn)
-            .await;
-        let mut child = self.child.take().expect("the server is running");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while child.try_wait().expect("wait for redis-server").is_none() {
-            assert!(Instant::now() < deadline, "redis-server did not shut down");
-            tokio::time::sleep(POLL).await;
-        }
-    }
-
-    /// Starts the server again on the same port, with the saved data.
-    async fn restart(&mut self) {
-        assert!(self.spawn().await, "redis-server did not restart");
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .expect("a free loopback port")
 }
 
 // ---------------------------------------------------------------------------
@@ -229,7 +98,7 @@ impl Drop for RunningWorker {
 impl World {
     async fn new() -> Self {
         init_tracing();
-        let redis = RedisServer::start().await;
+        let redis = RedisServer::start();
         let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
         let queue = Queue::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
             .expect("queue settings are valid");
@@ -370,19 +239,8 @@ impl World {
 
 /// Job ids (from their labels) of this worker's containers that exist now.
 async fn containers(harness: &Harness, worker_id: &str) -> Vec<String> {
-    let filters = std::collections::HashMap::from([(
-        "label".to_string(),
-        vec![format!("{LABEL_WORKER}={worker_id}")],
-    )]);
-    let options = ListContainersOptions {
-        all: true,
-        filters: Some(filters),
-        ..Default::default()
-    };
-    harness
-        .engine
-        .docker()
-        .list_containers(Some(options))
+    let label = format!("{LABEL_WORKER}={worker_id}");
+    list_labelled(harness.engine.docker(), &label)
         .await
         .expect("docker lists containers")
         .into_iter()
@@ -411,19 +269,9 @@ fn sample(world: &World, stop: CancellationToken) -> tokio::task::JoinHandle<Sam
     let metrics = world.metrics.clone();
     tokio::spawn(async move {
         let mut samples = Samples::default();
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![format!("{LABEL_WORKER}={worker_id}")],
-        )]);
+        let label = format!("{LABEL_WORKER}={worker_id}");
         while !stop.is_cancelled() {
-            let options = ListContainersOptions {
-                all: true,
-                filters: Some(filters.clone()),
-                ..Default::default()
-            };
-            let list = harness_engine
-                .docker()
-                .list_containers(Some(options))
+            let list = list_labelled(harness_engine.docker(), &label)
                 .await
                 .expect("docker lists containers");
             samples.max_containers = samples.max_containers.max(list.len());
@@ -769,7 +617,7 @@ async fn a_redis_outage_delays_the_result_but_loses_nothing() {
 
     // Redis goes away while the job runs, and stays away until the job's
     // container is gone: the worker then holds a result it cannot write.
-    world.redis.shutdown_saving().await;
+    world.redis.stop();
     wait_for("the job's container to end", JOB_DEADLINE, || async {
         (!containers(&world.harness, world.worker_id())
             .await
@@ -777,7 +625,7 @@ async fn a_redis_outage_delays_the_result_but_loses_nothing() {
         .then_some(())
     })
     .await;
-    world.redis.restart().await;
+    world.redis.restart();
 
     let record = world.wait_terminal(&id, Duration::from_secs(30)).await;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");

@@ -7,17 +7,13 @@
 //! own (`test-<uuid>`), so its sandbox containers carry a label no other test
 //! uses; dropping the daemon force-removes whatever is left of them.
 //!
-//! Included by the test files with `#[path = "common/daemon.rs"] mod daemon;`.
-#![allow(dead_code)]
+//! Used by the test files as `mod common;` and `use common::daemon;`.
 
 use std::collections::HashMap;
-use std::io::Read as _;
-use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::ListContainersOptions;
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -25,7 +21,11 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-/// How long a redis-server or a daemon may take to answer after it started.
+use super::containers::{assert_none_left, containers_labelled, remove_labelled};
+use super::redis_server::{RedisServer, free_port};
+use super::{code_runner, drain};
+
+/// How long a daemon may take to answer after it started.
 pub const STARTUP: Duration = Duration::from_secs(30);
 /// Poll interval of every wait in these tests.
 pub const POLL: Duration = Duration::from_millis(50);
@@ -33,14 +33,6 @@ pub const POLL: Duration = Duration::from_millis(50);
 /// The default API keys of a test daemon: `a` and `b`, no limits.
 pub const KEY_A: &str = "key-a-0123456789";
 pub const KEY_B: &str = "key-b-0123456789";
-
-/// A loopback port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
-}
 
 /// Sends a signal to a child by its pid.
 fn signal(child: &Child, signal: Signal) {
@@ -70,107 +62,6 @@ fn tail(path: &std::path::Path, lines: usize) -> String {
 }
 
 // ---------------------------------------------------------------------------
-// redis-server
-// ---------------------------------------------------------------------------
-
-/// A redis-server of this test only, on a free loopback port, with no
-/// persistence. Killed by its pid when dropped.
-pub struct Redis {
-    child: Child,
-    pub port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl Redis {
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        // Another process may take the port between free_port and the bind:
-        // try a few.
-        for _ in 0..5 {
-            let port = free_port();
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string()])
-                .args(["--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server starts (scripts/up or .ci/run install it)");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            loop {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // the port was taken: try another
-                }
-                if ping(port) {
-                    return Self {
-                        child,
-                        port,
-                        _dir: dir,
-                    };
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    panic!("redis-server on port {port} did not answer PING within 10 s");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        panic!("redis-server did not start on any of 5 free ports");
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    /// Runs `redis-cli -p <port> ARGS…` and returns its output, trimmed.
-    pub fn cli(&self, args: &[&str]) -> String {
-        let output = Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli runs");
-        assert!(output.status.success(), "redis-cli {args:?}: {output:?}");
-        String::from_utf8_lossy(&output.stdout).trim().to_string()
-    }
-
-    /// A field of the `job:<id>` hash (empty when absent).
-    pub fn job_field(&self, id: &str, field: &str) -> String {
-        self.cli(&["HGET", &format!("job:{id}"), field])
-    }
-
-    /// `LLEN jobs:queue`.
-    pub fn queue_depth(&self) -> u64 {
-        self.cli(&["LLEN", "jobs:queue"])
-            .parse()
-            .expect("LLEN answers a number")
-    }
-}
-
-fn ping(port: u16) -> bool {
-    use std::io::Write as _;
-    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-// ---------------------------------------------------------------------------
 // the daemon
 // ---------------------------------------------------------------------------
 
@@ -189,20 +80,6 @@ impl Role {
             Role::Worker => "worker",
         }
     }
-}
-
-/// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
-/// variable inherited from the environment the tests run in.
-pub fn code_runner() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_code-runner"));
-    for (name, _) in std::env::vars_os() {
-        let text = name.to_string_lossy();
-        if text.starts_with("CODE_RUNNER_") || text == "SANDBOX_RUNTIME" {
-            command.env_remove(&name);
-        }
-    }
-    command.stdin(Stdio::null());
-    command
 }
 
 /// A `code-runner serve|api|worker` child process.
@@ -226,7 +103,7 @@ pub struct DaemonBuilder {
 }
 
 impl DaemonBuilder {
-    pub fn new(role: Role, redis: &Redis) -> Self {
+    pub fn new(role: Role, redis: &RedisServer) -> Self {
         let mut env = HashMap::new();
         env.insert(
             "CODE_RUNNER_API_KEYS".to_string(),
@@ -546,19 +423,8 @@ impl Daemon {
 
     /// Waits (up to 10 s) until none of this daemon's containers exists.
     pub async fn assert_no_containers(&self, docker: &bollard::Docker) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.containers(docker).await;
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "containers of worker {} left behind: {left:?}",
-                self.worker_id
-            );
-            tokio::time::sleep(POLL).await;
-        }
+        let what = format!("containers of worker {} left behind", self.worker_id);
+        assert_none_left(&what, async || self.containers(docker).await).await;
     }
 }
 
@@ -576,62 +442,13 @@ impl Drop for Daemon {
                 tail(&self.log_path(), 60)
             );
         }
-        remove_containers_labelled(&format!("{LABEL_WORKER}={}", self.worker_id));
+        remove_labelled(format!("{LABEL_WORKER}={}", self.worker_id), |_| true);
     }
-}
-
-/// Force-removes every container with `label` (`key=value`), with the docker
-/// CLI: this runs in `Drop`, where the test's runtime may be gone.
-pub fn remove_containers_labelled(label: &str) {
-    let Ok(output) = Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label={label}")])
-        .output()
-    else {
-        return;
-    };
-    let ids: Vec<String> = String::from_utf8_lossy(&output.stdout)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    if !ids.is_empty() {
-        let _ = Command::new("docker")
-            .args(["rm", "-f"])
-            .args(&ids)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-/// Ids of the containers (any state) with `label` (`key=value`).
-pub async fn containers_labelled(docker: &bollard::Docker, label: &str) -> Vec<String> {
-    let filters = HashMap::from([("label".to_string(), vec![label.to_string()])]);
-    let options = ListContainersOptions {
-        all: true,
-        filters: Some(filters),
-        ..Default::default()
-    };
-    docker
-        .list_containers(Some(options))
-        .await
-        .expect("docker lists containers")
-        .into_iter()
-        .filter_map(|c| c.id)
-        .collect()
 }
 
 /// Ids of the containers of one job.
 pub async fn job_containers(docker: &bollard::Docker, job_id: &str) -> Vec<String> {
     containers_labelled(docker, &format!("{LABEL_JOB}={job_id}")).await
-}
-
-/// A Docker client that speaks the daemon's API version.
-pub async fn docker() -> bollard::Docker {
-    bollard::Docker::connect_with_defaults()
-        .expect("docker client")
-        .negotiate_version()
-        .await
-        .expect("dockerd must be running for the integration tests (scripts/test starts it)")
 }
 
 // ---------------------------------------------------------------------------
@@ -706,19 +523,6 @@ pub fn run_to_end(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
         stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
     }
-}
-
-/// Reads a pipe to its end on a thread of its own.
-pub fn drain(
-    pipe: Option<impl std::io::Read + Send + 'static>,
-) -> std::thread::JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut data = Vec::new();
-        if let Some(mut pipe) = pipe {
-            let _ = pipe.read_to_end(&mut data);
-        }
-        data
-    })
 }
 
 /// `promtool check metrics` (Debian package `prometheus`) accepts `text`.

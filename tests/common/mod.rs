@@ -6,15 +6,21 @@
 //! test if anything was left behind by the engine.
 #![allow(dead_code)]
 
+pub mod containers;
+pub mod daemon;
+pub mod programs;
+#[path = "redis.rs"]
+pub mod redis_server;
+
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::ListContainersOptions;
 use code_runner::config::SandboxSettings;
 use code_runner::job::limits::LimitPolicy;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prepare};
 use code_runner::languages::LanguageCatalog;
-use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxEngine, force_remove};
+use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxEngine};
+use containers::{assert_none_left, containers_labelled, docker, list_labelled, remove_labelled};
 
 pub struct Harness {
     pub engine: SandboxEngine,
@@ -43,19 +49,7 @@ impl Harness {
     }
 
     pub async fn with_runtime(runtime: Option<&str>) -> Self {
-        let worker_id = format!("test-{}", uuid::Uuid::new_v4());
-        let setup = default_settings(runtime)
-            .build(&worker_id)
-            .expect("default settings are valid");
-        let engine = SandboxEngine::connect(setup.sandbox)
-            .await
-            .expect("dockerd must be running for the integration tests (scripts/test starts it)");
-        Self {
-            engine,
-            catalog: setup.catalog,
-            policy: setup.policy,
-            worker_id,
-        }
+        Self::with_settings(default_settings(runtime)).await
     }
 
     pub fn prepare(&self, spec: &JobSpec) -> PreparedJob {
@@ -71,76 +65,21 @@ impl Harness {
 
     /// Ids of the containers this test's engine created that still exist.
     pub async fn leftovers(&self) -> Vec<String> {
-        let filters = std::collections::HashMap::from([(
-            "label".to_string(),
-            vec![format!("{LABEL_WORKER}={}", self.worker_id)],
-        )]);
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(filters),
-            ..Default::default()
-        };
-        self.engine
-            .docker()
-            .list_containers(Some(options))
-            .await
-            .expect("docker lists containers")
-            .into_iter()
-            .filter_map(|c| c.id)
-            .collect()
+        let label = format!("{LABEL_WORKER}={}", self.worker_id);
+        containers_labelled(self.engine.docker(), &label).await
     }
 
     /// Waits (up to 10 s) until no container of this test exists; fails the
     /// test with their ids otherwise.
     pub async fn assert_clean(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.leftovers().await;
-            if left.is_empty() {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("containers left behind: {left:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        assert_none_left("containers left behind", async || self.leftovers().await).await;
     }
 }
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        // Runs also when the test failed: remove what the test left, from a
-        // thread of its own because the test's runtime may be gone.
-        let worker_id = self.worker_id.clone();
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async move {
-                let docker = bollard::Docker::connect_with_defaults()
-                    .ok()?
-                    .negotiate_version()
-                    .await
-                    .ok()?;
-                let filters = std::collections::HashMap::from([(
-                    "label".to_string(),
-                    vec![format!("{LABEL_WORKER}={worker_id}")],
-                )]);
-                let options = ListContainersOptions {
-                    all: true,
-                    filters: Some(filters),
-                    ..Default::default()
-                };
-                for container in docker.list_containers(Some(options)).await.ok()? {
-                    if let Some(id) = container.id {
-                        let _ = force_remove(&docker, &id).await;
-                    }
-                }
-                Some(())
-            })
-        })
-        .join();
+        // Runs also when the test failed: remove what the test left.
+        remove_labelled(format!("{LABEL_WORKER}={}", self.worker_id), |_| true);
     }
 }
 
@@ -274,21 +213,45 @@ pub async fn next_event(
         .unwrap_or_else(|_| panic!("no event before the deadline"))
 }
 
-/// A Docker client that speaks the daemon's API version (dockerd 20.10 refuses
-/// bollard's default version).
-pub async fn docker() -> bollard::Docker {
-    bollard::Docker::connect_with_defaults()
-        .expect("docker client")
-        .negotiate_version()
-        .await
-        .expect("dockerd must be running for the integration tests (scripts/test starts it)")
-}
-
 /// Unix time in milliseconds.
 pub fn unix_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
+/// variable inherited from the environment the tests run in.
+pub fn code_runner() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_code-runner"));
+    for (name, _) in std::env::vars_os() {
+        let text = name.to_string_lossy();
+        if text.starts_with("CODE_RUNNER_") || text == "SANDBOX_RUNTIME" {
+            command.env_remove(&name);
+        }
+    }
+    command.stdin(std::process::Stdio::null());
+    command
+}
+
+/// Reads a pipe to its end on a thread of its own.
+pub fn drain(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut data = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut data);
+        }
+        data
+    })
+}
+
+/// Writes a source file into `dir`.
+pub fn source(dir: &std::path::Path, name: &str, content: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path
 }
 
 /// Tests of the `code-runner` binary run one at a time: the CLI names its own
@@ -318,15 +281,7 @@ impl CliHarness {
     /// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
     /// variable inherited from the environment the tests run in.
     pub fn command(&self) -> std::process::Command {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_code-runner"));
-        for (name, _) in std::env::vars_os() {
-            let name_text = name.to_string_lossy();
-            if name_text.starts_with("CODE_RUNNER_") || name_text == "SANDBOX_RUNTIME" {
-                command.env_remove(&name);
-            }
-        }
-        command.stdin(std::process::Stdio::null());
-        command
+        code_runner()
     }
 
     /// Containers created by a `code-runner` CLI since this harness started.
@@ -337,17 +292,10 @@ impl CliHarness {
     /// Waits (up to 10 s) until no container created by the CLI during this
     /// test exists; fails the test with their ids otherwise.
     pub async fn assert_clean(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let left = self.leftovers().await;
-            if left.is_empty() {
-                return;
-            }
-            if Instant::now() > deadline {
-                panic!("containers left behind by the CLI: {left:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        assert_none_left("containers left behind by the CLI", async || {
+            self.leftovers().await
+        })
+        .await;
     }
 }
 
@@ -358,51 +306,31 @@ impl Drop for CliHarness {
         }
         // The test failed, maybe with a CLI killed mid-run: remove what it left.
         let started_ms = self.started_ms;
-        let _ = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .ok()?;
-            runtime.block_on(async move {
-                let docker = bollard::Docker::connect_with_defaults()
-                    .ok()?
-                    .negotiate_version()
-                    .await
-                    .ok()?;
-                for id in cli_containers_since(&docker, started_ms).await {
-                    let _ = force_remove(&docker, &id).await;
-                }
-                Some(())
-            })
-        })
-        .join();
+        remove_labelled(LABEL_WORKER.to_string(), move |c| {
+            created_by_cli_since(c, started_ms)
+        });
     }
 }
 
 async fn cli_containers_since(docker: &bollard::Docker, since_ms: u64) -> Vec<String> {
-    let filters =
-        std::collections::HashMap::from([("label".to_string(), vec![LABEL_WORKER.to_string()])]);
-    let options = ListContainersOptions {
-        all: true,
-        filters: Some(filters),
-        ..Default::default()
-    };
-    docker
-        .list_containers(Some(options))
+    list_labelled(docker, LABEL_WORKER)
         .await
         .expect("docker lists containers")
         .into_iter()
-        .filter(|c| {
-            let labels = c.labels.clone().unwrap_or_default();
-            let by_cli = labels
-                .get(LABEL_WORKER)
-                .is_some_and(|w| w.starts_with("cli-"));
-            let created = labels
-                .get(code_runner::sandbox::LABEL_CREATED)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(u64::MAX);
-            by_cli && created >= since_ms
-        })
+        .filter(|c| created_by_cli_since(c, since_ms))
         .filter_map(|c| c.id)
         .collect()
+}
+
+/// Whether a `code-runner` CLI created the container at `since_ms` or later.
+fn created_by_cli_since(container: &bollard::models::ContainerSummary, since_ms: u64) -> bool {
+    let labels = container.labels.clone().unwrap_or_default();
+    let by_cli = labels
+        .get(LABEL_WORKER)
+        .is_some_and(|w| w.starts_with("cli-"));
+    let created = labels
+        .get(code_runner::sandbox::LABEL_CREATED)
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(u64::MAX);
+    by_cli && created >= since_ms
 }
