@@ -1,4 +1,5 @@
-//! Wires the roles of the daemon (`serve`, `api`, `worker`) together: validates
+//! Wires the roles of the daemon (`serve`, `api`, `worker`, `reaper`) together
+//! (every process with a worker runs the reaper too): validates
 //! every setting before anything binds or connects, owns the root
 //! cancellation token and the task tracker, and turns SIGTERM/SIGINT into a
 //! graceful shutdown (the worker drains; the API stops accepting).
@@ -9,9 +10,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::api::{ApiConfig, ApiKeys, ApiState, TokenSigner};
-use crate::config::{ApiSettings, ConfigError, RedisSettings, SandboxSettings, WorkerSettings};
+use crate::config::{
+    ApiSettings, ConfigError, ReaperSettings, RedisSettings, SandboxSettings, WorkerSettings,
+};
 use crate::exit;
 use crate::metrics::Metrics;
+use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
 use crate::worker::{Worker, WorkerConfig};
 
@@ -20,19 +24,27 @@ fn config_error(error: ConfigError) -> u8 {
     exit::USAGE
 }
 
-/// Runs the given roles until SIGTERM or SIGINT; returns the exit code.
+/// Runs the given roles until SIGTERM or SIGINT; returns the exit code. The
+/// reaper runs when its settings are given (every role with a worker, and
+/// the `reaper` role alone).
 pub async fn run(
     sandbox: &SandboxSettings,
     redis: &RedisSettings,
     worker: Option<&WorkerSettings>,
     api: Option<&ApiSettings>,
+    reaper: Option<&ReaperSettings>,
 ) -> u8 {
     // 1. Validate everything; nothing has connected or bound yet.
     let worker_id = match worker.map(WorkerSettings::validate).transpose() {
         Ok(id) => id,
         Err(error) => return config_error(error),
     };
-    let setup = match sandbox.build(worker_id.as_deref().unwrap_or("api")) {
+    let reaper_config = match reaper.map(ReaperSettings::validate).transpose() {
+        Ok(config) => config,
+        Err(error) => return config_error(error),
+    };
+    let default_id = if reaper.is_some() { "reaper" } else { "api" };
+    let setup = match sandbox.build(worker_id.as_deref().unwrap_or(default_id)) {
         Ok(setup) => setup,
         Err(error) => return config_error(error),
     };
@@ -59,10 +71,11 @@ pub async fn run(
     };
 
     // 2. Bind, then connect.
-    let listen = match (api, worker) {
-        (Some(api), _) => api.listen,
-        (None, Some(worker)) => worker.worker_listen,
-        (None, None) => return exit::USAGE,
+    let listen = match (api, worker, reaper) {
+        (Some(api), _, _) => api.listen,
+        (None, Some(worker), _) => worker.worker_listen,
+        (None, None, Some(reaper)) => reaper.reaper_listen,
+        (None, None, None) => return exit::USAGE,
     };
     let listener = match tokio::net::TcpListener::bind(listen).await {
         Ok(listener) => listener,
@@ -71,20 +84,35 @@ pub async fn run(
             return exit::UNAVAILABLE;
         }
     };
-    let engine = match worker {
-        Some(_) => match SandboxEngine::connect(setup.sandbox.clone()).await {
+    let engine = match (worker, reaper) {
+        (Some(_), _) | (_, Some(_)) => match SandboxEngine::connect(setup.sandbox.clone()).await {
             Ok(engine) => Some(engine),
             Err(error) => {
                 eprintln!("code-runner: {error}");
                 return exit::UNAVAILABLE;
             }
         },
-        None => None,
+        (None, None) => None,
     };
 
     let root = CancellationToken::new();
     let tracker = TaskTracker::new();
     tracker.spawn(shutdown_on_signal(root.clone()));
+
+    if let (Some(config), Some(engine)) = (reaper_config, engine.clone()) {
+        // No drain: a pass in flight is dropped at shutdown; every step of
+        // it is atomic on its own, and the next reaper picks up the rest.
+        let reaper = Reaper::new(
+            config,
+            queue.clone(),
+            engine,
+            setup.catalog.clone(),
+            setup.policy.clone(),
+            metrics.clone(),
+        );
+        let shutdown = root.child_token();
+        tracker.spawn(async move { reaper.run(shutdown).await });
+    }
 
     let mut worker_task = None;
     if let (Some(settings), Some(worker_id), Some(engine)) = (worker, worker_id, engine.clone()) {

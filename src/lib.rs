@@ -12,8 +12,10 @@
 //! - [`queue`]: Redis, the shared state; the only module that names a key.
 //! - [`worker`]: claims jobs (a semaphore permit first), runs them in the
 //!   engine, writes results, heartbeats, drains on shutdown.
+//! - [`reaper`]: removes the containers and settles the jobs of workers
+//!   that died; runs in every worker process and as `code-runner reaper`.
 //! - [`api`]: the HTTP API (axum). Knows HTTP, not bollard or Redis keys.
-//! - [`app`]: wires the roles (`serve`, `api`, `worker`), owns the root
+//! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root
 //!   cancellation token; [`metrics`]: every Prometheus metric.
 //! - [`client`]: the `run` command, a client of a running API.
 //! - [`config`]: settings shared by every role, validated before use.
@@ -32,5 +34,6 @@ pub mod languages;
 pub mod metrics;
 pub mod protocol;
 pub mod queue;
+pub mod reaper;
 pub mod sandbox;
 pub mod worker;

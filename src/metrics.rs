@@ -27,6 +27,11 @@ pub struct Metrics {
     pub run: HistogramVec,
     /// Create + attach + start until the supervisor is ready, by language.
     pub container_start: HistogramVec,
+    /// What the orphan reaper cleaned up, by kind: `container` (of a dead
+    /// worker), `expired_container` (past its deadline), `requeued`,
+    /// `worker_lost`, `dead`, `dropped` (a finished or expired job left in a
+    /// dead worker's list), `deadline_exceeded` (stuck on a live worker).
+    pub reaper_orphans: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -92,6 +97,11 @@ impl Metrics {
                 "code_runner_container_start_seconds",
                 "Time to create and start a sandbox until its supervisor is ready.",
             )?,
+            reaper_orphans: counter(
+                "code_runner_reaper_orphans_total",
+                "Orphans the reaper cleaned up, by kind.",
+                &["kind"],
+            )?,
             registry,
         })
     }
@@ -124,6 +134,10 @@ mod tests {
             .queue_wait
             .with_label_values(&["python"])
             .observe(0.2);
+        metrics
+            .reaper_orphans
+            .with_label_values(&["worker_lost"])
+            .inc();
         let text = metrics.render();
         for line in [
             "code_runner_slots_max 3",
@@ -132,6 +146,7 @@ mod tests {
             "code_runner_jobs_total{language=\"python\",status=\"succeeded\"} 1",
             "code_runner_submissions_rejected_total{reason=\"queue_full\"} 1",
             "code_runner_queue_wait_seconds_count{language=\"python\"} 1",
+            "code_runner_reaper_orphans_total{kind=\"worker_lost\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

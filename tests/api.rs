@@ -474,6 +474,7 @@ fn succeeded() -> JobResult {
         compile: None,
         run: None,
         error: None,
+        reason: None,
         timings: Timings::default(),
     }
 }

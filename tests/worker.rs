@@ -301,6 +301,7 @@ fn cancelled_result(language: &str) -> JobResult {
         compile: None,
         run: None,
         error: None,
+        reason: None,
         timings: Timings::default(),
     }
 }

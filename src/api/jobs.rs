@@ -396,6 +396,7 @@ fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
         compile: None,
         run: None,
         error: None,
+        reason: None,
         timings: Timings::default(),
     }
 }

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{ApiSettings, RedisSettings, SandboxSettings, WorkerSettings};
+use crate::config::{ApiSettings, ReaperSettings, RedisSettings, SandboxSettings, WorkerSettings};
 use crate::exit;
 
 #[derive(Debug, Parser)]
@@ -30,12 +30,16 @@ pub enum Command {
     Languages(LanguagesArgs),
     /// Check Docker, runtimes, images and the seccomp profile; one line per problem.
     Doctor(DoctorArgs),
-    /// API + worker in one process (the single-machine default).
+    /// API + worker + reaper in one process (the single-machine default).
     Serve(Box<ServeArgs>),
     /// The HTTP API only.
     Api(Box<ApiArgs>),
-    /// A worker only: claims jobs from Redis and runs them (a fleet node).
+    /// A worker only: claims jobs from Redis and runs them (a fleet node);
+    /// it runs the reaper too.
     Worker(Box<WorkerArgs>),
+    /// The orphan reaper only: removes the containers and settles the jobs
+    /// of workers that died.
+    Reaper(Box<ReaperArgs>),
     /// Submit files to a running API, print the output, exit with the
     /// program's exit code.
     Run(Box<crate::client::RunArgs>),
@@ -66,6 +70,8 @@ pub struct ServeArgs {
     pub worker: WorkerSettings,
     #[command(flatten)]
     pub api: ApiSettings,
+    #[command(flatten)]
+    pub reaper: ReaperSettings,
 }
 
 #[derive(Debug, Args)]
@@ -86,6 +92,18 @@ pub struct WorkerArgs {
     pub redis: RedisSettings,
     #[command(flatten)]
     pub worker: WorkerSettings,
+    #[command(flatten)]
+    pub reaper: ReaperSettings,
+}
+
+#[derive(Debug, Args)]
+pub struct ReaperArgs {
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    #[command(flatten)]
+    pub reaper: ReaperSettings,
 }
 
 #[derive(Debug, Subcommand)]
@@ -120,14 +138,25 @@ pub async fn main() -> ExitCode {
                 &args.redis,
                 Some(&args.worker),
                 Some(&args.api),
+                Some(&args.reaper),
             )
             .await
         }
         Command::Api(args) => {
-            crate::app::run(&args.sandbox, &args.redis, None, Some(&args.api)).await
+            crate::app::run(&args.sandbox, &args.redis, None, Some(&args.api), None).await
         }
         Command::Worker(args) => {
-            crate::app::run(&args.sandbox, &args.redis, Some(&args.worker), None).await
+            crate::app::run(
+                &args.sandbox,
+                &args.redis,
+                Some(&args.worker),
+                None,
+                Some(&args.reaper),
+            )
+            .await
+        }
+        Command::Reaper(args) => {
+            crate::app::run(&args.sandbox, &args.redis, None, None, Some(&args.reaper)).await
         }
         Command::Run(args) => crate::client::run(*args).await,
     };

@@ -165,7 +165,33 @@ pub struct JobResult {
     pub run: Option<StageResult>,
     /// For status `error`: what went wrong on the platform's side.
     pub error: Option<String>,
+    /// For status `error`, when the platform knows it: why, for machines
+    /// (`worker_lost`, `deadline_exceeded`). Absent from the JSON otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ErrorReason>,
     pub timings: Timings,
+}
+
+/// Why the platform settled a job as `error`, when a machine should be able
+/// to tell (the `error` message is for people).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorReason {
+    /// The worker running (or holding) the job stopped heartbeating; the
+    /// reaper settled the job.
+    WorkerLost,
+    /// The job's worker is alive but the job outlived its deadline; the
+    /// reaper settled it.
+    DeadlineExceeded,
+}
+
+impl ErrorReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorReason::WorkerLost => "worker_lost",
+            ErrorReason::DeadlineExceeded => "deadline_exceeded",
+        }
+    }
 }
 
 impl JobResult {

@@ -5,7 +5,8 @@
 //! - `jobs:queue` — list of pending job ids (LPUSH by the API; a worker claims
 //!   with `BLMOVE jobs:queue worker:<wid>:processing RIGHT LEFT`).
 //! - `job:<id>` — hash: spec, status, attempts, worker, api key, timestamps,
-//!   result. Expires `RESULT_TTL` after the job ends.
+//!   result, and `requeues` (times the reaper put it back after its worker
+//!   died before starting it). Expires `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
 //!   (`cancel`; later stdin and signals).
 //! - `job:<id>:events` — stream of the job's events (live output; later).
@@ -13,11 +14,15 @@
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
 //! - `idem:<api key name>:<idempotency key>` — hash: job id and body hash.
 //! - `apikey:<name>:active` — set of the key's queued and running job ids.
-//! - `jobs:dead` — dead-letter list.
+//! - `jobs:dead` — dead-letter list: jobs whose workers kept dying before
+//!   they started (the newest 10 000).
 //! - `config:token_secret` — the secret attach tokens are signed with, when
 //!   none is configured (shared by every API replica).
 
+mod reap;
 mod scripts;
+
+pub use reap::{Fleet, ForgetOutcome, LostResults, ReapOutcome, RunningJob};
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -200,6 +205,9 @@ pub struct Queue {
     finish: std::sync::Arc<Script>,
     cancel: std::sync::Arc<Script>,
     release: std::sync::Arc<Script>,
+    reap_job: std::sync::Arc<Script>,
+    forget_worker: std::sync::Arc<Script>,
+    settle_stuck: std::sync::Arc<Script>,
 }
 
 impl std::fmt::Debug for Queue {
@@ -239,6 +247,9 @@ impl Queue {
             finish: Script::new(scripts::FINISH).into(),
             cancel: Script::new(scripts::CANCEL).into(),
             release: Script::new(scripts::RELEASE).into(),
+            reap_job: Script::new(scripts::REAP_JOB).into(),
+            forget_worker: Script::new(scripts::FORGET_WORKER).into(),
+            settle_stuck: Script::new(scripts::SETTLE_STUCK).into(),
         })
     }
 

@@ -126,3 +126,101 @@ if redis.call('HGET', KEYS[3], 'status') == 'queued' then
 end
 return 'dropped'
 ";
+
+/// KEYS: the dead worker's processing list, its heartbeat, job, queue,
+/// dead-letter list, events stream, stdin stream.
+/// ARGV: id, now_ms, ttl (s), most requeues, result of a running job whose
+/// worker was lost, result of a queued job that ran out of requeues.
+/// Settles one job of a worker whose heartbeat expired, once: the id leaves
+/// the processing list first (a second reaper finds it gone: `absent`), and
+/// nothing happens while the heartbeat lives (`alive`: it came back). A job
+/// still `queued` (claimed, never started) goes back to the claim end of the
+/// queue while it has requeues left, else it ends as `error` and goes to the
+/// dead-letter list; a `running` one ends as `error` (it may have had effects:
+/// never run twice); a terminal one or a missing hash is only dropped.
+/// Returns {requeued, requeues} | {dead, requeues} | {worker_lost, ''} |
+/// {terminal, status} | {missing, ''} | {absent, ''} | {alive, ''}.
+pub const REAP_JOB: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'alive', ''}
+end
+if redis.call('LREM', KEYS[1], 0, ARGV[1]) == 0 then
+  return {'absent', ''}
+end
+local status = redis.call('HGET', KEYS[3], 'status')
+if not status then
+  return {'missing', ''}
+end
+local function settle(result)
+  redis.call('HSET', KEYS[3], 'status', 'error', 'result', result, 'finished_ms', ARGV[2])
+  local active = redis.call('HGET', KEYS[3], 'active_key')
+  if active then
+    redis.call('SREM', active, ARGV[1])
+  end
+  redis.call('EXPIRE', KEYS[3], ARGV[3])
+  redis.call('EXPIRE', KEYS[6], ARGV[3])
+  redis.call('EXPIRE', KEYS[7], ARGV[3])
+end
+if status == 'queued' then
+  local requeues = tonumber(redis.call('HGET', KEYS[3], 'requeues') or '0')
+  if requeues < tonumber(ARGV[4]) then
+    requeues = redis.call('HINCRBY', KEYS[3], 'requeues', 1)
+    redis.call('RPUSH', KEYS[4], ARGV[1])
+    return {'requeued', tostring(requeues)}
+  end
+  settle(ARGV[6])
+  redis.call('LPUSH', KEYS[5], ARGV[1])
+  redis.call('LTRIM', KEYS[5], 0, 9999)
+  return {'dead', tostring(requeues)}
+end
+if status == 'running' then
+  settle(ARGV[5])
+  return {'worker_lost', ''}
+end
+return {'terminal', status}
+";
+
+/// KEYS: workers set, the worker's heartbeat, its processing list.
+/// ARGV: worker id.
+/// Forgets a dead worker whose processing list is empty: out of the set,
+/// its list deleted. Returns forgotten | alive (the heartbeat is back) |
+/// busy (the list still holds ids) | absent (not in the set: another
+/// reaper forgot it first).
+pub const FORGET_WORKER: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return 'alive'
+end
+if redis.call('LLEN', KEYS[3]) > 0 then
+  return 'busy'
+end
+if redis.call('SREM', KEYS[1], ARGV[1]) == 0 then
+  return 'absent'
+end
+redis.call('DEL', KEYS[3])
+return 'forgotten'
+";
+
+/// KEYS: job, the worker's processing list, events stream, stdin stream.
+/// ARGV: id, worker id, started_ms, now_ms, ttl (s), result.
+/// Settles a job that outlived its deadline on a worker that is alive but
+/// silent about it: only if it is still the same run (running, on that
+/// worker, started at that time). Like FINISH: result, expiry, out of the
+/// active set and of the processing list. The worker's own result, if it
+/// ever comes, loses (the first terminal status wins). Returns 1 if settled.
+pub const SETTLE_STUCK: &str = r"
+if redis.call('HGET', KEYS[1], 'status') ~= 'running'
+  or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[2]
+  or redis.call('HGET', KEYS[1], 'started_ms') ~= ARGV[3] then
+  return 0
+end
+redis.call('HSET', KEYS[1], 'status', 'error', 'result', ARGV[6], 'finished_ms', ARGV[4])
+local active = redis.call('HGET', KEYS[1], 'active_key')
+if active then
+  redis.call('SREM', active, ARGV[1])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[3], ARGV[5])
+redis.call('EXPIRE', KEYS[4], ARGV[5])
+redis.call('LREM', KEYS[2], 0, ARGV[1])
+return 1
+";

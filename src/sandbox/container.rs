@@ -5,8 +5,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use bollard::Docker;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, ResourcesUlimits};
-use bollard::query_parameters::RemoveContainerOptions;
+use bollard::models::{
+    ContainerCreateBody, ContainerSummary, HostConfig, HostConfigLogConfig, ResourcesUlimits,
+};
+use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 
 use super::SandboxConfig;
 use crate::job::PreparedJob;
@@ -200,4 +202,58 @@ pub async fn force_remove(docker: &Docker, name: &str) -> Result<(), bollard::er
         }) => Ok(()),
         Err(error) => Err(error),
     }
+}
+
+/// A sandbox container as the reaper sees it: who made it, for which job,
+/// and until when it may live. Every container with a `code-runner.worker`
+/// label is one, whoever created it (a worker of any fleet, the `sandbox run`
+/// CLI).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxContainer {
+    pub id: String,
+    /// The `code-runner.job` label (absent on a hand-made container).
+    pub job: Option<String>,
+    /// The `code-runner.worker` label.
+    pub worker: String,
+    /// The `code-runner.created` label, else Docker's own creation time.
+    pub created_ms: u64,
+    /// The `code-runner.deadline` label, if it is there and a number.
+    pub deadline_ms: Option<u64>,
+}
+
+impl SandboxContainer {
+    fn from_summary(summary: ContainerSummary) -> Option<Self> {
+        let labels = summary.labels.unwrap_or_default();
+        let number = |name: &str| labels.get(name).and_then(|v| v.parse::<u64>().ok());
+        let docker_created_ms = summary
+            .created
+            .and_then(|s| u64::try_from(s).ok())
+            .map_or(0, |s| s.saturating_mul(1000));
+        Some(Self {
+            id: summary.id?,
+            job: labels.get(LABEL_JOB).cloned(),
+            worker: labels.get(LABEL_WORKER)?.clone(),
+            created_ms: number(LABEL_CREATED).unwrap_or(docker_created_ms),
+            deadline_ms: number(LABEL_DEADLINE),
+        })
+    }
+}
+
+/// Every container (in any state) that carries the `code-runner.worker`
+/// label.
+pub async fn list_sandboxes(
+    docker: &Docker,
+) -> Result<Vec<SandboxContainer>, bollard::errors::Error> {
+    let filters = HashMap::from([("label".to_string(), vec![LABEL_WORKER.to_string()])]);
+    let options = ListContainersOptions {
+        all: true,
+        filters: Some(filters),
+        ..Default::default()
+    };
+    Ok(docker
+        .list_containers(Some(options))
+        .await?
+        .into_iter()
+        .filter_map(SandboxContainer::from_summary)
+        .collect())
 }

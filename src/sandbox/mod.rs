@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use container::{
     ContainerGuard, KEPT_CAPABILITIES, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE,
-    LABEL_WORKER, container_config, container_name, force_remove,
+    LABEL_WORKER, SandboxContainer, container_config, container_name, force_remove, list_sandboxes,
 };
 pub use seccomp::{EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
 
@@ -60,6 +60,14 @@ pub enum SandboxError {
     Connect(#[source] bollard::errors::Error),
     #[error("docker is not answering: {0}")]
     Ping(#[source] bollard::errors::Error),
+    #[error("docker could not list the sandbox containers: {0}")]
+    List(#[source] bollard::errors::Error),
+    #[error("docker could not remove container {id}: {source}")]
+    Remove {
+        id: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
 }
 
 /// What happens in a sandbox, as it happens.
@@ -142,6 +150,25 @@ impl SandboxEngine {
             .into_iter()
             .flatten()
             .collect()
+    }
+
+    /// Every sandbox container on this Docker host, in any state, whoever
+    /// created it (see [`SandboxContainer`]).
+    pub async fn list_sandboxes(&self) -> Result<Vec<SandboxContainer>, SandboxError> {
+        list_sandboxes(&self.docker)
+            .await
+            .map_err(SandboxError::List)
+    }
+
+    /// Force-removes a container with its volumes (the reaper's kill); one
+    /// already gone is not an error.
+    pub async fn remove_sandbox(&self, id: &str) -> Result<(), SandboxError> {
+        force_remove(&self.docker, id)
+            .await
+            .map_err(|source| SandboxError::Remove {
+                id: id.to_string(),
+                source,
+            })
     }
 
     /// Runs `job` to its end. Platform failures are a result with status

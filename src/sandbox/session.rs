@@ -151,6 +151,7 @@ pub(super) async fn run(
         compile,
         run,
         error,
+        reason: None,
     }
 }
 

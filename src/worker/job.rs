@@ -71,6 +71,7 @@ fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
         compile: None,
         run: None,
         error: Some(error),
+        reason: None,
         timings: Timings::default(),
     }
 }
