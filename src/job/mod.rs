@@ -2,6 +2,7 @@
 //! sandbox runs (DESIGN §3). Validation happens before any container exists;
 //! every refusal names the field at fault.
 
+pub mod events;
 pub mod limits;
 pub mod result;
 

@@ -30,6 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis::{self, AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
+use crate::job::events::{JobEvent, StoredEvent};
 use crate::job::{JobResult, JobSpec, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -205,6 +206,7 @@ pub struct Queue {
     finish: std::sync::Arc<Script>,
     cancel: std::sync::Arc<Script>,
     release: std::sync::Arc<Script>,
+    append_events: std::sync::Arc<Script>,
     reap_job: std::sync::Arc<Script>,
     forget_worker: std::sync::Arc<Script>,
     settle_stuck: std::sync::Arc<Script>,
@@ -247,6 +249,7 @@ impl Queue {
             finish: Script::new(scripts::FINISH).into(),
             cancel: Script::new(scripts::CANCEL).into(),
             release: Script::new(scripts::RELEASE).into(),
+            append_events: Script::new(scripts::APPEND_EVENTS).into(),
             reap_job: Script::new(scripts::REAP_JOB).into(),
             forget_worker: Script::new(scripts::FORGET_WORKER).into(),
             settle_stuck: Script::new(scripts::SETTLE_STUCK).into(),
@@ -307,6 +310,7 @@ impl Queue {
             .key(self.keys.job(job.id))
             .key(self.keys.active(job.api_key))
             .key(idem_key)
+            .key(self.keys.events(job.id))
             .arg(job.id)
             .arg(spec)
             .arg(job.api_key)
@@ -427,6 +431,7 @@ impl Queue {
             .start
             .key(self.keys.job(id))
             .key(self.keys.processing(worker))
+            .key(self.keys.events(id))
             .arg(id)
             .arg(worker)
             .arg(now_ms())
@@ -529,6 +534,105 @@ impl Queue {
     /// Reads control messages for a job after stream id `after`, waiting up
     /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
     /// read and the messages (unknown ones are skipped).
+    /// Appends a running job's events (in order); returns the last `seq`, or
+    /// `None` when the job is no longer running (nothing was appended).
+    pub async fn append_events(
+        &self,
+        id: &str,
+        events: &[JobEvent],
+    ) -> Result<Option<u64>, QueueError> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        let mut invocation = self.append_events.key(self.keys.job(id));
+        invocation.key(self.keys.events(id));
+        for event in events {
+            invocation.arg(event.to_json());
+        }
+        let mut conn = self.conn().await?;
+        let seq: u64 = invocation.invoke_async(&mut conn).await?;
+        Ok((seq > 0).then_some(seq))
+    }
+
+    /// The job's events after `after` (a `seq`), at most `count`; with
+    /// `block`, waits that long for the first one (use a dedicated
+    /// connection then). Empty when there are none (yet).
+    pub async fn read_events(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        id: &str,
+        after: u64,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<StoredEvent>, QueueError> {
+        let mut options = redis::streams::StreamReadOptions::default().count(count);
+        if let Some(block) = block {
+            options = options.block(block.as_millis() as usize);
+        }
+        let start = format!("{after}-0");
+        let reply: Option<redis::streams::StreamReadReply> = conn
+            .xread_options(&[self.keys.events(id)], &[start.as_str()], &options)
+            .await?;
+        let mut events = Vec::new();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in key.ids {
+                let seq = entry
+                    .id
+                    .split_once('-')
+                    .and_then(|(seq, _)| seq.parse().ok())
+                    .unwrap_or(0);
+                let json = match entry.map.get("event") {
+                    Some(redis::Value::BulkString(bytes)) => {
+                        String::from_utf8_lossy(bytes).into_owned()
+                    }
+                    _ => continue,
+                };
+                events.push(StoredEvent { seq, json });
+            }
+        }
+        Ok(events)
+    }
+
+    /// Sends a control message (stdin, stdin close, a signal) to the worker
+    /// running the job, through `job:<id>:stdin`. Messages sent while the job
+    /// is queued wait there and are delivered in order once it starts.
+    pub async fn send_control(&self, id: &str, control: &Control) -> Result<(), QueueError> {
+        use base64::Engine as _;
+        let mut fields: Vec<(&str, String)> = Vec::new();
+        match control {
+            Control::Cancel => fields.push(("type", "cancel".into())),
+            Control::StdinClose => fields.push(("type", "stdin_close".into())),
+            Control::Stdin(data) => {
+                fields.push(("type", "stdin".into()));
+                fields.push((
+                    "data",
+                    base64::engine::general_purpose::STANDARD.encode(data),
+                ));
+            }
+            Control::Signal(signal) => {
+                fields.push(("type", "signal".into()));
+                fields.push((
+                    "signal",
+                    match signal {
+                        crate::protocol::SignalKind::Interrupt => "interrupt",
+                        crate::protocol::SignalKind::Kill => "kill",
+                    }
+                    .into(),
+                ));
+            }
+        }
+        let mut conn = self.conn().await?;
+        let _: String = conn
+            .xadd_maxlen(
+                self.keys.stdin(id),
+                redis::streams::StreamMaxlen::Approx(10_000),
+                "*",
+                &fields,
+            )
+            .await?;
+        Ok(())
+    }
+
     pub async fn read_control(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,

@@ -1,12 +1,42 @@
 //! Lua scripts for every state change that touches more than one key, so each
 //! change is atomic: no two processes can both start, finish or cancel a job.
+//!
+//! Every script that changes a job's status also appends the matching event
+//! to the job's events stream in the same step, so a client following the
+//! stream sees exactly the statuses the job went through, and the `exit`
+//! event exactly once.
 
-/// KEYS: queue, job, active set of the API key, idempotency key (or "").
+/// Prepends the event helpers to a script:
+/// `append_event(stream, job, json)` numbers the event with the job's next
+/// `seq` (a counter in the job hash) and adds it with the stream id
+/// `<seq>-0`, so clients resume by `seq`; `exit_event(status, result)` is the
+/// terminal event's JSON, built around the result's JSON without re-encoding it.
+macro_rules! with_events {
+    ($body:literal) => {
+        concat!(
+            r#"
+local function append_event(stream, job, event)
+  local seq = redis.call('HINCRBY', job, 'event_seq', 1)
+  redis.call('XADD', stream, 'MAXLEN', '~', '20000', seq .. '-0', 'event', event)
+  return seq
+end
+local function exit_event(status, result)
+  return '{"type":"exit","status":"' .. status .. '","result":' .. result .. '}'
+end
+"#,
+            $body
+        )
+    };
+}
+
+/// KEYS: queue, job, active set of the API key, idempotency key (or ""),
+/// events stream.
 /// ARGV: id, spec, api key name, language, created_ms, max depth, per-key
 /// limit (0 = none), body hash, idempotency ttl (s), metadata.
 /// Returns {outcome, detail}: accepted|existing|conflict (job id),
 /// queue_full (depth), key_limit (active count).
-pub const SUBMIT: &str = r"
+pub const SUBMIT: &str = with_events!(
+    r#"
 if KEYS[4] ~= '' then
   local existing = redis.call('HGET', KEYS[4], 'job')
   if existing then
@@ -29,19 +59,23 @@ redis.call('HSET', KEYS[2], 'id', ARGV[1], 'spec', ARGV[2], 'api_key', ARGV[3],
   'language', ARGV[4], 'status', 'queued', 'attempts', 0, 'created_ms', ARGV[5],
   'active_key', KEYS[3], 'metadata', ARGV[10])
 redis.call('SADD', KEYS[3], ARGV[1])
+append_event(KEYS[5], KEYS[2], '{"type":"status","status":"queued"}')
 if KEYS[4] ~= '' then
   redis.call('HSET', KEYS[4], 'job', ARGV[1], 'hash', ARGV[8])
   redis.call('EXPIRE', KEYS[4], ARGV[9])
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
 return {'accepted', ARGV[1]}
-";
+"#
+);
 
-/// KEYS: job, the worker's processing list. ARGV: id, worker id, now_ms.
+/// KEYS: job, the worker's processing list, events stream.
+/// ARGV: id, worker id, now_ms.
 /// Returns {'start', spec, created_ms, attempts} when the job was queued (it
 /// is now running on this worker), else {'skip', status} and the id is
 /// dropped from the processing list.
-pub const START: &str = r"
+pub const START: &str = with_events!(
+    r#"
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'queued' then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
@@ -49,16 +83,19 @@ if status ~= 'queued' then
 end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'started_ms', ARGV[3])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+append_event(KEYS[3], KEYS[1], '{"type":"status","status":"running","worker":"' .. ARGV[2] .. '"}')
 return {'start', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'created_ms'),
   tostring(attempts)}
-";
+"#
+);
 
 /// KEYS: job, the worker's processing list, events stream, stdin stream.
 /// ARGV: id, status, result, now_ms, ttl (s).
 /// Records the result unless the job is already terminal (the first terminal
 /// status wins), sets every key of the job to expire, and only then drops the
 /// id from the processing list. Returns the status the job had.
-pub const FINISH: &str = r"
+pub const FINISH: &str = with_events!(
+    r#"
 local current = redis.call('HGET', KEYS[1], 'status')
 if not current then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
@@ -66,6 +103,7 @@ if not current then
 end
 if current == 'queued' or current == 'running' then
   redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'finished_ms', ARGV[4])
+  append_event(KEYS[3], KEYS[1], exit_event(ARGV[2], ARGV[3]))
 end
 local active = redis.call('HGET', KEYS[1], 'active_key')
 if active then
@@ -76,7 +114,8 @@ redis.call('EXPIRE', KEYS[3], ARGV[5])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 return current
-";
+"#
+);
 
 /// KEYS: job, queue, stdin stream, events stream. ARGV: id, now_ms, ttl (s),
 /// result of a job cancelled before it started.
@@ -84,7 +123,8 @@ return current
 /// `cancel` control message its worker acts on. Returns cancelled|requested|
 /// missing|finished:<terminal status> (the prefix keeps a job that had
 /// already been cancelled apart from one cancelled now).
-pub const CANCEL: &str = r"
+pub const CANCEL: &str = with_events!(
+    r#"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then
   return 'missing'
@@ -92,6 +132,7 @@ end
 if status == 'queued' then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_ms', ARGV[2], 'result', ARGV[4])
+  append_event(KEYS[4], KEYS[1], exit_event('cancelled', ARGV[4]))
   local active = redis.call('HGET', KEYS[1], 'active_key')
   if active then
     redis.call('SREM', active, ARGV[1])
@@ -107,7 +148,8 @@ if status == 'running' then
   return 'requested'
 end
 return 'finished:' .. status
-";
+"#
+);
 
 /// KEYS: queue, the worker's processing list, job. ARGV: id.
 /// Gives back a job a worker claimed but will not start (it is shutting
@@ -140,7 +182,8 @@ return 'dropped'
 /// never run twice); a terminal one or a missing hash is only dropped.
 /// Returns {requeued, requeues} | {dead, requeues} | {worker_lost, ''} |
 /// {terminal, status} | {missing, ''} | {absent, ''} | {alive, ''}.
-pub const REAP_JOB: &str = r"
+pub const REAP_JOB: &str = with_events!(
+    r#"
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'alive', ''}
 end
@@ -153,6 +196,7 @@ if not status then
 end
 local function settle(result)
   redis.call('HSET', KEYS[3], 'status', 'error', 'result', result, 'finished_ms', ARGV[2])
+  append_event(KEYS[6], KEYS[3], exit_event('error', result))
   local active = redis.call('HGET', KEYS[3], 'active_key')
   if active then
     redis.call('SREM', active, ARGV[1])
@@ -178,7 +222,8 @@ if status == 'running' then
   return {'worker_lost', ''}
 end
 return {'terminal', status}
-";
+"#
+);
 
 /// KEYS: workers set, the worker's heartbeat, its processing list.
 /// ARGV: worker id.
@@ -207,13 +252,15 @@ return 'forgotten'
 /// worker, started at that time). Like FINISH: result, expiry, out of the
 /// active set and of the processing list. The worker's own result, if it
 /// ever comes, loses (the first terminal status wins). Returns 1 if settled.
-pub const SETTLE_STUCK: &str = r"
+pub const SETTLE_STUCK: &str = with_events!(
+    r#"
 if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'worker') ~= ARGV[2]
   or redis.call('HGET', KEYS[1], 'started_ms') ~= ARGV[3] then
   return 0
 end
 redis.call('HSET', KEYS[1], 'status', 'error', 'result', ARGV[6], 'finished_ms', ARGV[4])
+append_event(KEYS[3], KEYS[1], exit_event('error', ARGV[6]))
 local active = redis.call('HGET', KEYS[1], 'active_key')
 if active then
   redis.call('SREM', active, ARGV[1])
@@ -223,4 +270,22 @@ redis.call('EXPIRE', KEYS[3], ARGV[5])
 redis.call('EXPIRE', KEYS[4], ARGV[5])
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 return 1
-";
+"#
+);
+
+/// KEYS: job, events stream. ARGV: event JSON objects (without `seq`).
+/// Appends a running job's events (stages, output); nothing once the job is
+/// terminal or gone, so no event follows `exit`. Returns the last `seq`, or 0
+/// when nothing was appended.
+pub const APPEND_EVENTS: &str = with_events!(
+    r#"
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then
+  return 0
+end
+local seq = 0
+for i = 1, #ARGV do
+  seq = append_event(KEYS[2], KEYS[1], ARGV[i])
+end
+return seq
+"#
+);

@@ -267,6 +267,13 @@ impl Daemon {
         signal(&self.child, Signal::SIGTERM);
     }
 
+    /// Kills the process with SIGKILL (by its pid), as a crash or an OOM kill
+    /// would: no drain, no retire. Waits (up to 10 s) for it to end.
+    pub async fn kill9(&mut self) -> ExitStatus {
+        signal(&self.child, Signal::SIGKILL);
+        self.wait_exit(Duration::from_secs(10)).await
+    }
+
     /// Waits (up to `within`) for the process to end; fails the test with its
     /// log if it does not.
     pub async fn wait_exit(&mut self, within: Duration) -> ExitStatus {

@@ -1,0 +1,199 @@
+//! The events of a job, as its stream carries them (`job:<id>:events`) and as
+//! WebSocket and SSE clients receive them (DESIGN §7):
+//!
+//! ```json
+//! {"seq":1,"type":"status","status":"queued"}
+//! {"seq":2,"type":"status","status":"running","worker":"vm-1a2b"}
+//! {"seq":3,"type":"stage","stage":"run","state":"start"}
+//! {"seq":4,"type":"stdout","data":"hello\n"}
+//! {"seq":5,"type":"stderr","data":"//4=","encoding":"base64"}
+//! {"seq":6,"type":"stage","stage":"run","state":"end","exit_code":0,"reason":"exited",…}
+//! {"seq":7,"type":"exit","status":"succeeded","result":{…}}
+//! ```
+//!
+//! `seq` numbers a job's events from 1 without gaps; it is the stream entry's
+//! id, so a client resumes after the last `seq` it saw. `exit` is always the
+//! last event. Output that is not UTF-8 is base64 with `"encoding":"base64"`.
+//! An `error` event (`{"type":"error","message":…}`, no `seq`) is sent to
+//! one connection only, about that connection (a bad frame), and never stored.
+
+use serde::{Deserialize, Serialize};
+
+use super::result::{Encoding, JobResult, Output, StageResult, Status};
+use crate::protocol::Reason;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageState {
+    Start,
+    End,
+}
+
+fn is_utf8(encoding: &Encoding) -> bool {
+    *encoding == Encoding::Utf8
+}
+
+/// One event of a job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobEvent {
+    Status {
+        status: Status,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worker: Option<String>,
+    },
+    Stage {
+        stage: String,
+        state: StageState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<Reason>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wall_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cpu_ms: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        memory_peak_bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        truncated: Option<bool>,
+    },
+    Stdout {
+        data: String,
+        #[serde(default, skip_serializing_if = "is_utf8")]
+        encoding: Encoding,
+    },
+    Stderr {
+        data: String,
+        #[serde(default, skip_serializing_if = "is_utf8")]
+        encoding: Encoding,
+    },
+    Exit {
+        status: Status,
+        result: Box<JobResult>,
+    },
+    Error {
+        message: String,
+    },
+}
+
+impl JobEvent {
+    pub fn stdout(bytes: Vec<u8>) -> Self {
+        let (data, encoding) = Output(bytes).encoded();
+        JobEvent::Stdout { data, encoding }
+    }
+
+    pub fn stderr(bytes: Vec<u8>) -> Self {
+        let (data, encoding) = Output(bytes).encoded();
+        JobEvent::Stderr { data, encoding }
+    }
+
+    pub fn stage_start(stage: &str) -> Self {
+        JobEvent::Stage {
+            stage: stage.to_string(),
+            state: StageState::Start,
+            exit_code: None,
+            signal: None,
+            reason: None,
+            wall_ms: None,
+            cpu_ms: None,
+            memory_peak_bytes: None,
+            truncated: None,
+        }
+    }
+
+    /// The end of a stage, without its output (that went out as it came).
+    pub fn stage_end(stage: &str, result: &StageResult) -> Self {
+        JobEvent::Stage {
+            stage: stage.to_string(),
+            state: StageState::End,
+            exit_code: result.exit_code,
+            signal: result.signal.clone(),
+            reason: Some(result.reason),
+            wall_ms: Some(result.wall_ms),
+            cpu_ms: Some(result.cpu_ms),
+            memory_peak_bytes: Some(result.memory_peak_bytes),
+            truncated: Some(result.truncated),
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Self {
+        JobEvent::Error {
+            message: message.into(),
+        }
+    }
+
+    /// The event as JSON (without `seq`).
+    pub fn to_json(&self) -> String {
+        // Serializing these types cannot fail: string keys, no custom
+        // serializers that error.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The bytes of an output event, decoded.
+    pub fn output_bytes(&self) -> Option<Vec<u8>> {
+        match self {
+            JobEvent::Stdout { data, encoding } | JobEvent::Stderr { data, encoding } => {
+                Output::decode(data, *encoding).ok().map(|o| o.0)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An event as stored: its `seq` and its JSON (an object without `seq`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub json: String,
+}
+
+impl StoredEvent {
+    /// The JSON a client receives: the stored object with `seq` first.
+    pub fn wire(&self) -> String {
+        match self.json.strip_prefix('{') {
+            Some("}") => format!("{{\"seq\":{}}}", self.seq),
+            Some(rest) => format!("{{\"seq\":{},{rest}", self.seq),
+            None => format!("{{\"seq\":{}}}", self.seq),
+        }
+    }
+
+    pub fn event(&self) -> Result<JobEvent, serde_json::Error> {
+        serde_json::from_str(&self.json)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_form_puts_seq_first_and_roundtrips() {
+        let stored = StoredEvent {
+            seq: 4,
+            json: JobEvent::stdout(b"hi\n".to_vec()).to_json(),
+        };
+        assert_eq!(stored.wire(), r#"{"seq":4,"type":"stdout","data":"hi\n"}"#);
+        assert_eq!(stored.event().unwrap(), JobEvent::stdout(b"hi\n".to_vec()));
+        let binary = JobEvent::stderr(vec![0xff]).to_json();
+        assert_eq!(
+            binary,
+            r#"{"type":"stderr","data":"/w==","encoding":"base64"}"#
+        );
+        assert_eq!(
+            JobEvent::stage_start("run").to_json(),
+            r#"{"type":"stage","stage":"run","state":"start"}"#
+        );
+        let status: JobEvent =
+            serde_json::from_str(r#"{"type":"status","status":"running","worker":"w"}"#).unwrap();
+        assert_eq!(
+            status,
+            JobEvent::Status {
+                status: Status::Running,
+                worker: Some("w".into())
+            }
+        );
+    }
+}

@@ -1,0 +1,496 @@
+//! The chaos test of issue 5: workers `kill -9`ed at random moments while
+//! jobs run, new workers started in their place; at the end every job has
+//! exactly one terminal status, nothing is left in Redis, Docker holds no
+//! container or volume of the test, and no job was started twice.
+//!
+//! Gated: runs only when `CODE_RUNNER_CHAOS_JOBS` is set to the number of
+//! jobs to submit (scripts/test sets a small count). The moments and victims
+//! come from a seeded RNG; the seed is printed, and
+//! `CODE_RUNNER_CHAOS_SEED=<seed>` replays the same choices (the timing of the
+//! machine still varies).
+//!
+//! Every process is a child of the test with a worker id of its own
+//! (`test-<uuid>`), killed by its pid when its guard drops, also when the
+//! test fails.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use code_runner::sandbox::LABEL_WORKER;
+use common::containers::{docker, list_labelled};
+use common::daemon::{Daemon, DaemonBuilder, KEY_A, Role, python};
+use common::redis_server::RedisServer;
+use redis::AsyncCommands;
+use serde_json::Value;
+
+/// Reaper and heartbeat settings of every worker: a dead worker is noticed
+/// within about a second.
+const HEARTBEAT_INTERVAL_MS: u64 = 300;
+const HEARTBEAT_TTL_MS: u64 = 1000;
+const REAPER_INTERVAL_MS: u64 = 300;
+const REAPER_GRACE_MS: u64 = 1000;
+/// Times a claimed-but-never-started job is requeued (`CODE_RUNNER_MAX_ATTEMPTS`).
+const MAX_ATTEMPTS: u32 = 3;
+/// Most workers alive at once.
+const MAX_WORKERS: usize = 3;
+/// How often job views are polled while the queue drains.
+const POLL: Duration = Duration::from_millis(200);
+const TERMINAL: [&str; 5] = ["succeeded", "failed", "timed_out", "cancelled", "error"];
+
+/// SplitMix64: small, seedable, good enough to pick moments and victims.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.next() % (hi - lo + 1)
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        (self.next() % len as u64) as usize
+    }
+
+    fn percent(&mut self, p: u64) -> bool {
+        self.next() % 100 < p
+    }
+}
+
+/// `CODE_RUNNER_CHAOS_JOBS`; `None` when unset or empty.
+fn chaos_jobs() -> Option<usize> {
+    let text = std::env::var("CODE_RUNNER_CHAOS_JOBS").ok()?;
+    let text = text.trim();
+    if text.is_empty() {
+        return None;
+    }
+    let jobs = text
+        .parse::<usize>()
+        .unwrap_or_else(|_| panic!("CODE_RUNNER_CHAOS_JOBS={text:?} is not a number of jobs"));
+    assert!(jobs > 0, "CODE_RUNNER_CHAOS_JOBS must be at least 1");
+    Some(jobs)
+}
+
+/// `CODE_RUNNER_CHAOS_SEED`, or a fresh one.
+fn chaos_seed() -> u64 {
+    match std::env::var("CODE_RUNNER_CHAOS_SEED") {
+        Ok(text) if !text.trim().is_empty() => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("CODE_RUNNER_CHAOS_SEED={text:?} is not a u64")),
+        _ => {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            Rng(nanos ^ u64::from(std::process::id()).rotate_left(32)).next()
+        }
+    }
+}
+
+/// A job the test submitted: it prints its token (given on stdin) once,
+/// after sleeping `sleep` seconds if set.
+struct Submitted {
+    id: String,
+    token: String,
+    sleep: Option<f64>,
+}
+
+fn chaos_job(token: &str, sleep: Option<f64>) -> Value {
+    let source = match sleep {
+        None => "import sys\nprint(sys.stdin.read().strip())\n".to_string(),
+        Some(seconds) => format!(
+            "import sys, time\ntoken = sys.stdin.read().strip()\ntime.sleep({seconds})\nprint(token)\n"
+        ),
+    };
+    let mut job = python(&source);
+    job["stdin"] = Value::String(format!("{token}\n"));
+    job
+}
+
+/// The test's fleet: the workers alive, and every worker killed so far
+/// (kept for their logs and ids until the end).
+struct Fleet<'a> {
+    redis: &'a RedisServer,
+    conn: redis::aio::MultiplexedConnection,
+    alive: Vec<Daemon>,
+    killed: Vec<Daemon>,
+    started: Instant,
+    /// Kills, and kills of a worker that held claimed jobs.
+    kills: usize,
+    kills_mid_job: usize,
+}
+
+impl Fleet<'_> {
+    fn t(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    async fn start_worker(&mut self, rng: &mut Rng) {
+        let sandboxes = rng.range(2, 3);
+        let worker = DaemonBuilder::new(Role::Worker, self.redis)
+            .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", sandboxes)
+            .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", HEARTBEAT_INTERVAL_MS)
+            .env("CODE_RUNNER_HEARTBEAT_TTL_MS", HEARTBEAT_TTL_MS)
+            .env("CODE_RUNNER_REAPER_INTERVAL_MS", REAPER_INTERVAL_MS)
+            .env("CODE_RUNNER_REAPER_GRACE_MS", REAPER_GRACE_MS)
+            .env("CODE_RUNNER_MAX_ATTEMPTS", MAX_ATTEMPTS)
+            .start()
+            .await;
+        println!(
+            "chaos: t={:.1}s start worker {} (max sandboxes {sandboxes})",
+            self.t(),
+            worker.worker_id
+        );
+        self.alive.push(worker);
+    }
+
+    async fn kill_worker(&mut self, rng: &mut Rng) {
+        let mut victim = self.alive.swap_remove(rng.index(self.alive.len()));
+        let processing = format!("worker:{}:processing", victim.worker_id);
+        let claimed: u64 = self.conn.llen(&processing).await.unwrap_or(0);
+        victim.kill9().await;
+        self.kills += 1;
+        if claimed > 0 {
+            self.kills_mid_job += 1;
+        }
+        println!(
+            "chaos: t={:.1}s kill -9 worker {} ({claimed} claimed jobs)",
+            self.t(),
+            victim.worker_id
+        );
+        self.killed.push(victim);
+    }
+
+    fn all(&self) -> impl Iterator<Item = &Daemon> {
+        self.alive.iter().chain(&self.killed)
+    }
+
+    fn ids(&self) -> BTreeSet<String> {
+        self.all().map(|d| d.worker_id.clone()).collect()
+    }
+}
+
+/// Names of the Docker volumes that exist now.
+async fn volumes(docker: &bollard::Docker) -> BTreeSet<String> {
+    docker
+        .list_volumes(None::<bollard::query_parameters::ListVolumesOptions>)
+        .await
+        .expect("docker lists volumes")
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .map(|v| v.name)
+        .collect()
+}
+
+/// Containers (any state) labelled with one of `workers`: (id, worker).
+async fn fleet_containers(
+    docker: &bollard::Docker,
+    workers: &BTreeSet<String>,
+) -> Vec<(String, String)> {
+    list_labelled(docker, LABEL_WORKER)
+        .await
+        .expect("docker lists containers")
+        .into_iter()
+        .filter_map(|c| {
+            let worker = c.labels.as_ref()?.get(LABEL_WORKER)?.clone();
+            workers
+                .contains(&worker)
+                .then(|| (c.id.unwrap_or_default(), worker))
+        })
+        .collect()
+}
+
+/// `GET /v1/jobs/<id>` (key `a`); `None` unless 200 (the API may be slow
+/// on a loaded machine; the caller polls again).
+async fn view(api: &Daemon, id: &str) -> Option<Value> {
+    let response = api
+        .http
+        .get(format!("{}/v1/jobs/{id}", api.url))
+        .bearer_auth(KEY_A)
+        .send()
+        .await
+        .ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    response.json().await.ok()
+}
+
+fn status(view: &Value) -> &str {
+    view["status"].as_str().unwrap_or("")
+}
+
+/// The non-overlapping occurrences of `token` in `text`.
+fn occurrences(text: &str, token: &str) -> usize {
+    text.matches(token).count()
+}
+
+/// `job started` log lines that name `id`, across every worker's log.
+fn starts_logged(logs: &[String], id: &str) -> usize {
+    logs.iter()
+        .flat_map(|log| log.lines())
+        .filter(|line| line.contains("job started") && line.contains(id))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
+    let Some(jobs) = chaos_jobs() else {
+        println!("chaos: skipped (set CODE_RUNNER_CHAOS_JOBS=<number of jobs> to run it)");
+        return;
+    };
+    let seed = chaos_seed();
+    println!("chaos: seed={seed} jobs={jobs} (replay with CODE_RUNNER_CHAOS_SEED={seed})");
+    let mut rng = Rng(seed);
+    let started = Instant::now();
+
+    let docker = docker().await;
+    let volumes_before = volumes(&docker).await;
+    // Dropped in reverse order: workers first, then the API, then Redis.
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let mut conn = redis.conn().await;
+    let mut fleet = Fleet {
+        redis: &redis,
+        conn: redis.conn().await,
+        alive: Vec::new(),
+        killed: Vec::new(),
+        started,
+        kills: 0,
+        kills_mid_job: 0,
+    };
+    for _ in 0..2 {
+        fleet.start_worker(&mut rng).await;
+    }
+
+    // --- chaos: submit jobs, kill and start workers at random moments ------
+    let min_kills = (jobs / 5).max(3);
+    let mut submitted: Vec<Submitted> = Vec::new();
+    while submitted.len() < jobs || fleet.kills < min_kills {
+        tokio::time::sleep(Duration::from_millis(rng.range(50, 500))).await;
+        let roll = rng.range(0, 99);
+        if roll < 55 && submitted.len() < jobs {
+            let batch = (rng.range(1, 3) as usize).min(jobs - submitted.len());
+            for _ in 0..batch {
+                let token = format!("token-{}", uuid::Uuid::new_v4().simple());
+                let sleep = rng.percent(40).then(|| rng.range(2, 15) as f64 / 10.0);
+                let answer = api.submit(&chaos_job(&token, sleep)).await;
+                assert!(answer.status.is_success(), "submit refused: {answer:#?}");
+                submitted.push(Submitted {
+                    id: answer.id(),
+                    token,
+                    sleep,
+                });
+            }
+        } else if roll < 85 && !fleet.alive.is_empty() {
+            fleet.kill_worker(&mut rng).await;
+            if fleet.alive.is_empty() || rng.percent(80) {
+                fleet.start_worker(&mut rng).await;
+            }
+        } else if fleet.alive.len() < MAX_WORKERS {
+            fleet.start_worker(&mut rng).await;
+        }
+    }
+    if fleet.alive.is_empty() {
+        fleet.start_worker(&mut rng).await;
+    }
+    let chaos_ended = Instant::now();
+    println!(
+        "chaos: t={:.1}s chaos over: {} jobs submitted ({} sleepers), {} kills ({} with claimed jobs), {} workers started; {} alive until the queue drains",
+        fleet.t(),
+        submitted.len(),
+        submitted.iter().filter(|j| j.sleep.is_some()).count(),
+        fleet.kills,
+        fleet.kills_mid_job,
+        fleet.alive.len() + fleet.killed.len(),
+        fleet.alive.len()
+    );
+
+    // --- the queue drains: every job reaches a terminal status --------------
+    // The first terminal view seen of each job: it must never change.
+    let mut first_terminal: BTreeMap<String, Value> = BTreeMap::new();
+    let drain_deadline = Instant::now() + Duration::from_secs(60) + POLL * jobs as u32;
+    loop {
+        for job in &submitted {
+            if first_terminal.contains_key(&job.id) {
+                continue;
+            }
+            if let Some(view) = view(&api, &job.id).await
+                && TERMINAL.contains(&status(&view))
+            {
+                first_terminal.insert(job.id.clone(), view);
+            }
+        }
+        if first_terminal.len() == submitted.len() || Instant::now() > drain_deadline {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    println!(
+        "chaos: t={:.1}s {} of {} jobs terminal ({:.1}s after the chaos)",
+        fleet.t(),
+        first_terminal.len(),
+        submitted.len(),
+        chaos_ended.elapsed().as_secs_f64()
+    );
+
+    // --- Redis settles: queue and processing lists empty, dead workers forgotten
+    let live: BTreeSet<String> = fleet.alive.iter().map(|d| d.worker_id.clone()).collect();
+    let settle_deadline = Instant::now() + Duration::from_secs(15);
+    let redis_problems = loop {
+        let mut problems = Vec::new();
+        let queued: Vec<String> = conn.lrange("jobs:queue", 0, -1).await.unwrap();
+        if !queued.is_empty() {
+            problems.push(format!("jobs:queue holds {queued:?}"));
+        }
+        let lists: Vec<String> = conn.keys("worker:*:processing").await.unwrap();
+        for list in lists {
+            let ids: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
+            if !ids.is_empty() {
+                problems.push(format!("{list} holds {ids:?}"));
+            }
+        }
+        let members: BTreeSet<String> = conn.smembers("workers").await.unwrap();
+        let unforgotten: Vec<&String> = members.difference(&live).collect();
+        if !unforgotten.is_empty() {
+            problems.push(format!(
+                "dead workers still in the `workers` set: {unforgotten:?}"
+            ));
+        }
+        let active: Vec<String> = conn.smembers("apikey:a:active").await.unwrap();
+        if !active.is_empty() {
+            problems.push(format!("apikey:a:active still holds {active:?}"));
+        }
+        if problems.is_empty() || Instant::now() > settle_deadline {
+            break problems;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+
+    // --- Docker: no container of any of the test's workers, no new volume ---
+    let workers = fleet.ids();
+    let docker_deadline = Instant::now() + Duration::from_secs(20);
+    let (containers_left, volumes_left) = loop {
+        let containers = fleet_containers(&docker, &workers).await;
+        let new_volumes: Vec<String> = volumes(&docker)
+            .await
+            .difference(&volumes_before)
+            .cloned()
+            .collect();
+        if (containers.is_empty() && new_volumes.is_empty()) || Instant::now() > docker_deadline {
+            break (containers, new_volumes);
+        }
+        tokio::time::sleep(POLL).await;
+    };
+
+    // --- every job: one terminal status, the expected one, started once -----
+    let dead_letters: BTreeSet<String> = conn
+        .lrange::<_, Vec<String>>("jobs:dead", 0, -1)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    let logs: Vec<String> = fleet.all().map(Daemon::log).collect();
+    let (mut lost, mut duplicated) = (Vec::new(), Vec::new());
+    let mut unexpected = Vec::new();
+    let (mut succeeded, mut worker_lost, mut dead, mut requeued) = (0, 0, 0, 0);
+    for job in &submitted {
+        let requeues: u32 = redis.job_field(&job.id, "requeues").parse().unwrap_or(0);
+        if requeues > 0 {
+            requeued += 1;
+        }
+        let Some(first) = first_terminal.get(&job.id) else {
+            let now = view(&api, &job.id).await.unwrap_or(Value::Null);
+            lost.push(format!("{} has no terminal status: {now:#}", job.id));
+            continue;
+        };
+        let last = view(&api, &job.id).await.unwrap_or(Value::Null);
+        if status(&last) != status(first) || last["result"] != first["result"] {
+            unexpected.push(format!(
+                "{} changed after it was terminal: first {first:#}\nthen {last:#}",
+                job.id
+            ));
+        }
+        let attempts = last["attempts"].as_u64().unwrap_or(u64::MAX);
+        let stdout = last["result"]["run"]["stdout"].as_str().unwrap_or("");
+        let printed = occurrences(stdout, &job.token);
+        let starts = starts_logged(&logs, &job.id);
+        if attempts >= 2 || starts >= 2 || printed >= 2 {
+            duplicated.push(format!(
+                "{} started more than once (attempts {attempts}, {starts} `job started` log lines, token printed {printed} times): {last:#}",
+                job.id
+            ));
+            continue;
+        }
+        let reason = last["result"]["reason"].as_str().unwrap_or("");
+        let in_dead = dead_letters.contains(&job.id);
+        match (status(&last), reason) {
+            ("succeeded", _) if attempts == 1 && stdout == format!("{}\n", job.token) => {
+                succeeded += 1;
+            }
+            // It was running when its worker died: settled, never rerun.
+            ("error", "worker_lost") if attempts == 1 && !in_dead => worker_lost += 1,
+            // Its workers kept dying before it started: out of attempts.
+            ("error", "worker_lost")
+                if attempts == 0 && in_dead && requeues == MAX_ATTEMPTS =>
+            {
+                dead += 1;
+            }
+            _ => unexpected.push(format!(
+                "{} ended unexpectedly (requeues {requeues}, in jobs:dead: {in_dead}, {starts} `job started` log lines): {last:#}",
+                job.id
+            )),
+        }
+    }
+
+    println!(
+        "chaos: succeeded={succeeded} worker_lost={worker_lost} dead_lettered={dead} requeued_at_least_once={requeued} workers={} kills={} elapsed={:.1}s",
+        workers.len(),
+        fleet.kills,
+        started.elapsed().as_secs_f64()
+    );
+    let leaked = containers_left.len() + volumes_left.len();
+    println!(
+        "jobs={} lost={} leaked={leaked} duplicated={}",
+        submitted.len(),
+        lost.len(),
+        duplicated.len()
+    );
+    assert!(
+        lost.is_empty(),
+        "seed {seed}: lost jobs:\n{}",
+        lost.join("\n")
+    );
+    assert!(
+        duplicated.is_empty(),
+        "seed {seed}: jobs started twice:\n{}",
+        duplicated.join("\n")
+    );
+    assert!(
+        containers_left.is_empty(),
+        "seed {seed}: containers left behind (id, worker): {containers_left:?}"
+    );
+    assert!(
+        volumes_left.is_empty(),
+        "seed {seed}: volumes left behind: {volumes_left:?}"
+    );
+    assert!(
+        unexpected.is_empty(),
+        "seed {seed}: jobs with an unexpected end:\n{}",
+        unexpected.join("\n")
+    );
+    assert!(
+        redis_problems.is_empty(),
+        "seed {seed}: redis did not settle:\n{}",
+        redis_problems.join("\n")
+    );
+}
