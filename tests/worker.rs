@@ -1,6 +1,6 @@
 //! The worker against a real redis-server (started by each test on a free
 //! loopback port) and the real dockerd: claims, capacity, cancellation,
-//! drain, and Redis outages.
+//! drain, Redis outages, and the live events stream of a job.
 //!
 //! Every test uses its own worker id (so its containers carry a label only
 //! it uses), its own Redis and its own key prefix; the guards kill the
@@ -12,6 +12,8 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use code_runner::job::events::{JobEvent, StageState, StoredEvent};
+use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobResult, JobSpec, Status, Timings};
 use code_runner::metrics::Metrics;
 use code_runner::queue::{CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome};
@@ -436,6 +438,7 @@ async fn a_running_job_cancelled_is_killed() {
         .await;
     let mut worker = world.start_worker(1, Duration::from_secs(30));
     world.wait_running(&id).await;
+    wait_for_stdout(&world, &id, b"started\n").await;
 
     let asked = Instant::now();
     assert_eq!(
@@ -460,6 +463,15 @@ async fn a_running_job_cancelled_is_killed() {
             .await
             .is_empty()
     );
+    // The stream tells the story: the output, the end of the killed stage,
+    // then `exit` with the cancelled result.
+    let events = checked_stream(&world, &record).await;
+    let run = record.result.as_ref().and_then(|r| r.run.as_ref());
+    let run = run.expect("the killed stage is in the result");
+    assert_eq!(events.first(), Some(&JobEvent::stage_start("run")));
+    assert_eq!(events.last(), Some(&JobEvent::stage_end("run", run)));
+    assert_eq!(streamed_stdout(&events), b"started\n");
+    assert_eq!(run.stdout.as_bytes(), b"started\n");
 
     worker.shut_down();
     worker.stopped(Duration::from_secs(10)).await;
@@ -685,39 +697,31 @@ async fn live_stdin_and_signals_reach_the_running_job() {
         ))
         .await;
     world.wait_running(&sleeper).await;
-    // The job's output is not observable here (no event stream yet), so
-    // the program may not have started when the first interrupt arrives (a
-    // signal before the stage starts has nothing to reach): interrupt again
-    // until the job ends.
-    let record = wait_for(
-        "the interrupted job to end",
-        Duration::from_secs(20),
-        || async {
-            send_control(
-                &world,
-                &sleeper,
-                &[("type", "signal"), ("signal", "interrupt")],
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            world
-                .queue
-                .get(&sleeper)
-                .await
-                .ok()
-                .flatten()
-                .filter(|r| r.status.is_terminal())
-        },
+    // Once its output is in the events stream the program runs, and one
+    // interrupt reaches it.
+    wait_for_stdout(&world, &sleeper, b"up\n").await;
+    send_control(
+        &world,
+        &sleeper,
+        &[("type", "signal"), ("signal", "interrupt")],
     )
     .await;
+    let record = world.wait_terminal(&sleeper, Duration::from_secs(20)).await;
     assert_eq!(record.status, Status::Failed, "{record:#?}");
     let result = record.result.as_ref().expect("a result");
     let run = result.run.as_ref().expect("a run stage");
     assert!(
-        common::stderr(result).contains("KeyboardInterrupt")
-            || run.signal.as_deref() == Some("SIGINT"),
+        common::stderr(result).contains("KeyboardInterrupt"),
         "{result:#?}"
     );
+    assert_eq!(run.reason, code_runner::protocol::Reason::Exited);
+    let events = checked_stream(&world, &record).await;
+    let streamed_stderr: Vec<u8> = events
+        .iter()
+        .filter(|e| matches!(e, JobEvent::Stderr { .. }))
+        .flat_map(|e| e.output_bytes().expect("output decodes"))
+        .collect();
+    assert_eq!(streamed_stderr, run.stderr.as_bytes());
     world.assert_settled(&sleeper).await;
 
     worker.shut_down();
@@ -763,4 +767,357 @@ async fn a_job_this_worker_cannot_run_ends_as_an_error_without_a_sandbox() {
     worker.stopped(Duration::from_secs(10)).await;
     world.harness.assert_clean().await;
     assert_eq!(world.processing_len().await, 0);
+}
+
+// ---------------------------------------------------------------------------
+// The live events stream
+// ---------------------------------------------------------------------------
+
+/// Every event of the job's stream, from the start (`seq` 0), read in pages.
+async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
+    let mut conn = world.queue.dedicated().await.expect("connection");
+    let mut events: Vec<StoredEvent> = Vec::new();
+    loop {
+        let after = events.last().map_or(0, |e| e.seq);
+        let page = world
+            .queue
+            .read_events(&mut conn, id, after, 1000, None)
+            .await
+            .expect("XREAD");
+        if page.is_empty() {
+            return events;
+        }
+        events.extend(page);
+    }
+}
+
+/// Checks what every finished job's stream must be — `seq` 1..N without
+/// gaps; `queued`, then `running` on this worker, first; the `exit` event
+/// with the job's result last, and no other status or exit between — and
+/// returns the events between (stages and output).
+async fn checked_stream(world: &World, record: &JobRecord) -> Vec<JobEvent> {
+    let stored = stream_events(world, &record.id).await;
+    let seqs: Vec<u64> = stored.iter().map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=stored.len() as u64).collect::<Vec<_>>(),
+        "seq numbers have gaps"
+    );
+    let events: Vec<JobEvent> = stored
+        .iter()
+        .map(|e| e.event().unwrap_or_else(|err| panic!("{}: {err}", e.json)))
+        .collect();
+    assert!(events.len() >= 3, "{events:#?}");
+    assert_eq!(
+        events[0],
+        JobEvent::Status {
+            status: Status::Queued,
+            worker: None
+        }
+    );
+    assert_eq!(
+        events[1],
+        JobEvent::Status {
+            status: Status::Running,
+            worker: Some(world.worker_id().to_string())
+        }
+    );
+    let result = record.result.clone().expect("a terminal job has a result");
+    assert_eq!(
+        events[events.len() - 1],
+        JobEvent::Exit {
+            status: record.status,
+            result: Box::new(result)
+        }
+    );
+    let middle = events[2..events.len() - 1].to_vec();
+    for event in &middle {
+        assert!(
+            matches!(
+                event,
+                JobEvent::Stage { .. } | JobEvent::Stdout { .. } | JobEvent::Stderr { .. }
+            ),
+            "{event:?} in the middle of {events:#?}"
+        );
+    }
+    middle
+}
+
+/// Waits until the job's streamed stdout is `expected`.
+async fn wait_for_stdout(world: &World, id: &str, expected: &[u8]) {
+    wait_for("the output in the events stream", JOB_DEADLINE, || async {
+        let events: Vec<JobEvent> = stream_events(world, id)
+            .await
+            .iter()
+            .filter_map(|e| e.event().ok())
+            .collect();
+        (streamed_stdout(&events) == expected).then_some(())
+    })
+    .await;
+}
+
+/// The concatenated bytes of the stdout events.
+fn streamed_stdout(events: &[JobEvent]) -> Vec<u8> {
+    events
+        .iter()
+        .filter(|e| matches!(e, JobEvent::Stdout { .. }))
+        .flat_map(|e| e.output_bytes().expect("output decodes"))
+        .collect()
+}
+
+fn output_events(events: &[JobEvent]) -> usize {
+    events
+        .iter()
+        .filter(|e| matches!(e, JobEvent::Stdout { .. } | JobEvent::Stderr { .. }))
+        .count()
+}
+
+/// Calls of EVAL and EVALSHA this Redis served (every script the queue
+/// runs: submit, start, append_events, finish).
+async fn script_calls(world: &World) -> u64 {
+    let mut conn = world.redis.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_eval:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|f| f.strip_prefix("calls="))
+                .and_then(|n| n.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_running_jobs_events_are_streamed_as_they_happen() {
+    let world = World::new().await;
+    let id = world
+        .submit(&python(
+            "import time\nfor i in range(3):\n    print(f'line {i}', flush=True)\n    time.sleep(0.3)",
+        ))
+        .await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    // Live: the first line is in the stream while the job still runs.
+    wait_for("the first line in the stream", JOB_DEADLINE, || async {
+        let events = stream_events(&world, &id).await;
+        streamed_stdout(
+            &events
+                .iter()
+                .filter_map(|e| e.event().ok())
+                .collect::<Vec<_>>(),
+        )
+        .starts_with(b"line 0\n")
+        .then_some(())
+    })
+    .await;
+    assert_eq!(world.record(&id).await.status, Status::Running);
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let events = checked_stream(&world, &record).await;
+    let result = record.result.as_ref().expect("a result");
+    let run = result.run.as_ref().expect("a run stage");
+    // Each line was written 300 ms after the one before: one event each.
+    assert_eq!(
+        events,
+        [
+            JobEvent::stage_start("run"),
+            JobEvent::stdout(b"line 0\n".to_vec()),
+            JobEvent::stdout(b"line 1\n".to_vec()),
+            JobEvent::stdout(b"line 2\n".to_vec()),
+            JobEvent::stage_end("run", run),
+        ]
+    );
+    let JobEvent::Stage {
+        exit_code, reason, ..
+    } = &events[4]
+    else {
+        unreachable!()
+    };
+    assert_eq!(*exit_code, Some(0));
+    assert_eq!(*reason, Some(code_runner::protocol::Reason::Exited));
+    assert_eq!(streamed_stdout(&events), run.stdout.as_bytes());
+    world.assert_settled(&id).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compiled_jobs_stages_are_streamed_in_order() {
+    let world = World::new().await;
+    let (language, name, source) = common::programs::HELLO
+        .iter()
+        .find(|(language, ..)| *language == "c")
+        .copied()
+        .expect("a C program");
+    let id = world.submit(&common::job(language, name, source)).await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let events = checked_stream(&world, &record).await;
+    let result = record.result.as_ref().expect("a result");
+    let stages: Vec<&JobEvent> = events
+        .iter()
+        .filter(|e| matches!(e, JobEvent::Stage { .. }))
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            &JobEvent::stage_start("compile"),
+            &JobEvent::stage_end("compile", result.compile.as_ref().expect("compiled")),
+            &JobEvent::stage_start("run"),
+            &JobEvent::stage_end("run", result.run.as_ref().expect("ran")),
+        ]
+    );
+    // The run's output is between the run's start and end.
+    let run_start = events
+        .iter()
+        .position(|e| *e == JobEvent::stage_start("run"))
+        .expect("run start");
+    assert_eq!(
+        events[run_start + 1..events.len() - 1],
+        [JobEvent::stdout(b"hello from c\n".to_vec())]
+    );
+    world.assert_settled(&id).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_tiny_writes_is_coalesced() {
+    let world = World::new().await;
+    let id = world
+        .submit(&python(
+            "import sys\nfor i in range(20000):\n    sys.stdout.write('x')\n    sys.stdout.flush()",
+        ))
+        .await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let events = checked_stream(&world, &record).await;
+    let expected = "x".repeat(20_000);
+    assert_eq!(run_stdout(&record), expected);
+    assert_eq!(streamed_stdout(&events), expected.as_bytes());
+    let count = output_events(&events);
+    assert!(
+        (1..500).contains(&count),
+        "{count} output events for 20000 writes"
+    );
+    // And as few Redis commands: every script call of the whole test
+    // (submit, start, the appends, finish).
+    let calls = script_calls(&world).await;
+    assert!(calls < 500, "{calls} script calls for 20000 writes");
+    assert_eq!(events.first(), Some(&JobEvent::stage_start("run")));
+    assert!(
+        matches!(
+            events.last(),
+            Some(JobEvent::Stage {
+                state: StageState::End,
+                ..
+            })
+        ),
+        "{:?}",
+        events.last()
+    );
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn streamed_output_stops_at_the_output_limit() {
+    let world = World::new().await;
+    let spec = JobSpec {
+        limits: LimitsRequest {
+            output_bytes: Some(1000),
+            ..Default::default()
+        },
+        ..python("import sys\nwhile True:\n    sys.stdout.write('y' * 7)\n    sys.stdout.flush()")
+    };
+    let id = world.submit(&spec).await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    let events = checked_stream(&world, &record).await;
+    let result = record.result.as_ref().expect("a result");
+    let run = result.run.as_ref().expect("a run stage");
+    assert_eq!(run.stdout.as_bytes(), "y".repeat(1000).as_bytes());
+    assert_eq!(streamed_stdout(&events), "y".repeat(1000).as_bytes());
+    assert_eq!(
+        output_events(&events),
+        events
+            .iter()
+            .filter(|e| matches!(e, JobEvent::Stdout { .. }))
+            .count()
+    );
+    let end = events.last().expect("a stage end");
+    assert_eq!(*end, JobEvent::stage_end("run", run));
+    let JobEvent::Stage {
+        state,
+        truncated,
+        reason,
+        ..
+    } = end
+    else {
+        panic!("{end:?}")
+    };
+    assert_eq!(*state, StageState::End);
+    assert_eq!(*truncated, Some(true));
+    assert_eq!(*reason, Some(code_runner::protocol::Reason::OutputLimit));
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_events_stream_expires_with_the_job() {
+    let world = World::new().await;
+    let id = world.submit(&python("print('soon gone')")).await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let events = checked_stream(&world, &record).await;
+    assert_eq!(streamed_stdout(&events), b"soon gone\n");
+    let mut conn = world.redis.conn().await;
+    let ttl: i64 = conn.ttl(world.queue.keys().events(&id)).await.expect("TTL");
+    assert!(
+        (1..=3600).contains(&ttl),
+        "the events stream's TTL is {ttl}"
+    );
+    let job_ttl = world.job_ttl(&id).await;
+    assert!(
+        ttl.abs_diff(job_ttl) <= 1,
+        "the stream ({ttl} s) and the job ({job_ttl} s) expire together"
+    );
+    // Nothing is appended after the exit event, even by a late append.
+    assert_eq!(
+        world
+            .queue
+            .append_events(&id, &[JobEvent::stdout(b"late".to_vec())])
+            .await
+            .expect("redis answers"),
+        None
+    );
+    assert_eq!(
+        stream_events(&world, &id).await.len(),
+        events.len() + 3,
+        "queued, running and exit around the middle"
+    );
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
 }

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
+use super::stream::{EVENT_BUFFER, EventStream};
 use crate::job::{JobResult, JobSpec, PreparedJob, Status, Timings, prepare};
 use crate::queue::{QueueError, ReleaseOutcome, StartOutcome, now_ms};
 use crate::sandbox::JobIo;
@@ -202,15 +203,20 @@ impl Shared {
         }
     }
 
-    /// Runs the job in a sandbox with its control relay; the settled result.
+    /// Runs the job in a sandbox with its control relay and its events
+    /// stream; the settled result. Every event of the job is appended (or
+    /// given up on) before this returns, so the `exit` event the result
+    /// writes is the last one.
     async fn execute(&self, id: &str, job: &PreparedJob) -> JobResult {
         let cancel = self.drain_kill.child_token();
         let (input, input_rx) = mpsc::channel(INPUT_BUFFER);
+        let (events, events_rx) = mpsc::channel(EVENT_BUFFER);
         let io = JobIo {
-            events: None,
+            events: Some(events),
             input: Some(input_rx),
             cancel: cancel.clone(),
         };
+        let mut stream = EventStream::new(self.queue.clone(), id);
         let done = CancellationToken::new();
         let relay = ControlRelay {
             queue: &self.queue,
@@ -224,7 +230,10 @@ impl Shared {
             done.cancel();
             result
         };
-        let (result, client_cancelled) = tokio::join!(run, relay.run());
+        // The engine drops the events sender when the job ends, which ends
+        // `follow`.
+        let (result, client_cancelled, ()) =
+            tokio::join!(run, relay.run(), stream.follow(events_rx));
         let kill = if client_cancelled {
             Some(Kill::Client)
         } else if self.drain_kill.is_cancelled() {
@@ -232,7 +241,9 @@ impl Shared {
         } else {
             None
         };
-        settle(result, kill, self.config.drain_timeout)
+        let result = settle(result, kill, self.config.drain_timeout);
+        stream.close(&result, &self.give_up).await;
+        result
     }
 
     /// Writes the result, then counts and logs the job.

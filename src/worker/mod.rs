@@ -7,7 +7,9 @@
 //!   result is durable.
 //! - Claims block on a dedicated connection (`BLMOVE`, 1 s), never on the
 //!   pool. Each running job reads its control stream (cancel, stdin,
-//!   signals) on a dedicated connection of its own ([`control`]).
+//!   signals) on a dedicated connection of its own ([`control`]), and
+//!   streams its stage and output events into its events stream,
+//!   coalesced ([`stream`]).
 //! - Redis failures are retried with backoff ([`backoff`]); the worker never
 //!   exits because Redis blipped, and never drops a result silently.
 //! - Shutdown: stop claiming at once (a claim that returns after shutdown
@@ -20,6 +22,7 @@ mod backoff;
 mod control;
 mod heartbeat;
 mod job;
+mod stream;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
