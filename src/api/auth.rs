@@ -160,8 +160,15 @@ impl ApiKeys {
 
     /// Authenticates a request by its `Authorization: Bearer <key>` header.
     pub fn authenticate(&self, parts: &Parts) -> Result<Caller, ApiError> {
-        let value = parts
-            .headers
+        self.authenticate_headers(&parts.headers)
+    }
+
+    /// [`ApiKeys::authenticate`] from the headers alone.
+    pub fn authenticate_headers(
+        &self,
+        headers: &axum::http::HeaderMap,
+    ) -> Result<Caller, ApiError> {
+        let value = headers
             .get(header::AUTHORIZATION)
             .ok_or(ApiError::Unauthorized("missing bearer api key"))?;
         let key = value

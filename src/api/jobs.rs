@@ -142,7 +142,7 @@ pub(super) fn rfc3339(ms: u64) -> String {
 
 /// A job id from a path: a UUID, in its canonical form. Anything else is a
 /// job that does not exist.
-fn job_id(text: &str) -> Result<String, ApiError> {
+pub(super) fn job_id(text: &str) -> Result<String, ApiError> {
     uuid::Uuid::parse_str(text)
         .map(|id| id.hyphenated().to_string())
         .map_err(|_| ApiError::NotFound("job not found"))
@@ -219,7 +219,11 @@ fn parse_spec(body: &[u8]) -> Result<JobSpec, ApiError> {
 }
 
 /// The job of `id` if it exists and belongs to `caller`.
-async fn owned_job(state: &ApiState, caller: &Caller, id: &str) -> Result<JobRecord, ApiError> {
+pub(super) async fn owned_job(
+    state: &ApiState,
+    caller: &Caller,
+    id: &str,
+) -> Result<JobRecord, ApiError> {
     match state.inner.queue.get(id).await? {
         Some(record) if record.api_key == caller.name => Ok(record),
         _ => Err(ApiError::NotFound("job not found")),

@@ -7,23 +7,26 @@
 //! - [`error`]: the one error type and its JSON answers.
 //! - `jobs`: submit, status, cancel; the job view.
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
+//! - `streams`: the job's WebSocket and Server-Sent Events.
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
+//! - `GET /v1/jobs/{id}/ws`, `GET /v1/jobs/{id}/events` (API key or the
+//!   job's attach token);
 //! - `GET /v1/languages` (no key: the catalog is public, so an editor can
 //!   show it before anyone signs in);
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics` (no key; operators keep
 //!   them off the public network).
 //!
-//! The streams of a job (`/v1/jobs/{id}/ws`, `/v1/jobs/{id}/events`) are
-//! announced in every job view and come with the streams issue; they
-//! authenticate with [`tokens::TokenSigner::verify`] and end on
-//! [`ApiState`]'s shutdown token like `?wait=true` does.
+//! The streams of a job authenticate with [`tokens::TokenSigner::verify`]
+//! (or the API key) and end on [`ApiState`]'s shutdown token like
+//! `?wait=true` does.
 
 pub mod auth;
 pub mod error;
 mod jobs;
 mod ops;
+mod streams;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -35,6 +38,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
@@ -84,8 +88,12 @@ pub struct ApiState {
     inner: Arc<ApiConfig>,
     ops: ops::OpsState,
     /// Cancelled when the server shuts down: long requests (`?wait=true`,
-    /// later the streams) end early instead of holding the shutdown up.
+    /// the streams) end early instead of holding the shutdown up.
     shutdown: CancellationToken,
+    /// The WebSocket sessions: upgraded connections the HTTP server no
+    /// longer tracks, waited for (briefly) when it stops so each gets its
+    /// close frame out.
+    sessions: TaskTracker,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -117,6 +125,7 @@ impl ApiState {
             inner: Arc::new(config),
             ops,
             shutdown: CancellationToken::new(),
+            sessions: TaskTracker::new(),
         }
     }
 
@@ -141,6 +150,8 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .route("/v1/jobs", post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
+        .route("/v1/jobs/{id}/ws", get(streams::websocket))
+        .route("/v1/jobs/{id}/events", get(streams::events))
         .route("/v1/languages", get(ops::languages))
         .merge(ops::router(state.ops.clone()))
         .fallback(ops::no_route)
@@ -160,11 +171,28 @@ pub async fn serve(
     if let Ok(address) = listener.local_addr() {
         tracing::info!(address = %address, "The API is listening.");
     }
+    let sessions = state.sessions.clone();
     let app = router(state.with_shutdown(shutdown.clone()));
-    axum::serve(listener, app)
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await;
+    // The WebSocket sessions saw the same token: each sends its close (1001)
+    // and waits a moment for the client's answer.
+    sessions.close();
+    if tokio::time::timeout(SESSIONS_GRACE, sessions.wait())
         .await
+        .is_err()
+    {
+        tracing::warn!(
+            sessions = sessions.len(),
+            "WebSocket sessions did not close in time."
+        );
+    }
+    served
 }
+
+/// Longest the server waits for its WebSocket sessions to close at shutdown.
+const SESSIONS_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves /metrics, /healthz and /readyz for a worker-only process.
 pub async fn serve_ops(

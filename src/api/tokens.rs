@@ -1,11 +1,14 @@
 //! Job-scoped attach tokens: what a submit returns so a browser can open the
 //! job's stream without ever holding the API key.
 //!
-//! A token is `<expiry>.<signature>`: `expiry` in unix seconds, `signature`
-//! the unpadded base64url HMAC-SHA256 of `<job id>|<expiry>`. It is valid for
-//! that one job until it expires. Every API replica must sign with the same
-//! secret: a configured one, or else one generated once and shared through
-//! Redis.
+//! A token is `<job id>.<expiry>.<signature>`: `expiry` in unix seconds,
+//! `signature` the unpadded base64url HMAC-SHA256 of `<job id>|<expiry>`. It
+//! is valid for that one job until it expires. The job id travels in clear
+//! (the holder knows it anyway) so a genuine token presented for another job
+//! is told apart from a forged one (403, not 401). Tokens of the first form,
+//! `<expiry>.<signature>`, are still accepted for the job they were signed
+//! for. Every API replica must sign with the same secret: a configured one,
+//! or else one generated once and shared through Redis.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -23,8 +26,11 @@ type HmacSha256 = Hmac<Sha256>;
 pub enum TokenError {
     #[error("the attach token has expired")]
     Expired,
-    #[error("the attach token is not valid for this job")]
+    #[error("the attach token is not valid")]
     Invalid,
+    /// Genuine, but signed for another job.
+    #[error("the attach token is for another job")]
+    OtherJob,
 }
 
 /// Signs and checks attach tokens.
@@ -104,17 +110,22 @@ impl TokenSigner {
 
     fn sign_until(&self, job_id: &str, expiry: u64) -> String {
         let signature = self.mac(job_id, expiry).finalize().into_bytes();
-        format!("{expiry}.{}", URL_SAFE_NO_PAD.encode(signature))
+        format!("{job_id}.{expiry}.{}", URL_SAFE_NO_PAD.encode(signature))
     }
 
     /// Checks a token for `job_id`: the signature first (in constant time),
-    /// then the expiry, so only a genuine token is ever called expired.
+    /// then the job it names, then the expiry, so only a genuine token is
+    /// ever called expired or another job's.
     pub fn verify(&self, job_id: &str, token: &str) -> Result<(), TokenError> {
         self.verify_at(job_id, token, now_secs())
     }
 
     fn verify_at(&self, job_id: &str, token: &str, now: u64) -> Result<(), TokenError> {
-        let (expiry_text, signature) = token.split_once('.').ok_or(TokenError::Invalid)?;
+        let mut parts = token.rsplitn(3, '.');
+        let signature = parts.next().ok_or(TokenError::Invalid)?;
+        let expiry_text = parts.next().ok_or(TokenError::Invalid)?;
+        // The first form names no job: it can only be checked against this one.
+        let signed_for = parts.next().unwrap_or(job_id);
         if expiry_text.is_empty() || !expiry_text.bytes().all(|b| b.is_ascii_digit()) {
             return Err(TokenError::Invalid);
         }
@@ -122,9 +133,12 @@ impl TokenSigner {
         let signature = URL_SAFE_NO_PAD
             .decode(signature)
             .map_err(|_| TokenError::Invalid)?;
-        self.mac(job_id, expiry)
+        self.mac(signed_for, expiry)
             .verify_slice(&signature)
             .map_err(|_| TokenError::Invalid)?;
+        if signed_for != job_id {
+            return Err(TokenError::OtherJob);
+        }
         if expiry <= now {
             return Err(TokenError::Expired);
         }
@@ -148,8 +162,10 @@ mod tests {
         let signer = signer();
         let token = signer.sign(JOB);
         assert_eq!(signer.verify(JOB, &token), Ok(()));
-        assert_eq!(signer.verify(OTHER, &token), Err(TokenError::Invalid));
-        let (expiry, signature) = token.split_once('.').unwrap();
+        assert_eq!(signer.verify(OTHER, &token), Err(TokenError::OtherJob));
+        let (job, rest) = token.split_once('.').unwrap();
+        assert_eq!(job, JOB);
+        let (expiry, signature) = rest.split_once('.').unwrap();
         let expiry: u64 = expiry.parse().unwrap();
         assert!(expiry >= now_secs() + 59 && expiry <= now_secs() + 60);
         assert_eq!(signature.len(), 43);
@@ -166,9 +182,36 @@ mod tests {
             Err(TokenError::Expired)
         );
         // Moving the expiry forward breaks the signature.
-        let forged = token.replacen("1000", "9999", 1);
+        let forged = token.replacen(".1000.", ".9999.", 1);
         assert_eq!(
             signer.verify_at(JOB, &forged, 1000),
+            Err(TokenError::Invalid)
+        );
+        // So does naming another job.
+        let forged = token.replacen(JOB, OTHER, 1);
+        assert_eq!(
+            signer.verify_at(OTHER, &forged, 999),
+            Err(TokenError::Invalid)
+        );
+        // Another job's genuine token is told apart, expired or not.
+        assert_eq!(
+            signer.verify_at(OTHER, &token, 2000),
+            Err(TokenError::OtherJob)
+        );
+    }
+
+    #[test]
+    fn tokens_of_the_first_form_still_verify() {
+        let signer = signer();
+        let signature = URL_SAFE_NO_PAD.encode(signer.mac(JOB, 1000).finalize().into_bytes());
+        let token = format!("1000.{signature}");
+        assert_eq!(signer.verify_at(JOB, &token, 999), Ok(()));
+        assert_eq!(
+            signer.verify_at(JOB, &token, 1000),
+            Err(TokenError::Expired)
+        );
+        assert_eq!(
+            signer.verify_at(OTHER, &token, 999),
             Err(TokenError::Invalid)
         );
     }
@@ -188,6 +231,8 @@ mod tests {
             "12x.abc",
             "99999999999999999999999.abc",
             "123.!!!",
+            "a.b.c.d",
+            "x..abc",
         ] {
             assert_eq!(
                 signer().verify(JOB, garbage),

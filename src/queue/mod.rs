@@ -8,7 +8,8 @@
 //!   result, and `requeues` (times the reaper put it back after its worker
 //!   died before starting it). Expires `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
-//!   (`cancel`; later stdin and signals).
+//!   (`cancel`, stdin, stdin close, signals). The job hash counts the stdin
+//!   stream clients sent (`stdin_bytes`).
 //! - `job:<id>:events` — stream of the job's events (live output; later).
 //! - `worker:<wid>:processing` — list of the ids a worker has claimed.
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
@@ -174,6 +175,21 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// What became of a control message a stream client sent
+/// ([`Queue::send_input`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputOutcome {
+    /// On its way to the worker; `stdin_bytes` of stdin were sent so far.
+    Sent { stdin_bytes: u64 },
+    /// Refused whole: it would take the job's stdin past the budget, of
+    /// which `stdin_bytes` are used.
+    OverBudget { stdin_bytes: u64 },
+    /// The job has ended with this status: nothing was sent.
+    Ended(Status),
+    /// The job does not exist (any more).
+    Missing,
+}
+
 /// A control message for a running job, from `job:<id>:stdin`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Control {
@@ -208,6 +224,7 @@ pub struct Queue {
     release: std::sync::Arc<Script>,
     append_events: std::sync::Arc<Script>,
     reap_job: std::sync::Arc<Script>,
+    send_input: std::sync::Arc<Script>,
     forget_worker: std::sync::Arc<Script>,
     settle_stuck: std::sync::Arc<Script>,
 }
@@ -251,6 +268,7 @@ impl Queue {
             release: Script::new(scripts::RELEASE).into(),
             append_events: Script::new(scripts::APPEND_EVENTS).into(),
             reap_job: Script::new(scripts::REAP_JOB).into(),
+            send_input: Script::new(scripts::SEND_INPUT).into(),
             forget_worker: Script::new(scripts::FORGET_WORKER).into(),
             settle_stuck: Script::new(scripts::SETTLE_STUCK).into(),
         })
@@ -531,9 +549,6 @@ impl Queue {
         Ok(())
     }
 
-    /// Reads control messages for a job after stream id `after`, waiting up
-    /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
-    /// read and the messages (unknown ones are skipped).
     /// Appends a running job's events (in order); returns the last `seq`, or
     /// `None` when the job is no longer running (nothing was appended).
     pub async fn append_events(
@@ -597,30 +612,7 @@ impl Queue {
     /// running the job, through `job:<id>:stdin`. Messages sent while the job
     /// is queued wait there and are delivered in order once it starts.
     pub async fn send_control(&self, id: &str, control: &Control) -> Result<(), QueueError> {
-        use base64::Engine as _;
-        let mut fields: Vec<(&str, String)> = Vec::new();
-        match control {
-            Control::Cancel => fields.push(("type", "cancel".into())),
-            Control::StdinClose => fields.push(("type", "stdin_close".into())),
-            Control::Stdin(data) => {
-                fields.push(("type", "stdin".into()));
-                fields.push((
-                    "data",
-                    base64::engine::general_purpose::STANDARD.encode(data),
-                ));
-            }
-            Control::Signal(signal) => {
-                fields.push(("type", "signal".into()));
-                fields.push((
-                    "signal",
-                    match signal {
-                        crate::protocol::SignalKind::Interrupt => "interrupt",
-                        crate::protocol::SignalKind::Kill => "kill",
-                    }
-                    .into(),
-                ));
-            }
-        }
+        let fields = control_fields(control);
         let mut conn = self.conn().await?;
         let _: String = conn
             .xadd_maxlen(
@@ -633,6 +625,52 @@ impl Queue {
         Ok(())
     }
 
+    /// Sends a stream client's control message like [`Queue::send_control`],
+    /// but only while the job is queued or running, and with its stdin
+    /// counted against `max_stdin_bytes` per job (in the job hash, so every
+    /// connection and every API replica shares the count): one atomic step.
+    pub async fn send_input(
+        &self,
+        id: &str,
+        control: &Control,
+        max_stdin_bytes: u64,
+    ) -> Result<InputOutcome, QueueError> {
+        let bytes = match control {
+            Control::Stdin(data) => data.len() as u64,
+            _ => 0,
+        };
+        let mut invocation = self.send_input.key(self.keys.job(id));
+        invocation
+            .key(self.keys.stdin(id))
+            .arg(max_stdin_bytes)
+            .arg(bytes);
+        for (name, value) in control_fields(control) {
+            invocation.arg(name).arg(value);
+        }
+        let mut conn = self.conn().await?;
+        let (outcome, detail): (String, String) = invocation.invoke_async(&mut conn).await?;
+        Ok(match outcome.as_str() {
+            "sent" => InputOutcome::Sent {
+                stdin_bytes: detail.parse().unwrap_or(0),
+            },
+            "over" => InputOutcome::OverBudget {
+                stdin_bytes: detail.parse().unwrap_or(0),
+            },
+            "ended" => InputOutcome::Ended(parse_status(id, &detail)?),
+            _ => InputOutcome::Missing,
+        })
+    }
+
+    /// A job's status alone; `None` when the job does not exist.
+    pub async fn status(&self, id: &str) -> Result<Option<Status>, QueueError> {
+        let mut conn = self.conn().await?;
+        let status: Option<String> = conn.hget(self.keys.job(id), "status").await?;
+        status.map(|s| parse_status(id, &s)).transpose()
+    }
+
+    /// Reads control messages for a job after stream id `after`, waiting up
+    /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
+    /// read and the messages (unknown ones are skipped).
     pub async fn read_control(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
@@ -656,6 +694,33 @@ impl Queue {
             }
         }
         Ok((last, messages))
+    }
+}
+
+/// The fields of a control message in `job:<id>:stdin`.
+fn control_fields(control: &Control) -> Vec<(&'static str, String)> {
+    use base64::Engine as _;
+    match control {
+        Control::Cancel => vec![("type", "cancel".into())],
+        Control::StdinClose => vec![("type", "stdin_close".into())],
+        Control::Stdin(data) => vec![
+            ("type", "stdin".into()),
+            (
+                "data",
+                base64::engine::general_purpose::STANDARD.encode(data),
+            ),
+        ],
+        Control::Signal(signal) => vec![
+            ("type", "signal".into()),
+            (
+                "signal",
+                match signal {
+                    crate::protocol::SignalKind::Interrupt => "interrupt",
+                    crate::protocol::SignalKind::Kill => "kill",
+                }
+                .into(),
+            ),
+        ],
     }
 }
 

@@ -289,3 +289,38 @@ end
 return seq
 "#
 );
+
+/// KEYS: job, stdin stream. ARGV: most stdin bytes a job may be sent, bytes
+/// of stdin this message carries (0 for other messages), then the message's
+/// field/value pairs.
+/// Appends a control message from a stream client (stdin, stdin close, a
+/// signal) for the job's worker, only while the job is queued or running, so
+/// nothing is added to the stream of an ended job (its keys expire) and no
+/// key is created for a gone one. Stdin is counted in the job hash
+/// (`stdin_bytes`, across every connection); a message that would take the
+/// count over the budget is refused whole and not counted.
+/// Returns {sent, bytes used} | {over, bytes used} | {ended, status} |
+/// {missing, ''}.
+pub const SEND_INPUT: &str = r"
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then
+  return {'missing', ''}
+end
+if status ~= 'queued' and status ~= 'running' then
+  return {'ended', status}
+end
+local used = tonumber(redis.call('HGET', KEYS[1], 'stdin_bytes') or '0')
+local bytes = tonumber(ARGV[2])
+if bytes > 0 then
+  if used + bytes > tonumber(ARGV[1]) then
+    return {'over', tostring(used)}
+  end
+  used = redis.call('HINCRBY', KEYS[1], 'stdin_bytes', bytes)
+end
+local command = {'XADD', KEYS[2], 'MAXLEN', '~', '10000', '*'}
+for i = 3, #ARGV do
+  command[#command + 1] = ARGV[i]
+end
+redis.call(unpack(command))
+return {'sent', tostring(used)}
+";

@@ -1,0 +1,636 @@
+//! The streams of a job (DESIGN §7): `GET /v1/jobs/{id}/ws` (WebSocket,
+//! both ways) and `GET /v1/jobs/{id}/events` (Server-Sent Events, read-only).
+//!
+//! Both replay the job's events from its events stream (from the start, or
+//! after `?after=<seq>` / `Last-Event-ID`), then follow it live: one XREAD
+//! BLOCK of at most [`BLOCK_TIMEOUT`] at a time, on a Redis connection of the
+//! stream's own, until the `exit` event (then a normal close), the server's
+//! shutdown (WebSocket close 1001: reconnect with `?after=`) or the client
+//! leaves. Each event goes out as [`StoredEvent::wire`], `seq` first.
+//!
+//! Authentication: the API key (`Authorization: Bearer`; the job must be
+//! that key's, else 404) or the job's attach token, as `?token=` or, on the
+//! WebSocket, as the subprotocol `token.<token>` offered next to
+//! `code-runner` (the server selects `code-runner` and never echoes the
+//! token). No credentials, a forged or an expired token: 401; a genuine
+//! token of another job: 403; a job that does not exist (any more): 404,
+//! before any upgrade.
+//!
+//! Client frames (WebSocket text frames, JSON): `stdin` (`data`, `encoding`
+//! `utf8` (default) or `base64`), `stdin_close`, `signal` (`interrupt` |
+//! `kill`). Each is appended to the job's control stream before the next is
+//! read, so they reach the program in the order sent, also when sent while
+//! the job is still queued. A frame that cannot be acted on gets an `error`
+//! event (`{"type":"error","message":…}`, no `seq`) on this connection
+//! only, and the connection stays open.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade, close_code};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::ApiState;
+use super::error::ApiError;
+use super::jobs::{job_id, owned_job};
+use super::tokens::TokenError;
+use crate::job::Encoding;
+use crate::job::events::{JobEvent, StoredEvent};
+use crate::protocol::SignalKind;
+use crate::queue::{BLOCK_TIMEOUT, Control, InputOutcome, JobRecord, Queue, QueueError};
+
+/// The subprotocol the server selects.
+pub const SUBPROTOCOL: &str = "code-runner";
+/// The subprotocol a browser carries the attach token in: `token.<token>`.
+const TOKEN_SUBPROTOCOL_PREFIX: &str = "token.";
+/// Largest client frame acted on; a larger one (up to
+/// [`MAX_WIRE_MESSAGE_BYTES`]) gets an error event.
+pub const MAX_CLIENT_FRAME_BYTES: usize = 64 * 1024;
+/// Largest message the WebSocket reads at all; above it the connection is
+/// closed with 1009.
+const MAX_WIRE_MESSAGE_BYTES: usize = 1 << 20;
+/// Most events read from Redis at once.
+const READ_BATCH: usize = 100;
+/// How long the server waits for the client's answer to its close.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+/// Frames waiting to be written to one WebSocket; a slow client holds the
+/// reading of events back, not memory.
+const OUTBOX: usize = 64;
+/// A custom close code: the job disappeared (expired) while followed.
+const CLOSE_JOB_GONE: u16 = 4404;
+
+/// `?token=&after=` of both streams.
+#[derive(Debug, Deserialize)]
+pub(super) struct StreamQuery {
+    token: Option<String>,
+    after: Option<String>,
+}
+
+/// A `seq` to resume after, from `?after=` or `Last-Event-ID`.
+fn parse_after(text: Option<&str>, field: &'static str) -> Result<u64, ApiError> {
+    match text.map(str::trim) {
+        None | Some("") => Ok(0),
+        Some(text) => text.parse().map_err(|_| ApiError::InvalidRequest {
+            field,
+            message: format!("{text:?} is not an event seq (a non-negative integer)"),
+        }),
+    }
+}
+
+fn query_error(rejection: QueryRejection) -> ApiError {
+    ApiError::InvalidRequest {
+        field: "query",
+        message: rejection.body_text().to_lowercase(),
+    }
+}
+
+/// The attach token offered as the subprotocol `token.<token>`.
+fn subprotocol_token(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .map(str::trim)
+        .find_map(|protocol| protocol.strip_prefix(TOKEN_SUBPROTOCOL_PREFIX))
+        .map(str::to_string)
+}
+
+/// Who may open the job's streams: the API key it was submitted with, or its
+/// attach token. The key wins when both are given.
+async fn authorize(
+    state: &ApiState,
+    headers: &HeaderMap,
+    id: &str,
+    token: Option<&str>,
+) -> Result<JobRecord, ApiError> {
+    if headers.contains_key(header::AUTHORIZATION) {
+        let caller = state.keys().authenticate_headers(headers)?;
+        return owned_job(state, &caller, id).await;
+    }
+    let token = token.ok_or(ApiError::Unauthorized(
+        "give the api key (Authorization: Bearer) or the job's attach token",
+    ))?;
+    match state.tokens().verify(id, token) {
+        Ok(()) => {}
+        Err(TokenError::Expired) => {
+            return Err(ApiError::Unauthorized("the attach token has expired"));
+        }
+        Err(TokenError::Invalid) => {
+            return Err(ApiError::Unauthorized("the attach token is not valid"));
+        }
+        Err(TokenError::OtherJob) => {
+            return Err(ApiError::Forbidden("the attach token is for another job"));
+        }
+    }
+    state
+        .inner
+        .queue
+        .get(id)
+        .await?
+        .ok_or(ApiError::NotFound("job not found"))
+}
+
+// ---------------------------------------------------------------------------
+// following the events stream
+// ---------------------------------------------------------------------------
+
+/// What following the stream gave next.
+enum Step {
+    /// New events, in order; the last may be `exit`.
+    Events(Vec<StoredEvent>),
+    /// The job has ended and every event up to its `exit` was given.
+    Ended,
+    /// The job does not exist any more (it expired).
+    Gone,
+    /// The server is shutting down.
+    Shutdown,
+    Failed(QueueError),
+}
+
+/// The `type` of a stored event.
+fn event_type(json: &str) -> String {
+    #[derive(Deserialize)]
+    struct Head {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    serde_json::from_str::<Head>(json)
+        .map(|head| head.kind)
+        .ok()
+        .filter(|kind| !kind.is_empty() && !kind.contains(['\r', '\n', '\0']))
+        .unwrap_or_else(|| "message".to_string())
+}
+
+/// Reads a job's events from `after` on, on a connection of its own.
+struct Follower {
+    queue: Queue,
+    conn: deadpool_redis::redis::aio::MultiplexedConnection,
+    id: String,
+    after: u64,
+    /// The next read may block (the previous one found nothing new).
+    block: bool,
+    /// The last look at the job found it terminal.
+    terminal_seen: bool,
+    ended: bool,
+    shutdown: CancellationToken,
+}
+
+impl Follower {
+    async fn new(state: &ApiState, id: &str, after: u64) -> Result<Self, QueueError> {
+        let queue = state.inner.queue.clone();
+        let conn = queue.dedicated().await?;
+        Ok(Self {
+            queue,
+            conn,
+            id: id.to_string(),
+            after,
+            block: false,
+            terminal_seen: false,
+            ended: false,
+            shutdown: state.shutdown.clone(),
+        })
+    }
+
+    async fn next(&mut self) -> Step {
+        if self.ended {
+            return Step::Ended;
+        }
+        loop {
+            if self.shutdown.is_cancelled() {
+                return Step::Shutdown;
+            }
+            let block = self.block.then_some(BLOCK_TIMEOUT);
+            let read = tokio::select! {
+                read = self.queue.read_events(&mut self.conn, &self.id, self.after, READ_BATCH, block) => read,
+                () = self.shutdown.cancelled() => return Step::Shutdown,
+            };
+            let mut events = match read {
+                Ok(events) => events,
+                Err(error) => return Step::Failed(error),
+            };
+            if !events.is_empty() {
+                self.block = false;
+                self.terminal_seen = false;
+                if let Some(exit) = events.iter().position(|e| event_type(&e.json) == "exit") {
+                    events.truncate(exit + 1);
+                    self.ended = true;
+                }
+                self.after = events.last().map_or(self.after, |e| e.seq);
+                return Step::Events(events);
+            }
+            // Nothing new: a job that ended with its `exit` before `after`
+            // ends here; one that expired is gone.
+            match self.queue.status(&self.id).await {
+                Err(error) => return Step::Failed(error),
+                Ok(None) => return Step::Gone,
+                Ok(Some(status)) if status.is_terminal() => {
+                    // The exit event is written with the terminal status, in
+                    // one step: one more look finds it if it is new.
+                    if self.terminal_seen {
+                        self.ended = true;
+                        return Step::Ended;
+                    }
+                    self.terminal_seen = true;
+                    self.block = false;
+                }
+                Ok(Some(_)) => self.block = true,
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// WebSocket
+// ---------------------------------------------------------------------------
+
+/// A frame a client sends.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum ClientFrame {
+    Stdin {
+        data: String,
+        #[serde(default)]
+        encoding: Encoding,
+    },
+    StdinClose,
+    Signal {
+        signal: SignalKind,
+    },
+}
+
+/// `GET /v1/jobs/{id}/ws`.
+pub(super) async fn websocket(
+    State(state): State<ApiState>,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+    headers: HeaderMap,
+    upgrade: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id.map_err(|_| ApiError::NotFound("job not found"))?;
+    let id = job_id(&id)?;
+    let Query(query) = query.map_err(query_error)?;
+    let after = parse_after(query.after.as_deref(), "after")?;
+    let token = query.token.clone().or_else(|| subprotocol_token(&headers));
+    authorize(&state, &headers, &id, token.as_deref()).await?;
+    let upgrade = upgrade.map_err(|rejection| ApiError::InvalidRequest {
+        field: "upgrade",
+        message: rejection.body_text().to_lowercase(),
+    })?;
+    tracing::debug!(job.id = %id, after, "WebSocket stream opened.");
+    let sessions = state.sessions.clone();
+    Ok(upgrade
+        .protocols([SUBPROTOCOL])
+        .max_message_size(MAX_WIRE_MESSAGE_BYTES)
+        .max_frame_size(MAX_WIRE_MESSAGE_BYTES)
+        .on_failed_upgrade(|error| {
+            tracing::debug!(error = %error, "A WebSocket upgrade failed.");
+        })
+        .on_upgrade(move |socket| sessions.track_future(session(socket, state, id, after))))
+}
+
+fn close(code: u16, reason: &'static str) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.into(),
+    }))
+}
+
+fn error_frame(message: impl Into<String>) -> Message {
+    Message::text(JobEvent::error(message).to_json())
+}
+
+/// One WebSocket: a writer task owns the sending half; a follower task feeds
+/// it the events; this task reads the client's frames and acts on them in
+/// order.
+async fn session(socket: WebSocket, state: ApiState, id: String, after: u64) {
+    let (sink, mut incoming) = socket.split();
+    let (outbox, frames) = mpsc::channel::<Message>(OUTBOX);
+    let closed = CancellationToken::new();
+    let writer = tokio::spawn(write_frames(sink, frames, closed.clone()));
+    let follower = tokio::spawn(follow(state.clone(), id.clone(), after, outbox.clone()));
+    let max_stdin = state.inner.policy.max_stdin_bytes as u64;
+    loop {
+        let frame = tokio::select! {
+            frame = incoming.next() => frame,
+            // The server closed: the client has a moment to answer.
+            () = async {
+                closed.cancelled().await;
+                tokio::time::sleep(CLOSE_GRACE).await;
+            } => break,
+        };
+        let reply = match frame {
+            None | Some(Ok(Message::Close(_))) if closed.is_cancelled() => break,
+            None => break,
+            Some(Ok(Message::Close(_) | Message::Ping(_) | Message::Pong(_))) => continue,
+            Some(Ok(Message::Binary(_))) => Some(
+                "binary frames are not accepted; send JSON text frames (stdin bytes as \
+                 {\"type\":\"stdin\",\"data\":…,\"encoding\":\"base64\"})"
+                    .to_string(),
+            ),
+            Some(Ok(Message::Text(text))) => {
+                handle_frame(&state.inner.queue, &id, text.as_str(), max_stdin).await
+            }
+            Some(Err(error)) => {
+                tracing::debug!(job.id = %id, error = %error, "A WebSocket read failed.");
+                let _ = outbox
+                    .send(close(
+                        close_code::SIZE,
+                        "unreadable or oversize message (the limit is 1 MiB)",
+                    ))
+                    .await;
+                break;
+            }
+        };
+        if let Some(message) = reply
+            && outbox.send(error_frame(message)).await.is_err()
+        {
+            break;
+        }
+    }
+    follower.abort();
+    drop(outbox);
+    if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
+        tracing::debug!(job.id = %id, "A WebSocket writer did not finish in time.");
+    }
+    tracing::debug!(job.id = %id, "WebSocket stream closed.");
+}
+
+/// Writes frames until a close frame went out, the client is gone or every
+/// sender is dropped.
+async fn write_frames(
+    mut sink: futures_util::stream::SplitSink<WebSocket, Message>,
+    mut frames: mpsc::Receiver<Message>,
+    closed: CancellationToken,
+) {
+    while let Some(frame) = frames.recv().await {
+        let last = matches!(frame, Message::Close(_));
+        if sink.send(frame).await.is_err() || last {
+            break;
+        }
+    }
+    closed.cancel();
+}
+
+/// Sends the job's events to the writer, then the close that fits.
+async fn follow(state: ApiState, id: String, after: u64, outbox: mpsc::Sender<Message>) {
+    let mut follower = match Follower::new(&state, &id, after).await {
+        Ok(follower) => follower,
+        Err(error) => {
+            tracing::warn!(job.id = %id, error = %error, "Cannot follow a job's events.");
+            let _ = outbox
+                .send(close(
+                    close_code::ERROR,
+                    "the job store is unavailable; reconnect with ?after=<last seq>",
+                ))
+                .await;
+            return;
+        }
+    };
+    let last = loop {
+        match follower.next().await {
+            Step::Events(events) => {
+                for event in events {
+                    if outbox.send(Message::text(event.wire())).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Step::Ended => break close(close_code::NORMAL, "the job has ended"),
+            Step::Gone => {
+                let _ = outbox
+                    .send(error_frame("the job no longer exists (it expired)"))
+                    .await;
+                break close(CLOSE_JOB_GONE, "the job no longer exists");
+            }
+            Step::Shutdown => {
+                break close(
+                    close_code::AWAY,
+                    "the server is shutting down; reconnect with ?after=<last seq>",
+                );
+            }
+            Step::Failed(error) => {
+                tracing::warn!(job.id = %id, error = %error, "Following a job's events failed.");
+                break close(
+                    close_code::ERROR,
+                    "the job store is unavailable; reconnect with ?after=<last seq>",
+                );
+            }
+        }
+    };
+    let _ = outbox.send(last).await;
+}
+
+/// Acts on one client frame; `Some(message)`: the error event to answer with.
+async fn handle_frame(queue: &Queue, id: &str, text: &str, max_stdin: u64) -> Option<String> {
+    if text.len() > MAX_CLIENT_FRAME_BYTES {
+        return Some(format!(
+            "the frame is {} bytes, over the limit of {MAX_CLIENT_FRAME_BYTES}; \
+             send stdin in smaller frames (nothing of this frame was delivered)",
+            text.len()
+        ));
+    }
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(error) => return Some(format!("the frame is not JSON: {error}")),
+    };
+    let frame: ClientFrame = match serde_json::from_value(value) {
+        Ok(frame) => frame,
+        Err(error) => return Some(format!("not a valid frame: {error}")),
+    };
+    let control = match frame {
+        ClientFrame::Stdin { data, encoding } => {
+            let bytes = match encoding {
+                Encoding::Utf8 => data.into_bytes(),
+                Encoding::Base64 => {
+                    match base64::engine::general_purpose::STANDARD.decode(data.as_bytes()) {
+                        Ok(bytes) => bytes,
+                        Err(error) => {
+                            return Some(format!("stdin data is not valid base64: {error}"));
+                        }
+                    }
+                }
+            };
+            Control::Stdin(bytes)
+        }
+        ClientFrame::StdinClose => Control::StdinClose,
+        ClientFrame::Signal { signal } => Control::Signal(signal),
+    };
+    let bytes = match &control {
+        Control::Stdin(data) => data.len(),
+        _ => 0,
+    };
+    match queue.send_input(id, &control, max_stdin).await {
+        Ok(InputOutcome::Sent { .. }) => None,
+        Ok(InputOutcome::OverBudget { stdin_bytes }) => Some(format!(
+            "stdin limit reached: a job takes at most {max_stdin} bytes of stdin and \
+             {stdin_bytes} were sent; these {bytes} bytes were not delivered"
+        )),
+        Ok(InputOutcome::Ended(_)) => Some("the job has ended".to_string()),
+        Ok(InputOutcome::Missing) => Some("the job no longer exists".to_string()),
+        Err(error) => {
+            tracing::warn!(job.id = %id, error = %error, "Cannot pass a client frame on.");
+            Some("the job store is unavailable; the frame was not delivered, send it again".into())
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Server-Sent Events
+// ---------------------------------------------------------------------------
+
+fn sse_event(event: &StoredEvent) -> Event {
+    Event::default()
+        .id(event.seq.to_string())
+        .event(event_type(&event.json))
+        .data(event.wire())
+}
+
+fn sse_error(message: &str) -> Event {
+    Event::default()
+        .event("error")
+        .data(JobEvent::error(message).to_json())
+}
+
+/// `GET /v1/jobs/{id}/events`.
+pub(super) async fn events(
+    State(state): State<ApiState>,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<StreamQuery>, QueryRejection>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let Path(id) = id.map_err(|_| ApiError::NotFound("job not found"))?;
+    let id = job_id(&id)?;
+    let Query(query) = query.map_err(query_error)?;
+    let after = match headers.get("last-event-id") {
+        Some(value) => parse_after(
+            Some(value.to_str().map_err(|_| ApiError::InvalidRequest {
+                field: "Last-Event-ID",
+                message: "not an event seq".into(),
+            })?),
+            "Last-Event-ID",
+        )?,
+        None => parse_after(query.after.as_deref(), "after")?,
+    };
+    let record = authorize(&state, &headers, &id, query.token.as_deref()).await?;
+    let mut follower = Follower::new(&state, &id, after).await?;
+    // A finished job with nothing after `after`: 204, which tells an
+    // EventSource to stop reconnecting.
+    let first = if record.status.is_terminal() {
+        match follower.next().await {
+            Step::Events(events) => Some(events),
+            Step::Ended => return Ok(StatusCode::NO_CONTENT.into_response()),
+            Step::Gone => return Err(ApiError::NotFound("job not found")),
+            Step::Shutdown => return Err(ApiError::ShuttingDown),
+            Step::Failed(error) => return Err(error.into()),
+        }
+    } else {
+        None
+    };
+    tracing::debug!(job.id = %id, after, "Event stream opened.");
+    let stream = futures_util::stream::unfold(
+        Some((follower, first)),
+        |state| async move {
+            let (mut follower, first) = state?;
+            if let Some(events) = first {
+                let batch: Vec<Event> = events.iter().map(sse_event).collect();
+                return Some((batch, Some((follower, None))));
+            }
+            match follower.next().await {
+                Step::Events(events) => {
+                    let batch: Vec<Event> = events.iter().map(sse_event).collect();
+                    Some((batch, Some((follower, None))))
+                }
+                Step::Ended | Step::Shutdown => None,
+                Step::Gone => Some((vec![sse_error("the job no longer exists (it expired)")], None)),
+                Step::Failed(error) => {
+                    tracing::warn!(job.id = %follower.id, error = %error, "Following a job's events failed.");
+                    Some((
+                        vec![sse_error(
+                            "the job store is unavailable; reconnect with Last-Event-ID",
+                        )],
+                        None,
+                    ))
+                }
+            }
+        },
+    )
+    .flat_map(|batch| futures_util::stream::iter(batch.into_iter().map(Ok::<Event, Infallible>)));
+    let mut response = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_is_a_seq() {
+        assert_eq!(parse_after(None, "after").unwrap(), 0);
+        assert_eq!(parse_after(Some(""), "after").unwrap(), 0);
+        assert_eq!(parse_after(Some(" 12 "), "after").unwrap(), 12);
+        for bad in ["-1", "x", "1.5"] {
+            assert!(matches!(
+                parse_after(Some(bad), "after"),
+                Err(ApiError::InvalidRequest { field: "after", .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn the_token_subprotocol_is_found() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(subprotocol_token(&headers), None);
+        headers.insert(
+            header::SEC_WEBSOCKET_PROTOCOL,
+            HeaderValue::from_static("code-runner, token.j.1.abc"),
+        );
+        assert_eq!(subprotocol_token(&headers).as_deref(), Some("j.1.abc"));
+    }
+
+    #[test]
+    fn event_types() {
+        assert_eq!(
+            event_type(r#"{"type":"exit","status":"succeeded"}"#),
+            "exit"
+        );
+        assert_eq!(event_type(r#"{"type":"a\nb"}"#), "message");
+        assert_eq!(event_type("nope"), "message");
+    }
+
+    #[test]
+    fn client_frames() {
+        let frame: ClientFrame = serde_json::from_str(r#"{"type":"stdin","data":"x"}"#).unwrap();
+        assert!(matches!(
+            frame,
+            ClientFrame::Stdin {
+                encoding: Encoding::Utf8,
+                ..
+            }
+        ));
+        let frame: ClientFrame =
+            serde_json::from_str(r#"{"type":"signal","signal":"interrupt"}"#).unwrap();
+        assert!(matches!(
+            frame,
+            ClientFrame::Signal {
+                signal: SignalKind::Interrupt
+            }
+        ));
+        assert!(serde_json::from_str::<ClientFrame>(r#"{"type":"nope"}"#).is_err());
+    }
+}

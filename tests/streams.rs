@@ -1,0 +1,807 @@
+//! The streams of a job end to end (issue 4): `GET /v1/jobs/{id}/ws` and
+//! `GET /v1/jobs/{id}/events` of the real binary, with a real redis-server
+//! and the real dockerd; driven by clients not written in this project
+//! (Python's `websockets`, `curl -N`) and by tokio-tungstenite.
+
+mod common;
+
+use std::time::Duration;
+
+use code_runner::queue::{Control, InputOutcome, Queue};
+use common::daemon;
+use common::redis_server::RedisServer;
+use daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, python};
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::{self, Message};
+
+const JOB_DEADLINE: Duration = Duration::from_secs(90);
+/// Longest wait for one frame in these tests.
+const FRAME_WAIT: Duration = Duration::from_secs(60);
+
+/// A Python program that echoes each line it reads until EOF.
+const ECHO: &str = "\
+while True:
+    try:
+        line = input()
+    except EOFError:
+        print('bye', flush=True)
+        break
+    print('echo: ' + line, flush=True)
+";
+
+fn interactive(source: &str) -> Value {
+    let mut job = python(source);
+    job["interactive"] = json!(true);
+    job
+}
+
+/// How a client presents itself.
+enum Auth<'a> {
+    Key(&'a str),
+    Query(&'a str),
+    Subprotocol(&'a str),
+    None,
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// A WebSocket client of a job's stream.
+struct Ws {
+    socket: Socket,
+    /// The subprotocol the server selected.
+    protocol: Option<String>,
+    /// The close code, once the server closed.
+    close: Option<u16>,
+}
+
+fn ws_url(daemon: &Daemon, id: &str, query: &[(&str, String)]) -> String {
+    let mut url = format!("{}/v1/jobs/{id}/ws", daemon.url.replacen("http", "ws", 1));
+    for (index, (name, value)) in query.iter().enumerate() {
+        url.push(if index == 0 { '?' } else { '&' });
+        url.push_str(&format!("{name}={value}"));
+    }
+    url
+}
+
+impl Ws {
+    /// Connects; `Err(status)` when the server refused the upgrade.
+    async fn connect(
+        daemon: &Daemon,
+        id: &str,
+        after: Option<u64>,
+        auth: Auth<'_>,
+    ) -> Result<Ws, u16> {
+        let mut query = Vec::new();
+        if let Some(after) = after {
+            query.push(("after", after.to_string()));
+        }
+        if let Auth::Query(token) = &auth {
+            query.push(("token", (*token).to_string()));
+        }
+        let mut request = ws_url(daemon, id, &query).into_client_request().unwrap();
+        match &auth {
+            Auth::Key(key) => {
+                request
+                    .headers_mut()
+                    .insert("authorization", format!("Bearer {key}").parse().unwrap());
+            }
+            Auth::Subprotocol(token) => {
+                request.headers_mut().insert(
+                    "sec-websocket-protocol",
+                    format!("code-runner, token.{token}").parse().unwrap(),
+                );
+            }
+            Auth::Query(_) | Auth::None => {}
+        }
+        match tokio_tungstenite::connect_async(request).await {
+            Ok((socket, response)) => Ok(Ws {
+                socket,
+                protocol: response
+                    .headers()
+                    .get("sec-websocket-protocol")
+                    .map(|v| v.to_str().unwrap().to_string()),
+                close: None,
+            }),
+            Err(tungstenite::Error::Http(response)) => Err(response.status().as_u16()),
+            Err(other) => panic!("the WebSocket connection failed: {other}"),
+        }
+    }
+
+    async fn open(daemon: &Daemon, id: &str, after: Option<u64>) -> Ws {
+        Ws::connect(daemon, id, after, Auth::Key(KEY_A))
+            .await
+            .unwrap_or_else(|status| panic!("the WebSocket was refused with {status}"))
+    }
+
+    /// The next text frame as JSON; `None` once the server closed.
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            let frame = tokio::time::timeout(FRAME_WAIT, self.socket.next())
+                .await
+                .expect("a frame within the wait");
+            match frame {
+                Some(Ok(Message::Text(text))) => {
+                    return Some(
+                        serde_json::from_str(text.as_str())
+                            .unwrap_or_else(|e| panic!("a frame that is not JSON: {text:?}: {e}")),
+                    );
+                }
+                Some(Ok(Message::Close(frame))) => {
+                    self.close = Some(frame.map_or(1005, |f| u16::from(f.code)));
+                }
+                Some(Ok(Message::Binary(_))) => panic!("the server sent a binary frame"),
+                Some(Ok(_)) => {}
+                None | Some(Err(_)) => return None,
+            }
+        }
+    }
+
+    /// Frames until one matches `done` (returned last).
+    async fn until(&mut self, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
+        let mut frames = Vec::new();
+        loop {
+            let frame = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("the stream closed; frames so far: {frames:#?}"));
+            let stop = done(&frame);
+            frames.push(frame);
+            if stop {
+                return frames;
+            }
+        }
+    }
+
+    /// Every frame until the server closes.
+    async fn rest(&mut self) -> Vec<Value> {
+        let mut frames = Vec::new();
+        while let Some(frame) = self.next().await {
+            frames.push(frame);
+        }
+        frames
+    }
+
+    async fn send(&mut self, frame: Value) {
+        self.socket
+            .send(Message::text(frame.to_string()))
+            .await
+            .unwrap();
+    }
+
+    async fn send_raw(&mut self, message: Message) {
+        self.socket.send(message).await.unwrap();
+    }
+}
+
+fn stdin(data: &str) -> Value {
+    json!({"type": "stdin", "data": data})
+}
+
+fn seqs(frames: &[Value]) -> Vec<u64> {
+    frames.iter().filter_map(|f| f["seq"].as_u64()).collect()
+}
+
+/// The concatenated stdout of output frames.
+fn stdout_of(frames: &[Value]) -> String {
+    frames
+        .iter()
+        .filter(|f| f["type"] == "stdout")
+        .map(|f| {
+            assert!(f.get("encoding").is_none(), "{f}");
+            f["data"].as_str().unwrap()
+        })
+        .collect()
+}
+
+fn exit_of(frames: &[Value]) -> &Value {
+    let last = frames.last().expect("some frames");
+    assert_eq!(last["type"], "exit", "the last frame: {frames:#?}");
+    last
+}
+
+async fn serve(redis: &RedisServer) -> Daemon {
+    DaemonBuilder::new(Role::Serve, redis).start().await
+}
+
+fn token_of(answer: &daemon::Answer) -> String {
+    answer.body["token"].as_str().unwrap().to_string()
+}
+
+// ---------------------------------------------------------------------------
+// a client not written in this project: Python's websockets
+// ---------------------------------------------------------------------------
+
+const PYTHON_CLIENT: &str = r#"
+import asyncio, json, sys
+import websockets
+
+async def main(url, token, lines):
+    frames = []
+    async with websockets.connect(url, subprotocols=["code-runner", "token." + token]) as ws:
+        async def until(pred):
+            while True:
+                frame = json.loads(await asyncio.wait_for(ws.recv(), 60))
+                frames.append(frame)
+                if pred(frame):
+                    return
+        for line in lines:
+            await ws.send(json.dumps({"type": "stdin", "data": line + "\n"}))
+            await until(lambda f: f.get("type") == "stdout" and ("echo: " + line + "\n") in
+                        "".join(x["data"] for x in frames if x.get("type") == "stdout"))
+            frames.append({"client": "sent-next"})
+        await ws.send(json.dumps({"type": "stdin_close"}))
+        try:
+            while True:
+                frames.append(json.loads(await asyncio.wait_for(ws.recv(), 60)))
+        except websockets.exceptions.ConnectionClosedOK as closed:
+            close = closed.rcvd.code if closed.rcvd else None
+        print(json.dumps({"protocol": ws.subprotocol, "close": close, "frames": frames}))
+
+asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+"#;
+
+#[tokio::test]
+async fn python_websockets_drives_an_interactive_echo_program() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let answer = daemon.submit(&interactive(ECHO)).await;
+    assert_eq!(answer.status, 202, "{answer:#?}");
+    let id = answer.id();
+    let token = token_of(&answer);
+    let url = ws_url(&daemon, &id, &[]);
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("/usr/bin/python3")
+            .args(["-c", PYTHON_CLIENT, &url, &token, "one", "two", "three"])
+            .output()
+            .expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "the Python client failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        daemon.log()
+    );
+    let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["protocol"], "code-runner", "{report:#}");
+    assert_eq!(report["close"], 1000, "{report:#}");
+    let frames: Vec<Value> = report["frames"].as_array().unwrap().clone();
+    // Each reply came before the next line was sent: the client only sent
+    // the next line after the reply arrived, and it did arrive.
+    let events: Vec<Value> = frames
+        .iter()
+        .filter(|f| f.get("client").is_none())
+        .cloned()
+        .collect();
+    let numbered = seqs(&events);
+    assert_eq!(numbered, (1..=numbered.len() as u64).collect::<Vec<_>>());
+    assert_eq!(
+        stdout_of(&events),
+        "echo: one\necho: two\necho: three\nbye\n"
+    );
+    let exit = exit_of(&events);
+    assert_eq!(exit["status"], "succeeded", "{exit:#}");
+    assert_eq!(exit["result"]["run"]["exit_code"], 0, "{exit:#}");
+    assert_eq!(events[0]["type"], "status");
+    assert_eq!(events[0]["status"], "queued");
+}
+
+// ---------------------------------------------------------------------------
+// replay, resume, several clients
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn reconnecting_with_after_loses_and_repeats_nothing_and_clients_agree() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let answer = daemon
+        .submit(&python(
+            "import time\nfor i in range(30):\n    print(i, flush=True)\n    time.sleep(0.05)\n",
+        ))
+        .await;
+    let id = answer.id();
+    let mut whole = Ws::open(&daemon, &id, None).await;
+    let mut first = Ws::open(&daemon, &id, None).await;
+    // Part of the run, then the client goes away in the middle.
+    let head = first.until(|f| f["type"] == "stdout").await;
+    let last_seen = *seqs(&head).last().unwrap();
+    drop(first);
+    let mut second = Ws::open(&daemon, &id, Some(last_seen)).await;
+    let tail = second.rest().await;
+    assert_eq!(second.close, Some(1000));
+    let resumed: Vec<Value> = head.into_iter().chain(tail).collect();
+    let numbered = seqs(&resumed);
+    assert_eq!(numbered, (1..=numbered.len() as u64).collect::<Vec<_>>());
+    exit_of(&resumed);
+    let stdout = stdout_of(&resumed);
+    let expected: String = (0..30).map(|i| format!("{i}\n")).collect();
+    assert_eq!(stdout, expected);
+
+    let all = whole.rest().await;
+    assert_eq!(whole.close, Some(1000));
+    assert_eq!(all, resumed, "two clients of one job saw different events");
+
+    // A client that comes after the end gets the whole story, and the close.
+    let mut late = Ws::open(&daemon, &id, None).await;
+    assert_eq!(late.rest().await, all);
+    assert_eq!(late.close, Some(1000));
+    // Resuming after the exit: nothing more, a normal close.
+    let mut after_end = Ws::open(&daemon, &id, Some(numbered.len() as u64)).await;
+    assert_eq!(after_end.rest().await, Vec::<Value>::new());
+    assert_eq!(after_end.close, Some(1000));
+}
+
+#[tokio::test]
+async fn stdin_sent_while_queued_is_delivered_in_order() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let answer = api.submit(&interactive(ECHO)).await;
+    let id = answer.id();
+    let mut ws = Ws::open(&api, &id, None).await;
+    let queued = ws.next().await.unwrap();
+    assert_eq!(queued["status"], "queued");
+    ws.send(stdin("first\n")).await;
+    ws.send(json!({"type": "stdin", "data": "c2Vjb25kCg==", "encoding": "base64"}))
+        .await;
+    ws.send(json!({"type": "stdin_close"})).await;
+    assert_eq!(api.job(&id).await["status"], "queued");
+    let _worker = DaemonBuilder::new(Role::Worker, &redis).start().await;
+    let frames = ws.rest().await;
+    assert_eq!(ws.close, Some(1000));
+    assert_eq!(stdout_of(&frames), "echo: first\necho: second\nbye\n");
+    assert_eq!(exit_of(&frames)["status"], "succeeded");
+}
+
+// ---------------------------------------------------------------------------
+// signals
+// ---------------------------------------------------------------------------
+
+const SIGNALS: &str = "\
+import time
+print('ready', flush=True)
+try:
+    while True:
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    print('caught', flush=True)
+while True:
+    time.sleep(0.05)
+";
+
+#[tokio::test]
+async fn interrupt_is_a_keyboard_interrupt_and_kill_ends_the_program() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let id = daemon.submit(&interactive(SIGNALS)).await.id();
+    let mut ws = Ws::open(&daemon, &id, None).await;
+    let mut frames = ws.until(|f| f["type"] == "stdout").await;
+    assert_eq!(stdout_of(&frames), "ready\n");
+    ws.send(json!({"type": "signal", "signal": "interrupt"}))
+        .await;
+    frames.extend(ws.until(|f| f["type"] == "stdout").await);
+    assert_eq!(stdout_of(&frames), "ready\ncaught\n");
+    ws.send(json!({"type": "signal", "signal": "kill"})).await;
+    frames.extend(ws.rest().await);
+    assert_eq!(ws.close, Some(1000));
+    let exit = exit_of(&frames);
+    let run = &exit["result"]["run"];
+    assert_eq!(run["reason"], "killed", "{exit:#}");
+    assert_eq!(exit["status"], KILLED_STATUS, "{exit:#}");
+}
+
+/// The job status of a program killed by its client's `kill`.
+const KILLED_STATUS: &str = "failed";
+
+// ---------------------------------------------------------------------------
+// authentication
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn tokens_keys_and_jobs_are_checked_before_the_upgrade() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let first = daemon.submit(&python("print('hi')")).await;
+    let second = daemon.submit(&python("print('ho')")).await;
+    let (id, token) = (first.id(), token_of(&first));
+    let other_token = token_of(&second);
+    daemon.wait_terminal(&id, JOB_DEADLINE).await;
+
+    let status = |r: Result<Ws, u16>| r.err().unwrap_or(101);
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::None).await),
+        401
+    );
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Query("1.2.3")).await),
+        401
+    );
+    // The expiry moved forward: the signature no longer matches.
+    let forged = format!("{id}.9{}", &token[id.len() + 1..]);
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Query(&forged)).await),
+        401
+    );
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Query(&other_token)).await),
+        403
+    );
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Subprotocol(&other_token)).await),
+        403
+    );
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Key(KEY_B)).await),
+        404
+    );
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Key("not-a-key-0123456789")).await),
+        401
+    );
+    let unknown = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        status(Ws::connect(&daemon, &unknown, None, Auth::Key(KEY_A)).await),
+        404
+    );
+
+    // The token works as a query parameter and as a subprotocol; the server
+    // selects `code-runner` and never echoes the token.
+    for (auth, protocol) in [
+        (Auth::Query(&token), None),
+        (Auth::Subprotocol(&token), Some("code-runner")),
+    ] {
+        let mut ws = Ws::connect(&daemon, &id, None, auth).await.unwrap();
+        assert_eq!(ws.protocol.as_deref(), protocol);
+        let frames = ws.rest().await;
+        assert_eq!(exit_of(&frames)["status"], "succeeded");
+        assert_eq!(ws.close, Some(1000));
+    }
+
+    // The SSE stream checks the same way.
+    let events = |query: String, key: Option<&'static str>| {
+        let daemon = &daemon;
+        let id = id.clone();
+        async move {
+            daemon
+                .get(&format!("/v1/jobs/{id}/events{query}"), key)
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    assert_eq!(events(String::new(), None).await, 401);
+    assert_eq!(events(format!("?token={other_token}"), None).await, 403);
+    assert_eq!(events(String::new(), Some(KEY_B)).await, 404);
+    assert_eq!(events(format!("?token={token}"), None).await, 200);
+    assert_eq!(events("?after=x".into(), Some(KEY_A)).await, 400);
+
+    // A job whose keys expired is gone: 404 even with its token.
+    redis.cli(&["DEL", &format!("job:{id}"), &format!("job:{id}:events")]);
+    assert_eq!(
+        status(Ws::connect(&daemon, &id, None, Auth::Query(&token)).await),
+        404
+    );
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_TOKEN_TTL_SECS", 1)
+        .start()
+        .await;
+    let answer = daemon.submit(&python("print('hi')")).await;
+    let (id, token) = (answer.id(), token_of(&answer));
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let refused = Ws::connect(&daemon, &id, None, Auth::Query(&token)).await;
+    assert_eq!(refused.err(), Some(401));
+    let answer = daemon
+        .get(&format!("/v1/jobs/{id}/events?token={token}"), None)
+        .await;
+    assert_eq!(answer.status, 401, "{answer:#?}");
+    assert!(answer.error().1.contains("expired"), "{answer:#?}");
+}
+
+// ---------------------------------------------------------------------------
+// bad frames and bounds
+// ---------------------------------------------------------------------------
+
+#[tokio::test]
+async fn bad_frames_get_an_error_event_and_the_connection_stays() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let id = daemon.submit(&interactive(ECHO)).await.id();
+    let mut ws = Ws::open(&daemon, &id, None).await;
+    let oversize = stdin(&"x".repeat(70 * 1024)).to_string();
+    let cases: Vec<(Message, &str)> = vec![
+        (Message::text("hello"), "the frame is not JSON"),
+        (
+            Message::text(r#"{"type":"shout","data":"x"}"#),
+            "unknown variant `shout`",
+        ),
+        (Message::text(r#"{"data":"x"}"#), "missing field `type`"),
+        (
+            Message::text(r#"{"type":"stdin","data":"@@@","encoding":"base64"}"#),
+            "not valid base64",
+        ),
+        (
+            Message::text(r#"{"type":"signal","signal":"hup"}"#),
+            "unknown variant `hup`",
+        ),
+        (
+            Message::binary(vec![1u8, 2, 3]),
+            "binary frames are not accepted",
+        ),
+        (Message::text(oversize), "over the limit of 65536"),
+    ];
+    for (message, expected) in cases {
+        ws.send_raw(message).await;
+        let frames = ws.until(|f| f["type"] == "error").await;
+        let error = frames.last().unwrap();
+        assert!(error.get("seq").is_none(), "{error}");
+        let text = error["message"].as_str().unwrap();
+        assert!(
+            text.contains(expected),
+            "{text:?} does not say {expected:?}"
+        );
+    }
+    // Still usable.
+    ws.send(stdin("fine\n")).await;
+    let frames = ws
+        .until(|f| f["type"] == "stdout" && f["data"].as_str().unwrap().contains("fine"))
+        .await;
+    assert!(stdout_of(&frames).contains("echo: fine\n"));
+    ws.send(json!({"type": "stdin_close"})).await;
+    let frames = ws.rest().await;
+    assert_eq!(exit_of(&frames)["status"], "succeeded");
+    assert_eq!(ws.close, Some(1000));
+
+    // A message the server will not even read (over 1 MiB) closes with 1009.
+    let id = daemon.submit(&interactive(ECHO)).await.id();
+    let mut ws = Ws::open(&daemon, &id, None).await;
+    ws.send(stdin(&"x".repeat(2 << 20))).await;
+    ws.rest().await;
+    assert_eq!(ws.close, Some(1009));
+    daemon.cancel(&id).await;
+}
+
+#[tokio::test]
+async fn stdin_beyond_the_budget_is_refused_with_an_error() {
+    let redis = RedisServer::start();
+    // No worker: the job stays queued and its stdin waits in Redis.
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let id = api.submit(&interactive(ECHO)).await.id();
+    let mut ws = Ws::open(&api, &id, None).await;
+    let budget: usize = 8 << 20;
+    let chunk = "y".repeat(64 * 1000);
+    let mut sent = 0;
+    while sent + chunk.len() <= budget {
+        ws.send(stdin(&chunk)).await;
+        sent += chunk.len();
+    }
+    // One more chunk does not fit: refused whole, with the numbers.
+    ws.send(stdin(&chunk)).await;
+    let frames = ws.until(|f| f["type"] == "error").await;
+    let message = frames.last().unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains(&format!("at most {budget} bytes"))
+            && message.contains(&format!("{sent} were sent")),
+        "{message}"
+    );
+    assert_eq!(redis.job_field(&id, "stdin_bytes"), sent.to_string());
+    // What still fits goes through (no error), counted across connections.
+    let mut again = Ws::open(&api, &id, None).await;
+    again.send(stdin(&"z".repeat(budget - sent))).await;
+    again.send(stdin("!")).await;
+    let frames = again.until(|f| f["type"] == "error").await;
+    assert!(
+        frames.last().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("these 1 bytes were not delivered")
+    );
+    assert_eq!(redis.job_field(&id, "stdin_bytes"), budget.to_string());
+    // Cancelled: both clients get the exit and a normal close.
+    assert_eq!(api.cancel(&id).await.status, 200);
+    for client in [&mut ws, &mut again] {
+        let frames = client.rest().await;
+        assert_eq!(exit_of(&frames)["status"], "cancelled");
+        assert_eq!(client.close, Some(1000));
+    }
+}
+
+#[tokio::test]
+async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let queue = Queue::new(&redis.url(), "", Duration::from_secs(60), 2).unwrap();
+    let id = api.submit(&interactive(ECHO)).await.id();
+    assert_eq!(
+        queue
+            .send_input(&id, &Control::Stdin(b"abc".to_vec()), 5)
+            .await
+            .unwrap(),
+        InputOutcome::Sent { stdin_bytes: 3 }
+    );
+    assert_eq!(
+        queue
+            .send_input(&id, &Control::Stdin(b"abc".to_vec()), 5)
+            .await
+            .unwrap(),
+        InputOutcome::OverBudget { stdin_bytes: 3 }
+    );
+    assert_eq!(
+        queue
+            .send_input(&id, &Control::StdinClose, 5)
+            .await
+            .unwrap(),
+        InputOutcome::Sent { stdin_bytes: 3 }
+    );
+    assert_eq!(redis.cli(&["XLEN", &format!("job:{id}:stdin")]), "2");
+    assert_eq!(api.cancel(&id).await.status, 200);
+    assert_eq!(
+        queue
+            .send_input(&id, &Control::StdinClose, 5)
+            .await
+            .unwrap(),
+        InputOutcome::Ended(code_runner::job::Status::Cancelled)
+    );
+    let unknown = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        queue
+            .send_input(&unknown, &Control::StdinClose, 5)
+            .await
+            .unwrap(),
+        InputOutcome::Missing
+    );
+    // No key was made for the unknown job.
+    assert_eq!(
+        redis.cli(&[
+            "EXISTS",
+            &format!("job:{unknown}"),
+            &format!("job:{unknown}:stdin")
+        ]),
+        "0"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Server-Sent Events, with curl
+// ---------------------------------------------------------------------------
+
+/// `curl -sN` of a job's events with `headers`; the SSE text.
+async fn curl_events(
+    daemon: &Daemon,
+    id: &str,
+    query: &str,
+    headers: &[String],
+) -> (String, String) {
+    let url = format!("{}/v1/jobs/{id}/events{query}", daemon.url);
+    let headers = headers.to_vec();
+    let output = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new("curl");
+        command.args(["-sN", "--max-time", "60", "-w", "\n%{http_code}"]);
+        for header in &headers {
+            command.args(["-H", header]);
+        }
+        command.arg(&url).output().expect("curl runs")
+    })
+    .await
+    .unwrap();
+    assert!(output.status.success(), "curl failed: {output:?}");
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, code) = text.rsplit_once('\n').unwrap();
+    (body.to_string(), code.to_string())
+}
+
+/// The events of an SSE text: (id, event, data as JSON).
+fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
+    text.split("\n\n")
+        .filter(|block| !block.trim().is_empty() && !block.starts_with(':'))
+        .map(|block| {
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                    .unwrap_or_else(|| panic!("no {name} in {block:?}"))
+                    .to_string()
+            };
+            let lines: Vec<&str> = block.lines().collect();
+            assert_eq!(lines.len(), 3, "{block:?}");
+            assert!(lines[0].starts_with("id: ") && lines[1].starts_with("event: "));
+            (
+                field("id").parse().unwrap(),
+                field("event"),
+                serde_json::from_str(&field("data")).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn curl_reads_the_events_of_a_job_and_resumes_with_last_event_id() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let answer = daemon
+        .submit(&python(
+            "import sys\nprint('out')\nprint('err', file=sys.stderr)\n",
+        ))
+        .await;
+    let (id, token) = (answer.id(), token_of(&answer));
+    // Followed live by curl, which ends when the stream ends after `exit`.
+    let (live, code) = curl_events(
+        &daemon,
+        &id,
+        "",
+        &[format!("Authorization: Bearer {KEY_A}")],
+    )
+    .await;
+    assert_eq!(code, "200", "{live}");
+    let events = sse_events(&live);
+    let ids: Vec<u64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(ids, (1..=ids.len() as u64).collect::<Vec<_>>(), "{live}");
+    for (seq, kind, data) in &events {
+        assert_eq!(data["seq"], *seq);
+        assert_eq!(data["type"], kind.as_str());
+    }
+    let (_, last_kind, exit) = events.last().unwrap();
+    assert_eq!(last_kind, "exit");
+    assert_eq!(exit["result"]["run"]["stdout"], "out\n");
+    // The wire form puts seq first.
+    assert!(
+        live.contains("data: {\"seq\":1,\"type\":\"status\",\"status\":\"queued\"}"),
+        "{live}"
+    );
+
+    // The same events with the token, after the job ended.
+    let (again, _) = curl_events(&daemon, &id, &format!("?token={token}"), &[]).await;
+    assert_eq!(again, live);
+    // Resumed: only what came after.
+    let (resumed, code) = curl_events(
+        &daemon,
+        &id,
+        "?after=1",
+        &[
+            format!("Authorization: Bearer {KEY_A}"),
+            "Last-Event-ID: 2".into(),
+        ],
+    )
+    .await;
+    assert_eq!(code, "200");
+    let resumed = sse_events(&resumed);
+    assert_eq!(resumed, events[2..].to_vec());
+    let (from_query, _) = curl_events(&daemon, &id, &format!("?after=1&token={token}"), &[]).await;
+    assert_eq!(sse_events(&from_query), events[1..].to_vec());
+    // After the exit: 204, which stops an EventSource from reconnecting.
+    let (nothing, code) = curl_events(
+        &daemon,
+        &id,
+        "",
+        &[
+            format!("Authorization: Bearer {KEY_A}"),
+            format!("Last-Event-ID: {}", ids.len()),
+        ],
+    )
+    .await;
+    assert_eq!((nothing.as_str(), code.as_str()), ("", "204"));
+}
+
+#[tokio::test]
+async fn a_shutting_down_server_closes_with_going_away() {
+    let redis = RedisServer::start();
+    let mut api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let id = api.submit(&interactive(ECHO)).await.id();
+    let mut ws = Ws::open(&api, &id, None).await;
+    let queued = ws.next().await.unwrap();
+    assert_eq!(queued["seq"], 1);
+    api.sigterm();
+    assert_eq!(ws.rest().await, Vec::<Value>::new());
+    assert_eq!(ws.close, Some(1001));
+    assert!(api.wait_exit(Duration::from_secs(15)).await.success());
+}
