@@ -2,16 +2,30 @@
 //!
 //! It builds the job from the files and flags exactly as `sandbox run` does
 //! ([`JobArgs`]), submits it to `POST /v1/jobs` with a fresh
-//! `Idempotency-Key`, polls `GET /v1/jobs/<id>` until the job is terminal,
-//! prints the run stage's stdout and stderr (the compile stage's when
-//! compilation failed) and exits with [`exit::for_result`] of the result.
+//! `Idempotency-Key`, then follows the job over its WebSocket
+//! (`/v1/jobs/<id>/ws`, [`stream`]): the program's output is written as it
+//! arrives, and on the `exit` event the client exits with
+//! [`exit::for_result`] of the result. A stream that drops is resumed with
+//! `?after=<seq>` (nothing lost, nothing repeated); one that keeps failing, or
+//! an API without streams, is replaced by polling `GET /v1/jobs/<id>` until
+//! the job is terminal, and what the stream had not shown is written from
+//! the result. The compile stage's output is shown only when compilation
+//! failed.
+//!
+//! `-i`/`--interactive` submits an interactive job: each line typed goes to
+//! the program as a `stdin` frame, EOF (Ctrl-D) sends `stdin_close`, Ctrl-C
+//! sends the `interrupt` signal (a second one within 2 s sends `kill`), and
+//! the exit code is the program's.
 //!
 //! The client's own failures: a refused key or an invalid job exit 64; an API
 //! that cannot be reached, stays busy (429 for longer than [`BUSY_BUDGET`]) or
-//! is unavailable exits 69; Ctrl-C cancels the job (`DELETE`) and exits 130.
-//! Each comes with one `code-runner: …` line on stderr.
+//! is unavailable exits 69; Ctrl-C in a non-interactive run (or before the
+//! job is submitted) cancels the job (`DELETE`) and exits 130. Each comes with
+//! one `code-runner: …` line on stderr.
 
 mod job_args;
+mod printer;
+mod stream;
 
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
@@ -22,10 +36,12 @@ use serde::Deserialize;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::exit;
-use crate::job::{JobResult, Output, Status};
+use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 
 pub use job_args::JobArgs;
+use printer::Printer;
+use stream::{Followed, Follower};
 
 /// How long the client keeps retrying a submission the API refuses with 429.
 pub const BUSY_BUDGET: Duration = Duration::from_secs(30);
@@ -48,6 +64,10 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct RunArgs {
     #[command(flatten)]
     pub job: JobArgs,
+    /// Interactive: each line typed goes to the program as it is entered,
+    /// Ctrl-D closes its stdin, Ctrl-C interrupts it (twice: kills it).
+    #[arg(short, long, conflicts_with = "stdin")]
+    pub interactive: bool,
     /// Print the job (with its full result) as JSON at the end instead of the
     /// program's output.
     #[arg(long)]
@@ -122,7 +142,7 @@ pub async fn run(args: RunArgs) -> u8 {
         Ok(catalog) => catalog,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
     };
-    let spec = match args.job.job_spec(&catalog, false).await {
+    let spec = match args.job.job_spec(&catalog, args.interactive).await {
         Ok(spec) => spec,
         Err(message) => return fail(exit::USAGE, message),
     };
@@ -134,7 +154,8 @@ pub async fn run(args: RunArgs) -> u8 {
         Ok(api) => api,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
     };
-    // From here on Ctrl-C cancels the job instead of ending the process.
+    // From here on Ctrl-C cancels the job (interrupts it, once an
+    // interactive job is submitted) instead of ending the process.
     let mut interrupt = match signal(SignalKind::interrupt()) {
         Ok(interrupt) => interrupt,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
@@ -161,6 +182,25 @@ pub async fn run(args: RunArgs) -> u8 {
         }
     };
 
+    let input = args.interactive.then(stream::read_terminal);
+    let mut follower = Follower::new(&api.base, &id, &api.key, Printer::new(args.json), input);
+    let why = match follower.follow(&mut interrupt).await {
+        Followed::Exit(result) if !args.json => return finish(&mut follower.printer, &result),
+        // `--json` prints the job view: the exit event says it is terminal.
+        Followed::Exit(_) => None,
+        Followed::Interrupted => return cancel(&api, &id).await,
+        Followed::Failed(error) => return fail(error.exit_code(), error),
+        Followed::Fallback(why) => Some(why),
+    };
+    if let Some(why) = why {
+        tracing::debug!(%why, "following the job by polling");
+        if args.interactive {
+            eprintln!(
+                "code-runner: the job's stream is unavailable ({why}); \
+                 waiting for the job without sending input"
+            );
+        }
+    }
     let view = tokio::select! {
         view = api.wait_terminal(&id) => match view {
             Ok(view) => view,
@@ -168,7 +208,7 @@ pub async fn run(args: RunArgs) -> u8 {
         },
         _ = interrupt.recv() => return cancel(&api, &id).await,
     };
-    report(&view, args.json)
+    report(&view, args.json, &mut follower.printer)
 }
 
 /// Cancels the job after Ctrl-C; always exits 130.
@@ -187,7 +227,7 @@ async fn cancel(api: &Api, id: &str) -> u8 {
 }
 
 /// Prints the outcome of a terminal job and returns the exit code.
-fn report(view: &serde_json::Value, json: bool) -> u8 {
+fn report(view: &serde_json::Value, json: bool, printer: &mut Printer) -> u8 {
     let result = match view.get("result").filter(|r| !r.is_null()) {
         Some(result) => match serde_json::from_value::<JobResult>(result.clone()) {
             Ok(result) => result,
@@ -200,15 +240,18 @@ fn report(view: &serde_json::Value, json: bool) -> u8 {
         },
         None => return report_without_result(view, json),
     };
-    let (code, message) = exit::for_result(&result);
     if json {
+        let (code, _) = exit::for_result(&result);
         return print_json(view).map_or_else(|error| fail(exit::PLATFORM_ERROR, error), |()| code);
     }
-    // The compile stage's output when compilation failed, else the program's.
-    if let Some(stage) = result.run.as_ref().or(result.compile.as_ref()) {
-        write_all(&mut std::io::stdout().lock(), &stage.stdout);
-        write_all(&mut std::io::stderr().lock(), &stage.stderr);
-    }
+    finish(printer, &result)
+}
+
+/// Writes what is left of the program's output (the compiler's, when
+/// compilation failed) and the one-line explanation; returns the exit code.
+fn finish(printer: &mut Printer, result: &JobResult) -> u8 {
+    let (code, message) = exit::for_result(result);
+    printer.finish(result);
     if let Some(message) = message {
         eprintln!("code-runner: {message}");
     }
@@ -235,12 +278,6 @@ fn print_json(view: &serde_json::Value) -> Result<(), serde_json::Error> {
     let text = serde_json::to_string_pretty(view)?;
     println!("{text}");
     Ok(())
-}
-
-fn write_all(out: &mut impl std::io::Write, data: &Output) {
-    // A closed pipe (`| head`) is not the program's failure.
-    let _ = out.write_all(data.as_bytes());
-    let _ = out.flush();
 }
 
 /// The error body of the API: `{"error": {"code", "message", "field"?}}`.
