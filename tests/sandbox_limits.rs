@@ -266,3 +266,53 @@ async fn nonzero_exit_and_signals_are_reported() {
     assert_eq!(run.exit_code, None);
     harness.assert_clean().await;
 }
+
+#[tokio::test]
+async fn an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit() {
+    let harness = Harness::new().await;
+    let mut spec = job_with_limits(
+        "python",
+        "main.py",
+        "print('ready', flush=True)\nname = input()\nprint('never', name)\n",
+        LimitsRequest {
+            idle_ms: Some(1000),
+            wall_ms: Some(20_000),
+            ..Default::default()
+        },
+    );
+    spec.interactive = true;
+    let started = Instant::now();
+    let result = harness.run(&spec).await;
+    assert_eq!(result.status, Status::TimedOut, "{result:#?}");
+    let run = result.run.as_ref().unwrap();
+    assert_eq!(run.reason, Reason::IdleTimeout);
+    assert_eq!(stdout(&result), "ready\n");
+    assert!(run.wall_ms >= 1000, "wall_ms = {}", run.wall_ms);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the idle limit did not end it"
+    );
+    harness.assert_clean().await;
+}
+
+#[tokio::test]
+async fn the_wall_limit_still_caps_an_interactive_job() {
+    let harness = Harness::new().await;
+    // Output every 200 ms keeps the job from ever being idle.
+    let mut spec = job_with_limits(
+        "python",
+        "main.py",
+        "import time\nwhile True:\n    print('tick', flush=True)\n    time.sleep(0.2)\n",
+        LimitsRequest {
+            idle_ms: Some(1000),
+            wall_ms: Some(2000),
+            ..Default::default()
+        },
+    );
+    spec.interactive = true;
+    let result = harness.run(&spec).await;
+    assert_eq!(result.status, Status::TimedOut, "{result:#?}");
+    assert_eq!(result.run.as_ref().unwrap().reason, Reason::WallTimeout);
+    assert!(stdout(&result).starts_with("tick\ntick\n"));
+    harness.assert_clean().await;
+}
