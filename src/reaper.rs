@@ -191,10 +191,16 @@ impl Reaper {
                 None
             }
         };
-        self.reap_containers(fleet.as_ref(), &mut report).await;
+        // Dead workers that still have a container (one inside the grace
+        // period, or one Docker would not remove): they stay in the fleet so
+        // a later pass still knows those containers' worker is dead.
+        let with_containers = self.reap_containers(fleet.as_ref(), &mut report).await;
         if let Some(fleet) = &fleet {
             for worker in &fleet.dead {
-                if let Err(error) = self.reap_worker(worker, &mut report).await {
+                let forget = with_containers
+                    .as_ref()
+                    .is_some_and(|workers| !workers.contains(worker.as_str()));
+                if let Err(error) = self.reap_worker(worker, forget, &mut report).await {
                     tracing::warn!(worker.id = %worker, %error, "the reaper could not settle the jobs of a dead worker; retrying next pass");
                 }
             }
@@ -304,22 +310,31 @@ impl Reaper {
             .unwrap_or_default()
     }
 
-    async fn reap_containers(&self, fleet: Option<&Fleet>, report: &mut PassReport) {
+    /// Removes what `judge` condemns. Returns the workers that still have a
+    /// container afterwards, or `None` when Docker could not be listed.
+    async fn reap_containers(
+        &self,
+        fleet: Option<&Fleet>,
+        report: &mut PassReport,
+    ) -> Option<HashSet<String>> {
         let containers = match self.engine.list_sandboxes().await {
             Ok(containers) => containers,
             Err(error) => {
                 tracing::warn!(%error, "the reaper cannot list containers; retrying next pass");
-                return;
+                return None;
             }
         };
         let now = now_ms();
+        let mut remaining = HashSet::new();
         for container in containers {
             let verdict = judge(&container, fleet, now, self.config.grace);
             if verdict == ContainerVerdict::Keep {
+                remaining.insert(container.worker.clone());
                 continue;
             }
             if let Err(error) = self.engine.remove_sandbox(&container.id).await {
                 tracing::warn!(container.id = %container.id, %error, "the reaper could not remove a container; retrying next pass");
+                remaining.insert(container.worker.clone());
                 continue;
             }
             self.metrics
@@ -336,11 +351,18 @@ impl Reaper {
             );
             report.containers.push((container, verdict));
         }
+        Some(remaining)
     }
 
-    /// Settles every job in a dead worker's processing list, then forgets
-    /// the worker if the list is empty.
-    async fn reap_worker(&self, worker: &str, report: &mut PassReport) -> Result<(), QueueError> {
+    /// Settles every job in a dead worker's processing list, then, if
+    /// `forget` (none of its containers is left), forgets the worker once the
+    /// list is empty.
+    async fn reap_worker(
+        &self,
+        worker: &str,
+        forget: bool,
+        report: &mut PassReport,
+    ) -> Result<(), QueueError> {
         for id in self.queue.processing(worker).await? {
             let language = self.queue.job_language(&id).await?.unwrap_or_default();
             let results = self.lost_results(worker, &language);
@@ -365,7 +387,7 @@ impl Reaper {
             );
             report.jobs.push((worker.to_string(), id, outcome));
         }
-        if self.queue.forget_worker(worker).await? == ForgetOutcome::Forgotten {
+        if forget && self.queue.forget_worker(worker).await? == ForgetOutcome::Forgotten {
             tracing::info!(worker.id = %worker, "the reaper forgot a dead worker");
             report.forgotten.push(worker.to_string());
         }

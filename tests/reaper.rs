@@ -17,7 +17,7 @@ use bollard::query_parameters::CreateContainerOptions;
 use code_runner::job::JobSpec;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::metrics::Metrics;
-use code_runner::queue::{NewJob, Queue, ReapOutcome, SubmitOutcome, now_ms};
+use code_runner::queue::{NewJob, Queue, ReapOutcome, StartOutcome, SubmitOutcome, now_ms};
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use common::containers::{containers_labelled, docker, remove_labelled};
@@ -558,6 +558,86 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
     }
     assert_eq!(left.len(), 4);
     // The kept ones are removed by the guard.
+}
+
+#[tokio::test]
+async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    init_tracing();
+    let redis = RedisServer::start();
+    let queue = queue(&redis);
+    let harness = Harness::new().await;
+    let docker = docker().await;
+    let test = uuid::Uuid::new_v4().to_string();
+    let _cleanup = HandMade {
+        label: format!("code-runner.test={test}"),
+    };
+    // A worker that died right after it created a container: the container
+    // is inside the grace period, so this pass keeps it, and must also keep
+    // the worker in the fleet, or the next pass would take the container for
+    // an unknown worker's and leave it until its deadline.
+    let dead = format!("dead-{test}");
+    queue
+        .heartbeat(&dead, "{}", Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut conn = redis.conn().await;
+    let _: () = conn.del(queue.keys().heartbeat(&dead)).await.unwrap();
+    let now = now_ms();
+    let id = labelled_sleeper(&docker, &test, &dead, now, now + 600_000).await;
+
+    let (patient, _metrics) = reaper(queue.clone(), &harness, config(Duration::from_secs(30)));
+    let report = patient.pass().await;
+    assert!(report.containers.iter().all(|(c, _)| c.id != id));
+    assert!(report.forgotten.is_empty(), "{:?}", report.forgotten);
+    let member: bool = conn.sismember(queue.keys().workers(), &dead).await.unwrap();
+    assert!(member, "the worker was forgotten while its container lived");
+
+    // Once the grace has passed, the container goes, and then the worker.
+    let (prompt, _metrics) = reaper(queue.clone(), &harness, config(Duration::ZERO));
+    let report = prompt.pass().await;
+    let removed: Vec<_> = report
+        .containers
+        .iter()
+        .filter(|(c, _)| c.id == id)
+        .map(|(_, verdict)| *verdict)
+        .collect();
+    assert_eq!(removed, [ContainerVerdict::DeadWorker]);
+    assert_eq!(report.forgotten, [dead.clone()]);
+    let member: bool = conn.sismember(queue.keys().workers(), &dead).await.unwrap();
+    assert!(!member);
+}
+
+#[tokio::test]
+async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
+    let redis = RedisServer::start();
+    let queue = queue(&redis);
+    let id = submit(&queue, &job("python", "main.py", "print(1)")).await;
+    // A worker that stalled past its heartbeat: the reaper requeued the job
+    // it had claimed, so the id is no longer in its processing list.
+    assert_eq!(
+        queue.start(&id, "stalled").await.unwrap(),
+        StartOutcome::Skip("not_claimed".into())
+    );
+    assert_eq!(redis.job_field(&id, "status"), "queued");
+    assert_eq!(redis.queue_depth(), 1);
+    // The worker that claims it now starts it.
+    claim_for(&redis, &queue, "fresh", &id).await;
+    assert!(matches!(
+        queue.start(&id, "fresh").await.unwrap(),
+        StartOutcome::Start { attempts: 1, .. }
+    ));
+    // A retried start by the same worker (its first reply lost) keeps it claimed.
+    assert_eq!(
+        queue.start(&id, "fresh").await.unwrap(),
+        StartOutcome::Skip("running".into())
+    );
+    let mut conn = redis.conn().await;
+    let claimed: Vec<String> = conn
+        .lrange(queue.keys().processing("fresh"), 0, -1)
+        .await
+        .unwrap();
+    assert_eq!(claimed, [id.clone()]);
 }
 
 // ---------------------------------------------------------------------------

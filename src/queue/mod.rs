@@ -527,7 +527,11 @@ impl Queue {
     ) -> Result<(), QueueError> {
         let mut conn = self.conn().await?;
         redis::pipe()
-            .set_ex(self.keys.heartbeat(worker), value, ttl.as_secs().max(1))
+            .pset_ex(
+                self.keys.heartbeat(worker),
+                value,
+                (ttl.as_millis() as u64).max(1),
+            )
             .ignore()
             .sadd(self.keys.workers(), worker)
             .ignore()

@@ -73,10 +73,19 @@ return {'accepted', ARGV[1]}
 /// ARGV: id, worker id, now_ms.
 /// Returns {'start', spec, created_ms, attempts} when the job was queued (it
 /// is now running on this worker), else {'skip', status} and the id is
-/// dropped from the processing list.
+/// dropped from the processing list. A job no longer in this worker's
+/// processing list (a reaper took it back while this worker stalled) is not
+/// started: {'skip', 'not_claimed'}. A job this worker already started (a
+/// retried start whose first reply was lost) stays claimed: {'skip', 'running'}.
 pub const START: &str = with_events!(
     r#"
+if not redis.call('LPOS', KEYS[2], ARGV[1]) then
+  return {'skip', 'not_claimed'}
+end
 local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'running' and redis.call('HGET', KEYS[1], 'worker') == ARGV[2] then
+  return {'skip', 'running'}
+end
 if status ~= 'queued' then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
   return {'skip', status or 'missing'}
