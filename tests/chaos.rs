@@ -18,7 +18,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use code_runner::sandbox::LABEL_WORKER;
+use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use common::containers::{docker, list_labelled};
 use common::daemon::{Daemon, DaemonBuilder, KEY_A, Role, python};
 use common::redis_server::RedisServer;
@@ -152,10 +152,22 @@ impl Fleet<'_> {
         self.alive.push(worker);
     }
 
+    /// Kills a random worker with SIGKILL; mostly one that holds claimed
+    /// jobs, so most kills land mid-job.
     async fn kill_worker(&mut self, rng: &mut Rng) {
-        let mut victim = self.alive.swap_remove(rng.index(self.alive.len()));
-        let processing = format!("worker:{}:processing", victim.worker_id);
-        let claimed: u64 = self.conn.llen(&processing).await.unwrap_or(0);
+        let mut claimed = Vec::with_capacity(self.alive.len());
+        for worker in &self.alive {
+            let processing = format!("worker:{}:processing", worker.worker_id);
+            claimed.push(self.conn.llen::<_, u64>(&processing).await.unwrap_or(0));
+        }
+        let busy: Vec<usize> = (0..claimed.len()).filter(|&i| claimed[i] > 0).collect();
+        let index = if !busy.is_empty() && rng.percent(80) {
+            busy[rng.index(busy.len())]
+        } else {
+            rng.index(self.alive.len())
+        };
+        let claimed = claimed[index];
+        let mut victim = self.alive.swap_remove(index);
         victim.kill9().await;
         self.kills += 1;
         if claimed > 0 {
@@ -191,20 +203,35 @@ async fn volumes(docker: &bollard::Docker) -> BTreeSet<String> {
         .collect()
 }
 
-/// Containers (any state) labelled with one of `workers`: (id, worker).
-async fn fleet_containers(
-    docker: &bollard::Docker,
-    workers: &BTreeSet<String>,
-) -> Vec<(String, String)> {
+/// Containers (any state) labelled with one of `workers`, described for a
+/// failure message: id, worker, age, deadline and Docker's status.
+async fn fleet_containers(docker: &bollard::Docker, workers: &BTreeSet<String>) -> Vec<String> {
+    let now = common::unix_ms();
+    let ms_ago = |labels: &std::collections::HashMap<String, String>, label: &str| {
+        labels
+            .get(label)
+            .and_then(|v| v.parse::<u64>().ok())
+            .map_or("?".to_string(), |ms| {
+                format!("{:.1}s ago", (now as f64 - ms as f64) / 1000.0)
+            })
+    };
     list_labelled(docker, LABEL_WORKER)
         .await
         .expect("docker lists containers")
         .into_iter()
         .filter_map(|c| {
-            let worker = c.labels.as_ref()?.get(LABEL_WORKER)?.clone();
-            workers
-                .contains(&worker)
-                .then(|| (c.id.unwrap_or_default(), worker))
+            let labels = c.labels.clone().unwrap_or_default();
+            let worker = labels.get(LABEL_WORKER)?;
+            workers.contains(worker).then(|| {
+                format!(
+                    "{} of worker {worker} (job {}, created {}, deadline {}, {})",
+                    c.id.as_deref().unwrap_or("?"),
+                    labels.get(LABEL_JOB).map_or("?", String::as_str),
+                    ms_ago(&labels, LABEL_CREATED),
+                    ms_ago(&labels, LABEL_DEADLINE),
+                    c.status.as_deref().unwrap_or("?"),
+                )
+            })
         })
         .collect()
 }
@@ -378,7 +405,8 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
 
     // --- Docker: no container of any of the test's workers, no new volume ---
     let workers = fleet.ids();
-    let docker_deadline = Instant::now() + Duration::from_secs(20);
+    let docker_waiting = Instant::now();
+    let docker_deadline = docker_waiting + Duration::from_secs(20);
     let (containers_left, volumes_left) = loop {
         let containers = fleet_containers(&docker, &workers).await;
         let new_volumes: Vec<String> = volumes(&docker)
@@ -391,6 +419,7 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
         }
         tokio::time::sleep(POLL).await;
     };
+    let docker_waited = docker_waiting.elapsed();
 
     // --- every job: one terminal status, the expected one, started once -----
     let dead_letters: BTreeSet<String> = conn
@@ -475,10 +504,14 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
         "seed {seed}: jobs started twice:\n{}",
         duplicated.join("\n")
     );
-    assert!(
-        containers_left.is_empty(),
-        "seed {seed}: containers left behind (id, worker): {containers_left:?}"
-    );
+    if !containers_left.is_empty() {
+        let members: BTreeSet<String> = conn.smembers("workers").await.unwrap();
+        panic!(
+            "seed {seed}: containers left behind {:.0}s after the queue drained (the `workers` set is now {members:?}):\n{}",
+            docker_waited.as_secs_f64(),
+            containers_left.join("\n")
+        );
+    }
     assert!(
         volumes_left.is_empty(),
         "seed {seed}: volumes left behind: {volumes_left:?}"
