@@ -603,7 +603,7 @@ async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
         .map(|(_, verdict)| *verdict)
         .collect();
     assert_eq!(removed, [ContainerVerdict::DeadWorker]);
-    assert_eq!(report.forgotten, [dead.clone()]);
+    assert_eq!(report.forgotten, std::slice::from_ref(&dead));
     let member: bool = conn.sismember(queue.keys().workers(), &dead).await.unwrap();
     assert!(!member);
 }
@@ -637,7 +637,7 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
         .lrange(queue.keys().processing("fresh"), 0, -1)
         .await
         .unwrap();
-    assert_eq!(claimed, [id.clone()]);
+    assert_eq!(claimed, std::slice::from_ref(&id));
 }
 
 // ---------------------------------------------------------------------------
