@@ -186,6 +186,36 @@ impl Drop for ContainerGuard {
     }
 }
 
+/// Delays between the background attempts to remove a container Docker did
+/// not remove when asked (Docker not answering, e.g. dockerd restarting):
+/// about five minutes in all; after that the reaper removes it once its
+/// deadline has passed.
+const BACKGROUND_REMOVE_DELAYS_S: [u64; 9] = [1, 1, 2, 4, 8, 15, 30, 60, 180];
+
+/// Keeps trying to remove a container in the background, for a job whose
+/// result must not wait for Docker to come back.
+pub(super) fn remove_in_background(docker: Docker, name: String) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        let mut last = None;
+        for delay in BACKGROUND_REMOVE_DELAYS_S {
+            tokio::time::sleep(Duration::from_secs(delay)).await;
+            match force_remove(&docker, &name).await {
+                Ok(()) => {
+                    tracing::info!(container = %name, "removed the sandbox container once docker answered");
+                    return;
+                }
+                Err(error) => last = Some(error),
+            }
+        }
+        if let Some(error) = last {
+            tracing::warn!(container = %name, %error, "gave up removing the sandbox container; the reaper removes it after its deadline");
+        }
+    });
+}
+
 /// Force-removes a container with its volumes; a container that is already
 /// gone is not an error.
 pub async fn force_remove(docker: &Docker, name: &str) -> Result<(), bollard::errors::Error> {

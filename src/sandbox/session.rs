@@ -16,7 +16,9 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use super::container::{ContainerGuard, container_config, container_name, is_gvisor};
+use super::container::{
+    ContainerGuard, container_config, container_name, is_gvisor, remove_in_background,
+};
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
 use crate::job::result::signal_name;
 use crate::job::{JobResult, Output, PreparedJob, StageResult, Status, Timings};
@@ -28,6 +30,8 @@ use crate::protocol::{
 /// How long a cancelled job's supervisor gets to report before the container
 /// is removed anyway.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How long Docker may take to answer whether it is still there.
+const PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// How much of the supervisor's own stderr is kept for error messages.
 const SUPERVISOR_LOG_TAIL: usize = 2048;
 
@@ -98,6 +102,9 @@ struct Session<'a> {
     compile: Option<StageResult>,
     run: Option<StageResult>,
     cancelled: bool,
+    /// The host asked the supervisor to kill the job (a cancel, or a client's
+    /// `kill` signal): a stage reported `killed` is then the host's doing.
+    kill_sent: bool,
     supervisor_log: Vec<u8>,
 }
 
@@ -126,7 +133,8 @@ pub(super) async fn run(
         Err(Failure(message)) => Some(message),
     };
     if let Err(error) = guard.remove().await {
-        tracing::warn!(job.id = %job_id, %error, "could not remove the sandbox container");
+        tracing::warn!(job.id = %job_id, %error, "could not remove the sandbox container; retrying in the background");
+        remove_in_background(docker.clone(), container_name(job_id));
     }
     let status = if error.is_some() {
         Status::Error
@@ -237,6 +245,7 @@ async fn drive(
         compile: None,
         run: None,
         cancelled: false,
+        kill_sent: false,
         supervisor_log: Vec::new(),
     };
     let mut bundle = job.bundle.clone();
@@ -250,7 +259,26 @@ async fn drive(
     writer.abort();
     let mut error = None;
     match ending {
-        Ok(Ending::Done) => {}
+        Ok(Ending::Done) => {
+            if let Some(stage) = session.killed_from_outside() {
+                // SIGTERM reached the supervisor from outside the sandbox:
+                // dockerd stopping its containers as it shuts down (its API is
+                // already closed then), or a `docker stop`. Not the program's
+                // doing, so not its result.
+                let ping = tokio::time::timeout(PING_TIMEOUT, docker.ping()).await;
+                error = Some(match ping {
+                    Err(_) | Ok(Err(_)) => {
+                        tracing::debug!(job.id = %job_id, ?ping, "docker does not answer after the sandbox was stopped");
+                        format!(
+                            "dockerd stopped the sandbox while stage {stage} was running (docker is not answering: dockerd shut down or is restarting)"
+                        )
+                    }
+                    Ok(Ok(_)) => format!(
+                        "the sandbox was stopped from outside while stage {stage} was running (its supervisor got SIGTERM, as from `docker stop`)"
+                    ),
+                });
+            }
+        }
         Ok(Ending::Deadline) if session.ready_at.is_none() && !session.cancelled => {
             return Err(Failure(format!(
                 "the sandbox did not start within {} s{}",
@@ -345,6 +373,7 @@ impl Session<'_> {
                 biased;
                 () = cancel.cancelled(), if !self.cancelled => {
                     self.cancelled = true;
+                    self.kill_sent = true;
                     self.send(HostMessage::Signal(SignalKind::Kill)).await;
                     deadline = deadline.min(tokio::time::Instant::now() + CANCEL_GRACE);
                 }
@@ -357,7 +386,10 @@ impl Session<'_> {
                         }
                     }
                     Some(JobInput::StdinClose) => self.send(HostMessage::StdinClose).await,
-                    Some(JobInput::Signal(signal)) => self.send(HostMessage::Signal(signal)).await,
+                    Some(JobInput::Signal(signal)) => {
+                        self.kill_sent |= signal == SignalKind::Kill;
+                        self.send(HostMessage::Signal(signal)).await;
+                    }
                 },
                 item = output.next() => match item {
                     None => return Ok(Ending::StreamEnded),
@@ -498,6 +530,18 @@ impl Session<'_> {
             SandboxMessage::Done => return Ok(true),
         }
         Ok(false)
+    }
+
+    /// The stage the supervisor reported `killed` although the host never
+    /// asked for a kill: the supervisor got SIGTERM from outside.
+    fn killed_from_outside(&self) -> Option<&'static str> {
+        if self.kill_sent {
+            return None;
+        }
+        [("compile", &self.compile), ("run", &self.run)]
+            .into_iter()
+            .find(|(_, stage)| stage.as_ref().is_some_and(|s| s.reason == Reason::Killed))
+            .map(|(name, _)| name)
     }
 
     fn stage_slot(&self, stage: &str) -> Option<&StageResult> {
