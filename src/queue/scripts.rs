@@ -6,11 +6,15 @@
 //! stream sees exactly the statuses the job went through, and the `exit`
 //! event exactly once.
 
-/// Prepends the event helpers to a script:
+/// Prepends the shared helpers to a script:
 /// `append_event(stream, job, json)` numbers the event with the job's next
 /// `seq` (a counter in the job hash) and adds it with the stream id
 /// `<seq>-0`, so clients resume by `seq`; `exit_event(status, result)` is the
-/// terminal event's JSON, built around the result's JSON without re-encoding it.
+/// terminal event's JSON, built around the result's JSON without re-encoding
+/// it; `retire_job` takes a finished job out of its API key's active set and
+/// sets its keys to expire; `settle_job` ends a job: terminal status, result,
+/// the `exit` event, then `retire_job`. Every path that ends a job (finish,
+/// cancel, the reaper, the stuck guard) goes through `settle_job`.
 macro_rules! with_events {
     ($body:literal) => {
         concat!(
@@ -22,6 +26,20 @@ local function append_event(stream, job, event)
 end
 local function exit_event(status, result)
   return '{"type":"exit","status":"' .. status .. '","result":' .. result .. '}'
+end
+local function retire_job(job, events, stdin, id, ttl)
+  local active = redis.call('HGET', job, 'active_key')
+  if active then
+    redis.call('SREM', active, id)
+  end
+  redis.call('EXPIRE', job, ttl)
+  redis.call('EXPIRE', events, ttl)
+  redis.call('EXPIRE', stdin, ttl)
+end
+local function settle_job(job, events, stdin, id, status, result, now, ttl)
+  redis.call('HSET', job, 'status', status, 'result', result, 'finished_ms', now)
+  append_event(events, job, exit_event(status, result))
+  retire_job(job, events, stdin, id, ttl)
 end
 "#,
             $body
@@ -111,16 +129,10 @@ if not current then
   return 'missing'
 end
 if current == 'queued' or current == 'running' then
-  redis.call('HSET', KEYS[1], 'status', ARGV[2], 'result', ARGV[3], 'finished_ms', ARGV[4])
-  append_event(KEYS[3], KEYS[1], exit_event(ARGV[2], ARGV[3]))
+  settle_job(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+else
+  retire_job(KEYS[1], KEYS[3], KEYS[4], ARGV[1], ARGV[5])
 end
-local active = redis.call('HGET', KEYS[1], 'active_key')
-if active then
-  redis.call('SREM', active, ARGV[1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[3], ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 return current
 "#
@@ -140,15 +152,7 @@ if not status then
 end
 if status == 'queued' then
   redis.call('LREM', KEYS[2], 0, ARGV[1])
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_ms', ARGV[2], 'result', ARGV[4])
-  append_event(KEYS[4], KEYS[1], exit_event('cancelled', ARGV[4]))
-  local active = redis.call('HGET', KEYS[1], 'active_key')
-  if active then
-    redis.call('SREM', active, ARGV[1])
-  end
-  redis.call('EXPIRE', KEYS[1], ARGV[3])
-  redis.call('EXPIRE', KEYS[3], ARGV[3])
-  redis.call('EXPIRE', KEYS[4], ARGV[3])
+  settle_job(KEYS[1], KEYS[4], KEYS[3], ARGV[1], 'cancelled', ARGV[4], ARGV[2], ARGV[3])
   return 'cancelled'
 end
 if status == 'running' then
@@ -204,15 +208,7 @@ if not status then
   return {'missing', ''}
 end
 local function settle(result)
-  redis.call('HSET', KEYS[3], 'status', 'error', 'result', result, 'finished_ms', ARGV[2])
-  append_event(KEYS[6], KEYS[3], exit_event('error', result))
-  local active = redis.call('HGET', KEYS[3], 'active_key')
-  if active then
-    redis.call('SREM', active, ARGV[1])
-  end
-  redis.call('EXPIRE', KEYS[3], ARGV[3])
-  redis.call('EXPIRE', KEYS[6], ARGV[3])
-  redis.call('EXPIRE', KEYS[7], ARGV[3])
+  settle_job(KEYS[3], KEYS[6], KEYS[7], ARGV[1], 'error', result, ARGV[2], ARGV[3])
 end
 if status == 'queued' then
   local requeues = tonumber(redis.call('HGET', KEYS[3], 'requeues') or '0')
@@ -268,15 +264,7 @@ if redis.call('HGET', KEYS[1], 'status') ~= 'running'
   or redis.call('HGET', KEYS[1], 'started_ms') ~= ARGV[3] then
   return 0
 end
-redis.call('HSET', KEYS[1], 'status', 'error', 'result', ARGV[6], 'finished_ms', ARGV[4])
-append_event(KEYS[3], KEYS[1], exit_event('error', ARGV[6]))
-local active = redis.call('HGET', KEYS[1], 'active_key')
-if active then
-  redis.call('SREM', active, ARGV[1])
-end
-redis.call('EXPIRE', KEYS[1], ARGV[5])
-redis.call('EXPIRE', KEYS[3], ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[5])
+settle_job(KEYS[1], KEYS[3], KEYS[4], ARGV[1], 'error', ARGV[6], ARGV[4], ARGV[5])
 redis.call('LREM', KEYS[2], 0, ARGV[1])
 return 1
 "#
