@@ -222,6 +222,20 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
         !redis.job_field(&running, "finished_ms").is_empty(),
         "no finished_ms"
     );
+    // Followers of the job see it end: its stream's last event is the exit.
+    let last = redis.cli(&[
+        "XREVRANGE",
+        &format!("job:{running}:events"),
+        "+",
+        "-",
+        "COUNT",
+        "1",
+    ]);
+    let event: Value = serde_json::from_str(last.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("last event of {running} ({e}): {last:?}"));
+    assert_eq!(event["type"], "exit", "{event:#}");
+    assert_eq!(event["status"], "error", "{event:#}");
+    assert_eq!(event["result"]["reason"], "worker_lost", "{event:#}");
     let ttl: i64 = redis
         .cli(&["TTL", &format!("job:{running}")])
         .parse()
