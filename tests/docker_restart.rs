@@ -216,6 +216,27 @@ async fn dockerd_restarted_during_a_run() {
     );
     eprintln!("/readyz while dockerd is down: {body}");
 
+    // A job submitted while Docker is down waits in the queue: the worker
+    // does not claim what it could only fail.
+    let answer = daemon
+        .submit(&daemon::job(
+            "bash",
+            "main.sh",
+            "echo submitted while docker was down\n",
+        ))
+        .await;
+    assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:#?}");
+    let waiting = answer.id();
+    let window = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < window {
+        let view = daemon.job(&waiting).await;
+        assert_eq!(
+            view["status"], "queued",
+            "claimed while docker was down: {view:#}"
+        );
+        tokio::time::sleep(daemon::POLL).await;
+    }
+
     // Start it again, the one way the project does.
     let starting = Instant::now();
     let (ok, text) = ensure_dockerd();
@@ -256,6 +277,18 @@ async fn dockerd_restarted_during_a_run() {
         "no container of job {id} left, {:?} after dockerd answered",
         answered.elapsed()
     );
+
+    // The job that waited while Docker was down runs now.
+    let view = daemon
+        .wait_terminal(&waiting, Duration::from_secs(60))
+        .await;
+    assert_eq!(view["status"], "succeeded", "{view:#}");
+    assert_eq!(
+        run_stdout(&view),
+        "submitted while docker was down\n",
+        "{view:#}"
+    );
+    assert_eq!(view["attempts"], 1, "{view:#}");
 
     // The same process is ready again and runs the next job.
     wait_readyz(&daemon, StatusCode::OK, RECOVERY).await;

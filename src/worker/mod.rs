@@ -46,6 +46,8 @@ use backoff::{Backoff, sleep_unless_cancelled};
 /// removes the container, the result is written) before the worker gives up
 /// on writing results that Redis still refuses.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long Docker may take to answer the check before each claim.
+const DOCKER_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// After giving up: how long tasks get to log what they could not write.
 const GIVE_UP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -246,6 +248,8 @@ impl Shared {
         let mut conn: Option<MultiplexedConnection> = None;
         let mut backoff = Backoff::redis();
         let mut failing = false;
+        let mut docker_backoff = Backoff::redis();
+        let mut docker_failing = false;
         loop {
             let permit = tokio::select! {
                 biased;
@@ -258,6 +262,32 @@ impl Shared {
             };
             if self.shutdown.is_cancelled() {
                 return;
+            }
+            // Claim only while Docker answers: a job claimed while it is down
+            // could only fail, while a queued one waits for a worker that can
+            // run it (this one, once Docker is back, or another).
+            if let Some((_, problem)) = self
+                .engine
+                .readiness(&[], DOCKER_CHECK_TIMEOUT)
+                .await
+                .into_iter()
+                .next()
+            {
+                drop(permit);
+                if !docker_failing {
+                    tracing::warn!(worker.id = %worker, error = %problem, "docker does not answer; not claiming jobs until it does");
+                }
+                docker_failing = true;
+                let delay = docker_backoff.next_delay();
+                if !sleep_unless_cancelled(delay, &self.shutdown).await {
+                    return;
+                }
+                continue;
+            }
+            if docker_failing {
+                tracing::info!(worker.id = %worker, "docker answers again; claiming jobs");
+                docker_failing = false;
+                docker_backoff.reset();
             }
             let claimed = match conn.as_mut() {
                 // Not raced with shutdown: a BLMOVE in flight may still move
