@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use bollard::models::{ContainerCreateBody, HostConfig};
@@ -23,7 +22,7 @@ use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKE
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
 use common::redis_server::{RedisServer, free_port};
-use common::{Harness, code_runner, job, job_with_limits};
+use common::{Harness, code_runner, init_tracing, job, job_with_limits, wait_for};
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -33,33 +32,6 @@ const POLL: Duration = Duration::from_millis(50);
 /// container past its deadline on the Docker host, so one test's reaper
 /// would take the hand-made containers of another.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TEST_LOG")
-                .unwrap_or_else(|_| "code_runner=info".into()),
-        )
-        .try_init();
-}
-
-/// Polls `probe` until it returns `Some`, failing the test with `what`
-/// after `within`.
-async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// A queue on `redis` with the daemon's key names (no prefix).
 fn queue(redis: &RedisServer) -> Queue {

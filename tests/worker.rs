@@ -9,7 +9,6 @@
 mod common;
 
 use std::collections::HashSet;
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use code_runner::job::events::{JobEvent, StageState, StoredEvent};
@@ -21,40 +20,13 @@ use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::list_labelled;
 use common::redis_server::RedisServer;
-use common::{Harness, python};
+use common::{Harness, init_tracing, python, wait_for};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 const POLL: Duration = Duration::from_millis(50);
 /// Long enough for a cold container start on a loaded CI machine.
 const JOB_DEADLINE: Duration = Duration::from_secs(60);
-
-fn init_tracing() {
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TEST_LOG")
-                .unwrap_or_else(|_| "code_runner=info".into()),
-        )
-        .try_init();
-}
-
-/// Polls `probe` every 50 ms until it returns `Some`, failing the test with
-/// `what` after `within`.
-async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 // ---------------------------------------------------------------------------
 // The test's world: redis, queue, docker, worker

@@ -334,3 +334,31 @@ fn created_by_cli_since(container: &bollard::models::ContainerSummary, since_ms:
         .unwrap_or(u64::MAX);
     by_cli && created >= since_ms
 }
+
+/// Logs of the code under test, shown for failed tests (`TEST_LOG` filters).
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TEST_LOG")
+                .unwrap_or_else(|_| "code_runner=info".into()),
+        )
+        .try_init();
+}
+
+/// Polls `probe` every 50 ms until it returns `Some`, failing the test with
+/// `what` after `within`.
+pub async fn wait_for<T, F, Fut>(what: &str, within: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
