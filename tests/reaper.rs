@@ -57,6 +57,17 @@ async fn submit(queue: &Queue, spec: &JobSpec) -> String {
     id
 }
 
+/// Makes `worker` a dead member of the fleet: known in `workers`, with no
+/// live heartbeat (as after `kill -9` once the heartbeat expired).
+async fn mark_dead(redis: &RedisServer, queue: &Queue, worker: &str) {
+    queue
+        .heartbeat(worker, "{}", Duration::from_secs(1))
+        .await
+        .unwrap();
+    let mut conn = redis.conn().await;
+    let _: () = conn.del(queue.keys().heartbeat(worker)).await.unwrap();
+}
+
 /// Moves a queued job into `worker`'s processing list, as its BLMOVE would.
 async fn claim_for(redis: &RedisServer, queue: &Queue, worker: &str, id: &str) {
     let mut conn = redis.conn().await;
@@ -271,12 +282,8 @@ async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
     let setup = queue(&redis);
     let harness = Harness::new().await;
     let dead = format!("dead-{}", uuid::Uuid::new_v4());
-    setup
-        .heartbeat(&dead, "{}", Duration::from_secs(1))
-        .await
-        .unwrap();
+    mark_dead(&redis, &setup, &dead).await;
     let mut conn = redis.conn().await;
-    let _: () = conn.del(setup.keys().heartbeat(&dead)).await.unwrap();
 
     // 20 running, 20 claimed, 10 claimed with no requeue left.
     let spec = job("python", "main.py", "print(1)\n");
@@ -473,12 +480,7 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
         .heartbeat(&alive, "{}", Duration::from_secs(600))
         .await
         .unwrap();
-    queue
-        .heartbeat(&dead, "{}", Duration::from_secs(1))
-        .await
-        .unwrap();
-    let mut conn = redis.conn().await;
-    let _: () = conn.del(queue.keys().heartbeat(&dead)).await.unwrap();
+    mark_dead(&redis, &queue, &dead).await;
 
     let grace = Duration::from_secs(30);
     let now = now_ms();
@@ -563,12 +565,8 @@ async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
     // the worker in the fleet, or the next pass would take the container for
     // an unknown worker's and leave it until its deadline.
     let dead = format!("dead-{test}");
-    queue
-        .heartbeat(&dead, "{}", Duration::from_secs(1))
-        .await
-        .unwrap();
+    mark_dead(&redis, &queue, &dead).await;
     let mut conn = redis.conn().await;
-    let _: () = conn.del(queue.keys().heartbeat(&dead)).await.unwrap();
     let now = now_ms();
     let id = labelled_sleeper(&docker, &test, &dead, now, now + 600_000).await;
 
@@ -636,12 +634,7 @@ async fn the_reaper_command_settles_a_dead_workers_job_and_serves_metrics() {
     let redis = RedisServer::start();
     let queue = queue(&redis);
     let dead = format!("dead-{}", uuid::Uuid::new_v4());
-    queue
-        .heartbeat(&dead, "{}", Duration::from_secs(1))
-        .await
-        .unwrap();
-    let mut conn = redis.conn().await;
-    let _: () = conn.del(queue.keys().heartbeat(&dead)).await.unwrap();
+    mark_dead(&redis, &queue, &dead).await;
     let id = submit(&queue, &job("python", "main.py", "print(1)\n")).await;
     claim_for(&redis, &queue, &dead, &id).await;
     mark_running(&redis, &queue, &dead, &id).await;
