@@ -17,7 +17,7 @@ use crate::exit;
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
-use crate::worker::{Worker, WorkerConfig};
+use crate::worker::{Services, Worker, WorkerConfig};
 
 fn config_error(error: ConfigError) -> u8 {
     eprintln!("code-runner: {error}");
@@ -95,6 +95,13 @@ pub async fn run(
         (None, None) => None,
     };
 
+    let services = |engine| Services {
+        queue: queue.clone(),
+        engine,
+        catalog: setup.catalog.clone(),
+        policy: setup.policy.clone(),
+        metrics: metrics.clone(),
+    };
     let root = CancellationToken::new();
     let tracker = TaskTracker::new();
     tracker.spawn(shutdown_on_signal(root.clone()));
@@ -102,14 +109,7 @@ pub async fn run(
     if let (Some(config), Some(engine)) = (reaper_config, engine.clone()) {
         // No drain: a pass in flight is dropped at shutdown; every step of
         // it is atomic on its own, and the next reaper picks up the rest.
-        let reaper = Reaper::new(
-            config,
-            queue.clone(),
-            engine,
-            setup.catalog.clone(),
-            setup.policy.clone(),
-            metrics.clone(),
-        );
+        let reaper = Reaper::new(config, services(engine));
         let shutdown = root.child_token();
         tracker.spawn(async move { reaper.run(shutdown).await });
     }
@@ -123,14 +123,7 @@ pub async fn run(
             heartbeat_ttl: Duration::from_millis(settings.heartbeat_ttl_ms),
             drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
         };
-        let worker = Worker::new(
-            config,
-            queue.clone(),
-            engine,
-            setup.catalog.clone(),
-            setup.policy.clone(),
-            metrics.clone(),
-        );
+        let worker = Worker::new(config, services(engine));
         let shutdown = root.child_token();
         worker_task = Some(tracker.spawn(async move { worker.run(shutdown).await }));
     }

@@ -42,6 +42,7 @@ use crate::queue::{
     Fleet, ForgetOutcome, LostResults, Queue, QueueError, ReapOutcome, RunningJob, now_ms,
 };
 use crate::sandbox::{SandboxContainer, SandboxEngine};
+use crate::worker::Services;
 
 #[derive(Debug, Clone)]
 pub struct ReaperConfig {
@@ -138,14 +139,14 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    pub fn new(
-        config: ReaperConfig,
-        queue: Queue,
-        engine: SandboxEngine,
-        catalog: LanguageCatalog,
-        policy: LimitPolicy,
-        metrics: Metrics,
-    ) -> Self {
+    pub fn new(config: ReaperConfig, services: Services) -> Self {
+        let Services {
+            queue,
+            engine,
+            catalog,
+            policy,
+            metrics,
+        } = services;
         Self {
             config,
             queue,

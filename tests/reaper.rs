@@ -106,14 +106,7 @@ fn stored_result(redis: &RedisServer, id: &str) -> Value {
 
 fn reaper(queue: Queue, harness: &Harness, config: ReaperConfig) -> (Reaper, Metrics) {
     let metrics = Metrics::new().expect("metrics");
-    let reaper = Reaper::new(
-        config,
-        queue,
-        harness.engine.clone(),
-        harness.catalog.clone(),
-        harness.policy.clone(),
-        metrics.clone(),
-    );
+    let reaper = Reaper::new(config, harness.services(queue, metrics.clone()));
     (reaper, metrics)
 }
 

@@ -98,11 +98,8 @@ impl World {
         };
         let worker = Worker::new(
             config,
-            self.queue.clone(),
-            self.harness.engine.clone(),
-            self.harness.catalog.clone(),
-            self.harness.policy.clone(),
-            self.metrics.clone(),
+            self.harness
+                .services(self.queue.clone(), self.metrics.clone()),
         );
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(worker.run(shutdown.clone()));

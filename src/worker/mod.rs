@@ -65,6 +65,16 @@ pub struct WorkerConfig {
     pub drain_timeout: Duration,
 }
 
+/// The handles a worker and a reaper both work with (each cheap to clone).
+#[derive(Debug, Clone)]
+pub struct Services {
+    pub queue: Queue,
+    pub engine: SandboxEngine,
+    pub catalog: LanguageCatalog,
+    pub policy: LimitPolicy,
+    pub metrics: Metrics,
+}
+
 /// Claims and runs jobs; see the module documentation.
 pub struct Worker {
     config: WorkerConfig,
@@ -129,14 +139,14 @@ impl Drop for Slot {
 }
 
 impl Worker {
-    pub fn new(
-        config: WorkerConfig,
-        queue: Queue,
-        engine: SandboxEngine,
-        catalog: LanguageCatalog,
-        policy: LimitPolicy,
-        metrics: Metrics,
-    ) -> Self {
+    pub fn new(config: WorkerConfig, services: Services) -> Self {
+        let Services {
+            queue,
+            engine,
+            catalog,
+            policy,
+            metrics,
+        } = services;
         Self {
             config,
             queue,

@@ -52,6 +52,21 @@ impl Harness {
         Self::with_settings(default_settings(runtime)).await
     }
 
+    /// What a worker or reaper needs, with this test's engine and catalog.
+    pub fn services(
+        &self,
+        queue: code_runner::queue::Queue,
+        metrics: code_runner::metrics::Metrics,
+    ) -> code_runner::worker::Services {
+        code_runner::worker::Services {
+            queue,
+            engine: self.engine.clone(),
+            catalog: self.catalog.clone(),
+            policy: self.policy.clone(),
+            metrics,
+        }
+    }
+
     pub fn prepare(&self, spec: &JobSpec) -> PreparedJob {
         prepare(spec, &self.catalog, &self.policy).expect("the test job is valid")
     }
