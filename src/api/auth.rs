@@ -25,6 +25,8 @@ struct ApiKey {
     digest: [u8; 32],
     /// Most queued + running jobs of this key; `None`: only the global limits.
     max_active: Option<u64>,
+    /// The key may change fleet-wide settings (`/v1/capacity`, the dashboard).
+    admin: bool,
 }
 
 /// Every configured API key.
@@ -47,6 +49,21 @@ pub struct Caller {
     /// Name of the API key used.
     pub name: String,
     pub max_active: Option<u64>,
+    /// The key has the `admin` scope.
+    pub admin: bool,
+}
+
+impl Caller {
+    /// `Ok` when the caller's key has the `admin` scope, else 403.
+    pub fn require_admin(&self) -> Result<(), ApiError> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden(
+                "this needs an api key with the admin scope",
+            ))
+        }
+    }
 }
 
 fn digest(key: &str) -> [u8; 32] {
@@ -70,24 +87,25 @@ fn valid_name(name: &str) -> bool {
 }
 
 impl ApiKeys {
-    /// Parses `name:key[:max_active]`, comma-separated. Names are 1–64
-    /// letters, digits, `_` or `-`; keys are at least 16 visible ASCII
-    /// characters; names and keys are unique; `max_active` is a positive
-    /// integer. Errors name the entry (by its name, or its position when the
-    /// name itself is bad) and never repeat a key.
+    /// Parses `name:key[:option]...`, comma-separated, where each option is
+    /// `max_active` (a positive integer: most queued + running jobs of the
+    /// key) or `admin` (the key may change fleet-wide settings), each at
+    /// most once. Names are 1–64 letters, digits, `_` or `-`; keys are at
+    /// least 16 visible ASCII characters; names and keys are unique. Errors
+    /// name the entry (by its name, or its position when the name itself is
+    /// bad) and never repeat a key.
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut keys: Vec<ApiKey> = Vec::new();
         let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
         for (index, entry) in entries.enumerate() {
             let position = index + 1;
-            let parts: Vec<&str> = entry.split(':').collect();
-            let (name, key, max_active) = match parts.as_slice() {
-                [name, key] => (*name, *key, None),
-                [name, key, max_active] => (*name, *key, Some(*max_active)),
-                _ => {
-                    return Err(format!("entry {position} is not name:key[:max_active]"));
-                }
+            let mut parts = entry.split(':');
+            let (Some(name), Some(key)) = (parts.next(), parts.next()) else {
+                return Err(format!(
+                    "entry {position} is not name:key[:max_active][:admin]"
+                ));
             };
+            let options: Vec<&str> = parts.collect();
             if !valid_name(name) {
                 return Err(format!(
                     "entry {position}: the name must be 1-{MAX_NAME_CHARS} letters, digits, '_' or '-'"
@@ -103,17 +121,28 @@ impl ApiKeys {
                     "key {name:?}: the key must be visible ASCII characters only"
                 ));
             }
-            let max_active = match max_active {
-                None => None,
-                Some(text) => match text.parse::<u64>() {
-                    Ok(n) if n > 0 => Some(n),
-                    _ => {
-                        return Err(format!(
-                            "key {name:?}: max_active {text:?} is not a positive integer"
-                        ));
-                    }
-                },
-            };
+            let mut max_active = None;
+            let mut admin = false;
+            for option in options {
+                if option == "admin" && !admin {
+                    admin = true;
+                } else if max_active.is_none()
+                    && option.bytes().all(|b| b.is_ascii_digit() || b == b'-')
+                {
+                    max_active = match option.parse::<u64>() {
+                        Ok(n) if n > 0 => Some(n),
+                        _ => {
+                            return Err(format!(
+                                "key {name:?}: max_active {option:?} is not a positive integer"
+                            ));
+                        }
+                    };
+                } else {
+                    return Err(format!(
+                        "key {name:?}: option {option:?} is not a max_active number or admin (each at most once)"
+                    ));
+                }
+            }
             if keys.iter().any(|k| k.name == name) {
                 return Err(format!("key {name:?} is configured twice"));
             }
@@ -128,6 +157,7 @@ impl ApiKeys {
                 name: name.to_string(),
                 digest,
                 max_active,
+                admin,
             });
         }
         if keys.is_empty() {
@@ -150,6 +180,7 @@ impl ApiKeys {
         Some(Caller {
             name: key.name.clone(),
             max_active: key.max_active,
+            admin: key.admin,
         })
     }
 
@@ -203,22 +234,32 @@ mod tests {
 
     #[test]
     fn parses_names_keys_and_limits() {
-        let keys = ApiKeys::parse(&format!(" alice:{A}:2 , bob:{B},")).unwrap();
+        let keys = ApiKeys::parse(&format!(" alice:{A}:2 , bob:{B}:admin,")).unwrap();
         assert_eq!(keys.names().collect::<Vec<_>>(), ["alice", "bob"]);
         assert_eq!(
             keys.check(A),
             Some(Caller {
                 name: "alice".into(),
-                max_active: Some(2)
+                max_active: Some(2),
+                admin: false,
             })
         );
         assert_eq!(
             keys.check(B),
             Some(Caller {
                 name: "bob".into(),
-                max_active: None
+                max_active: None,
+                admin: true,
             })
         );
+        let both = ApiKeys::parse(&format!("ops:{A}:admin:3")).unwrap();
+        let ops = both.check(A).unwrap();
+        assert_eq!((ops.max_active, ops.admin), (Some(3), true));
+        assert!(ops.require_admin().is_ok());
+        assert!(matches!(
+            keys.check(A).unwrap().require_admin(),
+            Err(ApiError::Forbidden(_))
+        ));
         assert_eq!(keys.check("alice-key-012345678"), None);
         assert_eq!(keys.check(""), None);
         assert_eq!(format!("{keys:?}"), "[\"alice\", \"bob\"]");
@@ -239,11 +280,19 @@ mod tests {
         let cases = [
             (
                 format!("alice:{A},bob"),
-                "entry 2 is not name:key[:max_active]",
+                "entry 2 is not name:key[:max_active][:admin]",
             ),
             (
                 format!("alice:{A}:1:2"),
-                "entry 1 is not name:key[:max_active]",
+                "key \"alice\": option \"2\" is not a max_active number or admin (each at most once)",
+            ),
+            (
+                format!("alice:{A}:admin:admin"),
+                "key \"alice\": option \"admin\" is not a max_active number or admin (each at most once)",
+            ),
+            (
+                format!("alice:{A}:root"),
+                "key \"alice\": option \"root\" is not a max_active number or admin (each at most once)",
             ),
             (
                 format!("al ice:{A}"),
