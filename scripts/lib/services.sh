@@ -3,16 +3,23 @@
 # dockerd (with gVisor's runsc registered) and a local redis-server are there.
 # Source it; every function is idempotent and says what it changes.
 #
-#   ensure_packages   apt-get install what is missing of docker.io redis-server runsc mmdebstrap
+#   ensure_packages   apt-get install what is missing of the daemon's packages (or of those named)
+#   ensure_test_packages  the same for the test suite's own packages (loudly)
 #   ensure_dockerd    /etc/docker/daemon.json registers runsc; dockerd running and answering
 #   ensure_redis      redis-server answering on 127.0.0.1:6379
 #
 # Network rule: dockerd runs with --bridge=none so no container ever gets a network.
 
-CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap)
+# What scripts/up installs (and .ci/run, which installs nothing more, so CI
+# proves that scripts/test brings the rest itself).
+CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap python3 curl)
 # Only the tests need these: real clients not written by this project
 # (promtool checks /metrics, Python websockets and curl drive the streams).
+# scripts/test installs whichever is missing.
 CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl)
+# Python tools run under the interpreter Debian's python3-* packages are
+# installed for, whatever python3 comes first on PATH (pyenv, a venv).
+CODE_RUNNER_PYTHON="${CODE_RUNNER_PYTHON:-/usr/bin/python3}"
 CODE_RUNNER_DAEMON_JSON="${CODE_RUNNER_DAEMON_JSON:-/etc/docker/daemon.json}"
 CODE_RUNNER_DOCKERD_LOG="${CODE_RUNNER_DOCKERD_LOG:-/var/log/code-runner-dockerd.log}"
 CODE_RUNNER_REDIS_PORT="${CODE_RUNNER_REDIS_PORT:-6379}"
@@ -51,6 +58,12 @@ ensure_packages() {
 	_svc_say "packages: installed ${missing[*]}"
 }
 
+# The test suite's packages, installed loudly when missing (scripts/test
+# calls it, so scripts/up then scripts/test works on a fresh machine).
+ensure_test_packages() {
+	ensure_packages "${CODE_RUNNER_TEST_PACKAGES[@]}"
+}
+
 # Makes daemon.json register runsc with --network=none, keeping every other setting.
 # Prints what changed; returns 0 when unchanged, 10 when it wrote a change.
 _svc_daemon_json() {
@@ -58,7 +71,7 @@ _svc_daemon_json() {
 	runsc="$(command -v runsc || true)"
 	[[ -n "$runsc" ]] || runsc=/usr/bin/runsc
 	mkdir -p "$(dirname "$CODE_RUNNER_DAEMON_JSON")"
-	python3 - "$CODE_RUNNER_DAEMON_JSON" "$runsc" <<'PY'
+	"$CODE_RUNNER_PYTHON" - "$CODE_RUNNER_DAEMON_JSON" "$runsc" <<'PY'
 import json, os, sys
 path, runsc = sys.argv[1], sys.argv[2]
 want = {"path": runsc, "runtimeArgs": ["--network=none"]}
