@@ -64,6 +64,15 @@ pub struct SandboxSettings {
     /// Maximums for the compile stage, as key=value,….
     #[arg(long, env = "CODE_RUNNER_COMPILE_MAX_LIMITS")]
     pub compile_max_limits: Option<String>,
+
+    /// First uid of the host's sandbox uids: each live sandbox runs as a uid
+    /// of its own from `base` up (every process takes a range of 4096).
+    #[arg(long, env = "CODE_RUNNER_SANDBOX_UID_BASE", default_value_t = crate::sandbox::DEFAULT_UID_BASE)]
+    pub sandbox_uid_base: u32,
+
+    /// Directory of the host-wide locks that hand out the uid ranges.
+    #[arg(long, env = "CODE_RUNNER_UID_LOCK_DIR", default_value = crate::sandbox::DEFAULT_LOCK_DIR)]
+    pub uid_lock_dir: PathBuf,
 }
 
 /// Everything the sandbox side needs, validated.
@@ -111,9 +120,33 @@ impl SandboxSettings {
         let catalog = LanguageCatalog::load(self.languages_file.as_deref())
             .map_err(|e| ConfigError::new("CODE_RUNNER_LANGUAGES_FILE", e.to_string()))?;
         let policy = self.policy()?;
+        if self.sandbox_uid_base < 1000
+            || self
+                .sandbox_uid_base
+                .checked_add(crate::sandbox::RANGE_SIZE * crate::sandbox::uids_ranges())
+                .is_none()
+        {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_SANDBOX_UID_BASE",
+                format!(
+                    "{} must be at least 1000 and leave room for {} ranges of {} uids below 2^32",
+                    self.sandbox_uid_base,
+                    crate::sandbox::uids_ranges(),
+                    crate::sandbox::RANGE_SIZE
+                ),
+            ));
+        }
+        if !self.uid_lock_dir.is_absolute() {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_UID_LOCK_DIR",
+                format!("{:?} is not an absolute path", self.uid_lock_dir),
+            ));
+        }
         let mut sandbox = SandboxConfig::new(seccomp, worker_id);
         sandbox.runtime = runtime;
         sandbox.cpus = self.sandbox_cpus;
+        sandbox.uid_base = self.sandbox_uid_base;
+        sandbox.uid_lock_dir = self.uid_lock_dir.clone();
         Ok(SandboxSetup {
             sandbox,
             catalog,
@@ -252,9 +285,78 @@ pub struct WorkerSettings {
         default_value = "127.0.0.1:8081"
     )]
     pub worker_listen: std::net::SocketAddr,
+
+    /// Warm sandboxes to keep ready per language when no capacity schedule
+    /// says otherwise, as language=count,… (e.g. `python=4,javascript=2`).
+    #[arg(long, env = "CODE_RUNNER_WARM", default_value = "")]
+    pub warm: String,
+
+    /// Most warm sandboxes this worker keeps (0: no warm pool). They are
+    /// never counted as free slots.
+    #[arg(long, env = "CODE_RUNNER_WARM_MAX", default_value_t = 0)]
+    pub warm_max: usize,
+
+    /// A warm sandbox older than this is replaced (images change), in
+    /// seconds.
+    #[arg(long, env = "CODE_RUNNER_WARM_LIFETIME_SECS", default_value_t = 600)]
+    pub warm_lifetime_secs: u64,
 }
 
 impl WorkerSettings {
+    /// The per-language warm floors of `CODE_RUNNER_WARM`, checked against
+    /// the catalog and `CODE_RUNNER_WARM_MAX`.
+    pub fn warm_floors(
+        &self,
+        catalog: &LanguageCatalog,
+    ) -> Result<std::collections::BTreeMap<String, usize>, ConfigError> {
+        let error = |message: String| ConfigError::new("CODE_RUNNER_WARM", message);
+        if self.warm_max > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WARM_MAX",
+                "must be between 0 and 1024",
+            ));
+        }
+        if self.warm_lifetime_secs < 10 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WARM_LIFETIME_SECS",
+                "must be at least 10",
+            ));
+        }
+        let mut floors = std::collections::BTreeMap::new();
+        for entry in self
+            .warm
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            let (name, count) = entry
+                .split_once('=')
+                .ok_or_else(|| error(format!("{entry:?} is not language=count")))?;
+            let language = catalog.find(name.trim()).ok_or_else(|| {
+                error(format!(
+                    "unknown language {:?}; known: {}",
+                    name.trim(),
+                    catalog.ids().join(", ")
+                ))
+            })?;
+            let count: usize = count
+                .trim()
+                .parse()
+                .map_err(|_| error(format!("{:?} is not a count", count.trim())))?;
+            if floors.insert(language.id.clone(), count).is_some() {
+                return Err(error(format!("{} is given twice", language.id)));
+            }
+        }
+        let total: usize = floors.values().sum();
+        if total > self.warm_max {
+            return Err(error(format!(
+                "asks for {total} warm sandboxes but CODE_RUNNER_WARM_MAX is {}",
+                self.warm_max
+            )));
+        }
+        Ok(floors)
+    }
+
     pub fn validate(&self) -> Result<String, ConfigError> {
         if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
             return Err(ConfigError::new(
@@ -310,8 +412,9 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
 
-    /// API keys: `name:key[:max_active]` separated by commas; max_active caps
-    /// the key's queued + running jobs.
+    /// API keys: `name:key[:max_active][:admin]` separated by commas;
+    /// max_active caps the key's queued + running jobs; admin is the scope
+    /// fleet-wide settings (the warm capacity schedule) need.
     #[arg(long, env = "CODE_RUNNER_API_KEYS")]
     pub api_keys: Option<String>,
 

@@ -146,6 +146,7 @@ impl Reaper {
             catalog,
             policy,
             metrics,
+            carried: _,
         } = services;
         Self {
             config,
@@ -300,6 +301,7 @@ impl Reaper {
                 "the job outlived its deadline ({budget_ms} ms after it started, with the reaper's grace) on worker {worker}, which never reported it"
             )),
             reason: Some(ErrorReason::DeadlineExceeded),
+            start: None,
             timings: Timings::default(),
         }
     }
@@ -405,6 +407,7 @@ impl Reaper {
             run: None,
             error: Some(error),
             reason: Some(ErrorReason::WorkerLost),
+            start: None,
             timings: Timings::default(),
         };
         LostResults {
@@ -433,6 +436,8 @@ mod tests {
             worker: worker.into(),
             created_ms,
             deadline_ms,
+            uid: Some(100_000),
+            warm: false,
         }
     }
 

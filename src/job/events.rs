@@ -151,6 +151,12 @@ pub struct StoredEvent {
 }
 
 impl StoredEvent {
+    /// Whether this is the job's `exit` event (the last one). Every event
+    /// JSON starts with its `type`.
+    pub fn is_exit(&self) -> bool {
+        self.json.starts_with(r#"{"type":"exit""#)
+    }
+
     /// The JSON a client receives: the stored object with `seq` first.
     pub fn wire(&self) -> String {
         match self.json.strip_prefix('{') {

@@ -2,6 +2,7 @@
 //! sandbox runs (DESIGN §3). Validation happens before any container exists;
 //! every refusal names the field at fault.
 
+pub mod carry;
 pub mod events;
 pub mod limits;
 pub mod result;
@@ -15,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::languages::{Language, LanguageCatalog};
 use crate::protocol::{Bundle, BundleFile, StageLimits, StageSpec};
 use limits::{CompileLimits, CompileLimitsRequest, LimitPolicy, Limits, LimitsRequest};
-pub use result::{Encoding, JobResult, Output, StageResult, Status, Timings};
+pub use result::{Encoding, JobResult, Output, StageResult, StartKind, Status, Timings};
 
 /// Where the job's files live inside the sandbox.
 pub const WORKSPACE: &str = "/workspace";
@@ -104,6 +105,17 @@ impl PreparedJob {
     }
 }
 
+/// The limits of a job of `language` that asks for none: the language's
+/// own defaults, then the server's, each capped at the server's maximum (a
+/// language's wish yields to the operator's choice). A warm pool's sandboxes
+/// are built for these.
+pub fn default_limits(language: &Language, policy: &LimitPolicy) -> Limits {
+    language
+        .limits
+        .with_defaults(policy.defaults)
+        .capped_at(policy.maximum)
+}
+
 /// Validates `spec` against the catalog and the server's policy.
 pub fn prepare(
     spec: &JobSpec,
@@ -132,16 +144,9 @@ pub fn prepare(
         ));
     }
 
-    // A language's own defaults (Go asks for more memory) yield to the
-    // server's maximum: that is the operator's choice, not the client's.
-    let limits = spec.limits.resolve(
-        "limits",
-        language
-            .limits
-            .with_defaults(policy.defaults)
-            .capped_at(policy.maximum),
-        policy.maximum,
-    )?;
+    let limits = spec
+        .limits
+        .resolve("limits", default_limits(language, policy), policy.maximum)?;
     let compile_limits = match language.compile {
         Some(_) => Some(
             spec.compile_limits.resolve(

@@ -169,7 +169,30 @@ pub struct JobResult {
     /// (`worker_lost`, `deadline_exceeded`). Absent from the JSON otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<ErrorReason>,
+    /// Whether the job's sandbox was started before it came (`warm`) or for
+    /// it (`cold`); absent when no sandbox was tried.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartKind>,
     pub timings: Timings,
+}
+
+/// How a job got its sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartKind {
+    /// A sandbox started before the job came (a warm pool member).
+    Warm,
+    /// A sandbox created and started for the job.
+    Cold,
+}
+
+impl StartKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StartKind::Warm => "warm",
+            StartKind::Cold => "cold",
+        }
+    }
 }
 
 /// Why the platform settled a job as `error`, when a machine should be able

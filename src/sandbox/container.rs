@@ -11,7 +11,8 @@ use bollard::models::{
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 
 use super::SandboxConfig;
-use crate::job::PreparedJob;
+use super::uids::UidLease;
+use crate::job::limits::Limits;
 
 /// Labels on every sandbox container; the reaper finds containers by them.
 pub const LABEL_JOB: &str = "code-runner.job";
@@ -20,6 +21,11 @@ pub const LABEL_CREATED: &str = "code-runner.created";
 /// Unix milliseconds after which the container has outlived its job.
 pub const LABEL_DEADLINE: &str = "code-runner.deadline";
 pub const LABEL_LANGUAGE: &str = "code-runner.language";
+/// `1` on a warm sandbox: started before any job, it has no job label (labels
+/// cannot change once a container exists) and serves one job when claimed.
+pub const LABEL_WARM: &str = "code-runner.warm";
+/// The uid (and gid) the sandbox's programs run as.
+pub const LABEL_UID: &str = "code-runner.uid";
 
 /// Capabilities the supervisor keeps (to drop to the sandbox uid); everything
 /// else is dropped, and user code runs with none.
@@ -45,40 +51,79 @@ pub fn container_name(job_id: &str) -> String {
     format!("code-runner-{job_id}")
 }
 
-/// The hardened configuration of a job's container (DESIGN §4).
-pub fn container_config(
-    job_id: &str,
-    job: &PreparedJob,
-    config: &SandboxConfig,
-    created_ms: u64,
-    deadline_ms: u64,
-) -> ContainerCreateBody {
-    let limits = &job.limits;
-    let memory = i64::try_from(limits.memory_mb * 1024 * 1024).unwrap_or(i64::MAX);
-    let disk = format!("{}m", limits.disk_mb);
+/// Container name for a warm sandbox (no job yet).
+pub fn warm_container_name(member: &str) -> String {
+    format!("code-runner-warm-{member}")
+}
+
+/// The container-level limits a sandbox is created with. They cannot change
+/// once it exists, so a warm sandbox serves only jobs of exactly its class
+/// (the per-stage limits travel in the bundle and are the job's own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SandboxClass {
+    pub memory_mb: u64,
+    pub pids: u64,
+    /// Size of `/workspace` and `/tmp`, and the largest file.
+    pub disk_mb: u64,
+}
+
+impl SandboxClass {
+    pub fn of(limits: &Limits) -> Self {
+        Self {
+            memory_mb: limits.memory_mb,
+            pids: limits.pids,
+            disk_mb: limits.disk_mb,
+        }
+    }
+}
+
+/// Everything one container is created from.
+#[derive(Debug, Clone)]
+pub struct SandboxShape {
+    /// The image, with its tag.
+    pub image: String,
+    pub language: String,
+    pub class: SandboxClass,
+    /// The uid and gid its programs run as (and its tmpfs mounts belong to).
+    pub uid: u32,
+    /// The job it is created for; `None` for a warm sandbox.
+    pub job_id: Option<String>,
+    /// Unix ms: created, and after which the container has outlived its use.
+    pub created_ms: u64,
+    pub deadline_ms: u64,
+}
+
+/// The hardened configuration of a sandbox container (DESIGN §4).
+pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> ContainerCreateBody {
+    let class = &shape.class;
+    let memory = i64::try_from(class.memory_mb * 1024 * 1024).unwrap_or(i64::MAX);
+    let disk = format!("{}m", class.disk_mb);
     // `exec`: Docker mounts a tmpfs noexec unless told otherwise, and compiled
     // programs run from the workspace. `uid`/`gid`: runc ignores `mode` and
     // keeps the mode of the image's directory; the owner options it keeps.
     let tmpfs_options = format!(
-        "rw,exec,nosuid,nodev,size={disk},mode=1777,uid={uid},gid={gid}",
-        uid = crate::job::SANDBOX_UID,
-        gid = crate::job::SANDBOX_GID
+        "rw,exec,nosuid,nodev,size={disk},mode=1777,uid={uid},gid={uid}",
+        uid = shape.uid
     );
-    let fsize = i64::try_from(limits.disk_mb * 1024 * 1024).unwrap_or(i64::MAX);
+    let fsize = i64::try_from(class.disk_mb * 1024 * 1024).unwrap_or(i64::MAX);
     let ulimit = |name: &str, value: i64| ResourcesUlimits {
         name: Some(name.to_string()),
         soft: Some(value),
         hard: Some(value),
     };
-    let labels = HashMap::from([
-        (LABEL_JOB.to_string(), job_id.to_string()),
+    let mut labels = HashMap::from([
         (LABEL_WORKER.to_string(), config.worker_id.clone()),
-        (LABEL_CREATED.to_string(), created_ms.to_string()),
-        (LABEL_DEADLINE.to_string(), deadline_ms.to_string()),
-        (LABEL_LANGUAGE.to_string(), job.language.id.clone()),
+        (LABEL_CREATED.to_string(), shape.created_ms.to_string()),
+        (LABEL_DEADLINE.to_string(), shape.deadline_ms.to_string()),
+        (LABEL_LANGUAGE.to_string(), shape.language.clone()),
+        (LABEL_UID.to_string(), shape.uid.to_string()),
     ]);
+    match &shape.job_id {
+        Some(job_id) => labels.insert(LABEL_JOB.to_string(), job_id.clone()),
+        None => labels.insert(LABEL_WARM.to_string(), "1".to_string()),
+    };
     ContainerCreateBody {
-        image: Some(job.language.image_ref()),
+        image: Some(shape.image.clone()),
         hostname: Some("sandbox".into()),
         attach_stdin: Some(true),
         attach_stdout: Some(true),
@@ -109,9 +154,9 @@ pub fn container_config(
             memory_swappiness: (config.runtime.is_none()).then_some(0),
             pids_limit: Some(
                 i64::try_from(if is_gvisor(config) {
-                    GVISOR_BASE_THREADS + GVISOR_THREADS_PER_PROCESS * limits.pids
+                    GVISOR_BASE_THREADS + GVISOR_THREADS_PER_PROCESS * class.pids
                 } else {
-                    limits.pids
+                    class.pids
                 })
                 .unwrap_or(i64::MAX),
             ),
@@ -136,21 +181,24 @@ pub fn container_config(
     }
 }
 
-/// Removes its container when dropped, unless [`ContainerGuard::remove`] ran.
-/// A drop happens when the future running a job is dropped or cancelled; the
-/// removal is then spawned onto the runtime, and tried again a little later in
-/// case the create call was still in flight.
+/// Removes its container when dropped, unless [`ContainerGuard::remove`] ran,
+/// and keeps the sandbox's uid until the container is gone. A drop happens
+/// when the future running a job is dropped or cancelled; the removal is then
+/// spawned onto the runtime, and tried again a little later in case the
+/// create call was still in flight.
 pub struct ContainerGuard {
     docker: Docker,
     name: String,
+    lease: Option<UidLease>,
     armed: bool,
 }
 
 impl ContainerGuard {
-    pub fn new(docker: Docker, name: String) -> Self {
+    pub fn new(docker: Docker, name: String, lease: Option<UidLease>) -> Self {
         Self {
             docker,
             name,
+            lease,
             armed: true,
         }
     }
@@ -159,10 +207,26 @@ impl ContainerGuard {
         &self.name
     }
 
-    /// Force-removes the container (and its anonymous volumes) now.
-    pub async fn remove(mut self) -> Result<(), bollard::errors::Error> {
+    /// The uid of the sandbox's programs, when it has one of its own.
+    pub fn uid(&self) -> Option<u32> {
+        self.lease.as_ref().map(UidLease::uid)
+    }
+
+    /// Force-removes the container (and its anonymous volumes) now; when
+    /// Docker does not answer, keeps trying in the background (with the uid
+    /// still held) and returns `false`.
+    pub async fn remove(mut self) -> bool {
         self.armed = false;
-        force_remove(&self.docker, &self.name).await
+        let lease = self.lease.take();
+        let name = std::mem::take(&mut self.name);
+        match force_remove(&self.docker, &name).await {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::warn!(container = %name, %error, "could not remove the sandbox container; retrying in the background");
+                remove_in_background(self.docker.clone(), name, lease);
+                false
+            }
+        }
     }
 }
 
@@ -173,6 +237,7 @@ impl Drop for ContainerGuard {
         }
         let docker = self.docker.clone();
         let name = std::mem::take(&mut self.name);
+        let lease = self.lease.take();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 for delay in [Duration::ZERO, Duration::from_secs(2)] {
@@ -181,6 +246,7 @@ impl Drop for ContainerGuard {
                         tracing::warn!(container = %name, %error, "could not remove a dropped sandbox container");
                     }
                 }
+                drop(lease);
             });
         }
     }
@@ -193,8 +259,10 @@ impl Drop for ContainerGuard {
 const BACKGROUND_REMOVE_DELAYS_S: [u64; 9] = [1, 1, 2, 4, 8, 15, 30, 60, 180];
 
 /// Keeps trying to remove a container in the background, for a job whose
-/// result must not wait for Docker to come back.
-pub(super) fn remove_in_background(docker: Docker, name: String) {
+/// result must not wait for Docker to come back; the uid is given back once
+/// the container is gone (or given up on: the engine's next container listing
+/// marks it busy while the container lives).
+fn remove_in_background(docker: Docker, name: String, lease: Option<UidLease>) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -205,6 +273,7 @@ pub(super) fn remove_in_background(docker: Docker, name: String) {
             match force_remove(&docker, &name).await {
                 Ok(()) => {
                     tracing::info!(container = %name, "removed the sandbox container once docker answered");
+                    drop(lease);
                     return;
                 }
                 Err(error) => last = Some(error),
@@ -249,6 +318,10 @@ pub struct SandboxContainer {
     pub created_ms: u64,
     /// The `code-runner.deadline` label, if it is there and a number.
     pub deadline_ms: Option<u64>,
+    /// The `code-runner.uid` label: the uid its programs run as.
+    pub uid: Option<u32>,
+    /// An idle or claimed warm sandbox (`code-runner.warm`).
+    pub warm: bool,
 }
 
 impl SandboxContainer {
@@ -265,6 +338,8 @@ impl SandboxContainer {
             worker: labels.get(LABEL_WORKER)?.clone(),
             created_ms: number(LABEL_CREATED).unwrap_or(docker_created_ms),
             deadline_ms: number(LABEL_DEADLINE),
+            uid: labels.get(LABEL_UID).and_then(|v| v.parse().ok()),
+            warm: labels.get(LABEL_WARM).is_some_and(|v| v == "1"),
         })
     }
 }

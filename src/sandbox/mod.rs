@@ -3,11 +3,23 @@
 //! nothing of HTTP or Redis.
 //!
 //! The cold path costs four Engine API round trips: create, attach, start,
-//! remove (plus an inspect only when the sandbox died without reporting).
+//! remove (plus an inspect only when the sandbox died without reporting);
+//! the result is ready before the remove. The warm path ([`pool`]) takes a
+//! sandbox started before the job came: no Engine API call before the job
+//! runs, one (remove) after.
+//!
+//! - `container`: the one function that builds a container's configuration,
+//!   the labels, the guard that removes a container on every path.
+//! - `session`: starting a sandbox, and one job's frames until its end.
+//! - [`pool`]: warm sandboxes, their lifecycle and refill.
+//! - `uids`: one uid per live sandbox on a host.
+//! - `seccomp`: loading and checking the profile.
 
 mod container;
+pub mod pool;
 mod seccomp;
 mod session;
+mod uids;
 
 use std::time::Duration;
 
@@ -17,9 +29,22 @@ use tokio_util::sync::CancellationToken;
 
 pub use container::{
     ContainerGuard, KEPT_CAPABILITIES, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE,
-    LABEL_WORKER, SandboxContainer, container_config, container_name, force_remove, list_sandboxes,
+    LABEL_UID, LABEL_WARM, LABEL_WORKER, SandboxClass, SandboxContainer, SandboxShape,
+    container_config, container_name, force_remove, list_sandboxes,
 };
+pub use pool::{WarmPool, WarmSandbox, WarmSpec, WarmStatus};
 pub use seccomp::{EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
+pub use session::{Cleanup, RunOutcome};
+pub use uids::{DEFAULT_LOCK_DIR, DEFAULT_UID_BASE, RANGE_SIZE, UidError, UidRange};
+
+/// How many uid ranges a host has.
+pub const fn uids_ranges() -> u32 {
+    uids::MAX_RANGES
+}
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::job::{JobResult, PreparedJob, StageResult};
 use crate::protocol::SignalKind;
@@ -39,6 +64,10 @@ pub struct SandboxConfig {
     /// Added to the sum of the stages' wall limits before the engine kills the
     /// container itself, whatever the supervisor says.
     pub deadline_grace: Duration,
+    /// The first sandbox uid of the host (see `uids`).
+    pub uid_base: u32,
+    /// Where the host-wide uid range locks live.
+    pub uid_lock_dir: PathBuf,
 }
 
 impl SandboxConfig {
@@ -50,6 +79,8 @@ impl SandboxConfig {
             cpus: 1.0,
             start_timeout: Duration::from_secs(30),
             deadline_grace: Duration::from_secs(3),
+            uid_base: DEFAULT_UID_BASE,
+            uid_lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
         }
     }
 }
@@ -68,6 +99,8 @@ pub enum SandboxError {
         #[source]
         source: bollard::errors::Error,
     },
+    #[error("cannot take a range of sandbox uids: {0}")]
+    Uids(#[from] UidError),
 }
 
 /// What happens in a sandbox, as it happens.
@@ -111,18 +144,58 @@ pub struct JobIo {
 pub struct SandboxEngine {
     docker: Docker,
     config: SandboxConfig,
+    uids: UidRange,
+    /// Unix ms of the last time Docker answered a call of this engine.
+    docker_answered_ms: Arc<AtomicU64>,
 }
 
 impl SandboxEngine {
-    /// Connects to Docker (`DOCKER_HOST` or the local socket) and negotiates
-    /// the API version with the daemon.
+    /// Connects to Docker (`DOCKER_HOST` or the local socket), negotiates
+    /// the API version with the daemon, and takes a range of sandbox uids on
+    /// this host (see `uids`).
     pub async fn connect(config: SandboxConfig) -> Result<Self, SandboxError> {
         let docker = Docker::connect_with_defaults().map_err(SandboxError::Connect)?;
         let docker = docker
             .negotiate_version()
             .await
             .map_err(SandboxError::Ping)?;
-        Ok(Self { docker, config })
+        let uids = UidRange::acquire(&config.uid_lock_dir, config.uid_base)?;
+        let engine = Self {
+            docker,
+            config,
+            uids,
+            docker_answered_ms: Arc::new(AtomicU64::new(0)),
+        };
+        engine.docker_answered();
+        // Containers a dead previous holder of this uid range left behind.
+        engine.list_sandboxes().await?;
+        Ok(engine)
+    }
+
+    /// Notes that a call to Docker failed: until it answers again, callers
+    /// asking [`Self::docker_answered_within`] check it themselves.
+    pub(crate) fn docker_failed(&self) {
+        self.docker_answered_ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Notes that Docker just answered.
+    pub(crate) fn docker_answered(&self) {
+        self.docker_answered_ms.store(
+            session::unix_ms(std::time::SystemTime::now()),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Whether Docker answered a call of this engine within `within`.
+    pub fn docker_answered_within(&self, within: Duration) -> bool {
+        let last = self.docker_answered_ms.load(Ordering::Relaxed);
+        session::unix_ms(std::time::SystemTime::now()).saturating_sub(last)
+            <= within.as_millis() as u64
+    }
+
+    /// This engine's range of sandbox uids.
+    pub fn uids(&self) -> &UidRange {
+        &self.uids
     }
 
     pub fn docker(&self) -> &Docker {
@@ -138,8 +211,10 @@ impl SandboxEngine {
     /// `(check, message)`; empty when ready.
     pub async fn readiness(&self, images: &[String], timeout: Duration) -> Vec<(String, String)> {
         if let Some(message) = failure_within(timeout, self.docker.ping()).await {
+            self.docker_failed();
             return vec![("docker".to_string(), message)];
         }
+        self.docker_answered();
         let lookups = images.iter().map(|image| async move {
             failure_within(timeout, self.docker.inspect_image(image))
                 .await
@@ -154,10 +229,15 @@ impl SandboxEngine {
 
     /// Every sandbox container on this Docker host, in any state, whoever
     /// created it (see [`SandboxContainer`]).
+    /// Refreshes which uids of this engine's range other containers use.
     pub async fn list_sandboxes(&self) -> Result<Vec<SandboxContainer>, SandboxError> {
-        list_sandboxes(&self.docker)
+        let containers = list_sandboxes(&self.docker)
             .await
-            .map_err(SandboxError::List)
+            .map_err(SandboxError::List)?;
+        self.docker_answered();
+        self.uids
+            .refresh_busy(containers.iter().filter_map(|c| c.uid));
+        Ok(containers)
     }
 
     /// Force-removes a container with its volumes (the reaper's kill); one
@@ -171,11 +251,53 @@ impl SandboxEngine {
             })
     }
 
-    /// Runs `job` to its end. Platform failures are a result with status
-    /// `error`, never a panic; the container is removed on every path,
-    /// including when this future is dropped.
+    /// Runs `job` to its end in a new container and removes it. Platform
+    /// failures are a result with status `error`, never a panic; the
+    /// container is removed on every path, including when this future is
+    /// dropped.
     pub async fn run(&self, job_id: &str, job: &PreparedJob, io: JobIo) -> JobResult {
-        session::run(&self.docker, &self.config, job_id, job, io).await
+        let outcome = self.run_job(job_id, job, io, None).await;
+        outcome.cleanup.remove().await;
+        outcome.result
+    }
+
+    /// Runs `job` to its end, in `warm` when given (a sandbox of the job's
+    /// class from a [`WarmPool`]), else in a new container. The result comes
+    /// back before the container is removed: call [`Cleanup::remove`] once
+    /// it is durable (a dropped outcome removes it in the background).
+    pub async fn run_job(
+        &self,
+        job_id: &str,
+        job: &PreparedJob,
+        io: JobIo,
+        warm: Option<WarmSandbox>,
+    ) -> RunOutcome {
+        match warm {
+            Some(warm) => {
+                let started = std::time::Instant::now();
+                session::run_in(
+                    &self.docker,
+                    &self.config,
+                    job_id,
+                    job,
+                    io,
+                    warm.into_started(),
+                    started,
+                )
+                .await
+            }
+            None => {
+                let outcome =
+                    session::run_cold(&self.docker, &self.config, &self.uids, job_id, job, io)
+                        .await;
+                if outcome.result.timings.container_start_ms > 0 {
+                    self.docker_answered();
+                } else if outcome.result.status == crate::job::Status::Error {
+                    self.docker_failed();
+                }
+                outcome
+            }
+        }
     }
 }
 

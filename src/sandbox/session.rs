@@ -1,5 +1,10 @@
-//! One job's container session: create, attach, start, speak frames with the
-//! supervisor until it is done (or the deadline passes), remove.
+//! A sandbox's container session: create, attach, start ([`start`]); for a
+//! warm sandbox, wait for the supervisor's `ready` and idle
+//! ([`Connection::await_ready`]); then speak frames with the supervisor for
+//! one job until it is done or the deadline passes ([`run_in`]). The result
+//! comes back before the container is removed ([`RunOutcome`]): the caller
+//! makes it durable first, then removes the container, still holding the
+//! job's slot.
 //!
 //! Every frame from the sandbox is untrusted: its size is bounded by the
 //! decoder, its content is checked against what the job asked for, and output
@@ -17,11 +22,12 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::container::{
-    ContainerGuard, container_config, container_name, is_gvisor, remove_in_background,
+    ContainerGuard, SandboxClass, SandboxShape, container_config, container_name, is_gvisor,
 };
+use super::uids::UidRange;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
 use crate::job::result::signal_name;
-use crate::job::{JobResult, Output, PreparedJob, StageResult, Status, Timings};
+use crate::job::{JobResult, Output, PreparedJob, StageResult, StartKind, Status, Timings};
 use crate::protocol::{
     Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, MAX_SANDBOX_FRAME, PROTOCOL_VERSION,
     Reason, SandboxMessage, SignalKind, StageReport,
@@ -93,6 +99,258 @@ enum Ending {
     Deadline,
 }
 
+/// The output side of the attach stream.
+type OutputStream = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
+>;
+
+/// A started container, attached: frames go in through `frames` (a writer
+/// task owns the container's stdin) and come out of `output`.
+pub(super) struct Connection {
+    frames: mpsc::Sender<Vec<u8>>,
+    writer: tokio::task::JoinHandle<()>,
+    pub(super) output: OutputStream,
+    decoder: FrameDecoder,
+    supervisor_log: Vec<u8>,
+    /// When the supervisor said `ready` (before the job came, for a warm
+    /// sandbox); `None` while it has not.
+    ready_at: Option<Instant>,
+}
+
+/// A platform failure while starting a sandbox.
+#[derive(Debug, Clone)]
+pub(super) struct StartFailure(pub(super) String);
+
+/// Creates, attaches and starts the container `guard` names, as `shape` says.
+pub(super) async fn start(
+    docker: &Docker,
+    config: &SandboxConfig,
+    guard: &ContainerGuard,
+    shape: &SandboxShape,
+) -> Result<Connection, StartFailure> {
+    let body = container_config(shape, config);
+    let image = shape.image.clone();
+    let options = CreateContainerOptions {
+        name: Some(guard.name().to_string()),
+        ..Default::default()
+    };
+    docker
+        .create_container(Some(options), body)
+        .await
+        .map_err(|error| match error {
+            bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            } => StartFailure(format!(
+                "image {image} is not built on this worker; run scripts/build-images"
+            )),
+            error => StartFailure(format!("docker could not create the sandbox: {error}")),
+        })?;
+    let attach = docker
+        .attach_container(
+            guard.name(),
+            Some(AttachContainerOptions {
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                stream: true,
+                logs: false,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|error| {
+            StartFailure(format!("docker could not attach to the sandbox: {error}"))
+        })?;
+    docker
+        .start_container(guard.name(), None)
+        .await
+        .map_err(|error| StartFailure(format!("docker could not start the sandbox: {error}")))?;
+
+    let (frames, mut frames_rx) = mpsc::channel::<Vec<u8>>(64);
+    let mut input = attach.input;
+    let writer = tokio::spawn(async move {
+        while let Some(frame) = frames_rx.recv().await {
+            if input.write_all(&frame).await.is_err() || input.flush().await.is_err() {
+                return;
+            }
+        }
+        let _ = input.shutdown().await;
+    });
+    Ok(Connection {
+        frames,
+        writer,
+        output: attach.output,
+        decoder: FrameDecoder::new(MAX_SANDBOX_FRAME),
+        supervisor_log: Vec::new(),
+        ready_at: None,
+    })
+}
+
+impl Connection {
+    /// Reads until the supervisor says `ready` (a warm sandbox, before any
+    /// job), within `timeout`. Anything else it says then is a failure.
+    pub(super) async fn await_ready(&mut self, timeout: Duration) -> Result<(), StartFailure> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(frame) = self.next_message()? {
+                return match frame {
+                    SandboxMessage::Ready(ready) if ready.protocol == PROTOCOL_VERSION => {
+                        self.ready_at = Some(Instant::now());
+                        Ok(())
+                    }
+                    SandboxMessage::Ready(ready) => {
+                        Err(StartFailure(protocol_mismatch(ready.protocol)))
+                    }
+                    SandboxMessage::Fatal(fatal) => Err(StartFailure(format!(
+                        "the sandbox supervisor failed: {}",
+                        fatal.message
+                    ))),
+                    other => Err(StartFailure(format!(
+                        "the sandbox sent a {} frame before it was ready",
+                        message_name(&other)
+                    ))),
+                };
+            }
+            let item = tokio::time::timeout_at(deadline, self.output.next())
+                .await
+                .map_err(|_| {
+                    StartFailure(format!(
+                        "the sandbox did not start within {} s{}",
+                        timeout.as_secs(),
+                        log_suffix(&self.supervisor_log)
+                    ))
+                })?;
+            match item {
+                None => {
+                    return Err(StartFailure(format!(
+                        "the sandbox exited before it was ready{}",
+                        log_suffix(&self.supervisor_log)
+                    )));
+                }
+                Some(Err(error)) => {
+                    return Err(StartFailure(format!("the sandbox stream broke: {error}")));
+                }
+                Some(Ok(output)) => self.take_output(output),
+            }
+        }
+    }
+
+    /// An idle warm sandbox's supervisor says nothing until it gets a
+    /// bundle: returns (with why) when its stream says anything or ends.
+    pub(super) async fn idle_until_broken(&mut self) -> String {
+        match self.output.next().await {
+            None => format!(
+                "the idle sandbox exited{}",
+                log_suffix(&self.supervisor_log)
+            ),
+            Some(Err(error)) => format!("the idle sandbox's stream broke: {error}"),
+            Some(Ok(output)) => {
+                self.take_output(output);
+                format!(
+                    "the idle sandbox spoke before it had a job{}",
+                    log_suffix(&self.supervisor_log)
+                )
+            }
+        }
+    }
+
+    /// Feeds one chunk of the attach stream: stdout into the frame decoder,
+    /// stderr into the supervisor's log tail.
+    fn take_output(&mut self, output: LogOutput) {
+        match output {
+            LogOutput::StdOut { message } => self.decoder.extend(&message),
+            LogOutput::StdErr { message } => {
+                tracing::debug!(log = %String::from_utf8_lossy(&message), "sandbox supervisor stderr");
+                self.supervisor_log.extend_from_slice(&message);
+                let excess = self
+                    .supervisor_log
+                    .len()
+                    .saturating_sub(SUPERVISOR_LOG_TAIL);
+                self.supervisor_log.drain(..excess);
+            }
+            _ => {}
+        }
+    }
+
+    /// The next whole message the decoder holds, if any.
+    fn next_message(&mut self) -> Result<Option<SandboxMessage>, StartFailure> {
+        let frame = self
+            .decoder
+            .next_frame()
+            .map_err(|error| StartFailure(format!("the sandbox sent an invalid frame: {error}")))?;
+        frame
+            .map(|frame| {
+                SandboxMessage::decode(frame).map_err(|error| {
+                    StartFailure(format!("the sandbox sent an invalid frame: {error}"))
+                })
+            })
+            .transpose()
+    }
+}
+
+fn message_name(message: &SandboxMessage) -> &'static str {
+    match message {
+        SandboxMessage::Ready(_) => "ready",
+        SandboxMessage::StageStart(_) => "stage_start",
+        SandboxMessage::Stdout(_) => "stdout",
+        SandboxMessage::Stderr(_) => "stderr",
+        SandboxMessage::StageEnd(_) => "stage_end",
+        SandboxMessage::Fatal(_) => "fatal",
+        SandboxMessage::Done => "done",
+    }
+}
+
+fn protocol_mismatch(theirs: u32) -> String {
+    format!(
+        "the image speaks protocol {theirs} but this worker speaks {PROTOCOL_VERSION}; rebuild the images"
+    )
+}
+
+fn log_suffix(log: &[u8]) -> String {
+    let text = String::from_utf8_lossy(log);
+    let text = text.trim();
+    if text.is_empty() {
+        String::new()
+    } else {
+        format!("; supervisor said: {text}")
+    }
+}
+
+/// A sandbox given to one job: its container (removed through the guard,
+/// which also holds its uid) and its attached connection.
+pub(super) struct Started {
+    pub(super) guard: ContainerGuard,
+    pub(super) connection: Connection,
+    pub(super) kind: StartKind,
+}
+
+/// A job's end: its result, and the container still to remove. The result
+/// is ready before the container is gone, so it can be made durable first;
+/// [`Cleanup::remove`] follows (a dropped `Cleanup` removes in the
+/// background).
+pub struct RunOutcome {
+    pub result: JobResult,
+    pub cleanup: Cleanup,
+    /// The container that ran the job (its name).
+    pub container: String,
+}
+
+/// What is left to do once a job's result is known.
+pub struct Cleanup {
+    guard: Option<ContainerGuard>,
+}
+
+impl Cleanup {
+    /// Removes the job's container; `false` when Docker did not answer (the
+    /// removal goes on in the background).
+    pub async fn remove(mut self) -> bool {
+        match self.guard.take() {
+            Some(guard) => guard.remove().await,
+            None => true,
+        }
+    }
+}
+
 struct Session<'a> {
     job: &'a PreparedJob,
     io: JobIo,
@@ -108,34 +366,114 @@ struct Session<'a> {
     supervisor_log: Vec<u8>,
 }
 
-pub(super) async fn run(
+/// Runs `job` in a new container (the cold path).
+pub(super) async fn run_cold(
+    docker: &Docker,
+    config: &SandboxConfig,
+    uids: &UidRange,
+    job_id: &str,
+    job: &PreparedJob,
+    io: JobIo,
+) -> RunOutcome {
+    let started = Instant::now();
+    let name = container_name(job_id);
+    let lease = match uids.lease() {
+        Ok(lease) => lease,
+        Err(error) => {
+            let guard = ContainerGuard::new(docker.clone(), name.clone(), None);
+            return failed(job, started, guard, StartKind::Cold, error.to_string());
+        }
+    };
+    let uid = lease.uid();
+    let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
+    let now = SystemTime::now();
+    let budget = job_budget(config, job);
+    let shape = SandboxShape {
+        image: job.language.image_ref(),
+        language: job.language.id.clone(),
+        class: SandboxClass::of(&job.limits),
+        uid,
+        job_id: Some(job_id.to_string()),
+        created_ms: unix_ms(now),
+        deadline_ms: unix_ms(now + budget),
+    };
+    match start(docker, config, &guard, &shape).await {
+        Ok(connection) => {
+            let sandbox = Started {
+                guard,
+                connection,
+                kind: StartKind::Cold,
+            };
+            run_in(docker, config, job_id, job, io, sandbox, started).await
+        }
+        Err(StartFailure(message)) => failed(job, started, guard, StartKind::Cold, message),
+    }
+}
+
+/// The longest a job's container may live: the start timeout, the stages'
+/// wall limits and the grace.
+pub(super) fn job_budget(config: &SandboxConfig, job: &PreparedJob) -> Duration {
+    config.start_timeout + Duration::from_millis(job.stages_wall_ms()) + config.deadline_grace
+}
+
+/// The outcome of a job whose sandbox never ran it.
+fn failed(
+    job: &PreparedJob,
+    started: Instant,
+    guard: ContainerGuard,
+    kind: StartKind,
+    error: String,
+) -> RunOutcome {
+    let container = guard.name().to_string();
+    RunOutcome {
+        result: JobResult {
+            status: Status::Error,
+            language: job.language.id.clone(),
+            version: job.language.version.clone(),
+            compile: None,
+            run: None,
+            error: Some(error),
+            reason: None,
+            start: Some(kind),
+            timings: Timings {
+                total_ms: started.elapsed().as_millis() as u64,
+                ..Timings::default()
+            },
+        },
+        cleanup: Cleanup { guard: Some(guard) },
+        container,
+    }
+}
+
+/// Runs `job` in a started sandbox (warm or cold) to its end; the container
+/// is left for the caller's [`Cleanup`].
+pub(super) async fn run_in(
     docker: &Docker,
     config: &SandboxConfig,
     job_id: &str,
     job: &PreparedJob,
     io: JobIo,
-) -> JobResult {
-    let started = Instant::now();
-    let guard = ContainerGuard::new(docker.clone(), container_name(job_id));
-    let mut compile = None;
-    let mut run = None;
-    let mut ready_at = None;
-    let mut cancelled = false;
-    let outcome = drive(docker, config, job_id, job, io, &guard).await;
-    let error = match outcome {
-        Ok(session) => {
-            compile = session.compile;
-            run = session.run;
-            ready_at = session.ready_at;
-            cancelled = session.cancelled;
-            session.error
-        }
-        Err(Failure(message)) => Some(message),
+    sandbox: Started,
+    started: Instant,
+) -> RunOutcome {
+    let Started {
+        guard,
+        connection,
+        kind,
+    } = sandbox;
+    let container = guard.name().to_string();
+    let uid = guard.uid();
+    let outcome = drive(docker, config, job_id, job, io, &guard, connection, uid).await;
+    let (compile, run, ready_at, cancelled, error) = match outcome {
+        Ok(session) => (
+            session.compile,
+            session.run,
+            session.ready_at,
+            session.cancelled,
+            session.error,
+        ),
+        Err(Failure(message)) => (None, None, None, false, Some(message)),
     };
-    if let Err(error) = guard.remove().await {
-        tracing::warn!(job.id = %job_id, %error, "could not remove the sandbox container; retrying in the background");
-        remove_in_background(docker.clone(), container_name(job_id));
-    }
     let status = if error.is_some() {
         Status::Error
     } else if cancelled {
@@ -146,20 +484,30 @@ pub(super) async fn run(
     let error = error.or_else(|| {
         (status == Status::Error).then(|| "the sandbox ended without running the program".into())
     });
-    JobResult {
-        status,
-        language: job.language.id.clone(),
-        version: job.language.version.clone(),
-        timings: Timings {
-            container_start_ms: ready_at.map_or(0, |t| (t - started).as_millis() as u64),
-            compile_ms: compile.as_ref().map(|s| s.wall_ms),
-            run_ms: run.as_ref().map(|s| s.wall_ms),
-            total_ms: started.elapsed().as_millis() as u64,
+    let container_start_ms = match kind {
+        // Ready before the job came: nothing of the start was on its path.
+        StartKind::Warm => 0,
+        StartKind::Cold => ready_at.map_or(0, |t| (t - started).as_millis() as u64),
+    };
+    RunOutcome {
+        result: JobResult {
+            status,
+            language: job.language.id.clone(),
+            version: job.language.version.clone(),
+            timings: Timings {
+                container_start_ms,
+                compile_ms: compile.as_ref().map(|s| s.wall_ms),
+                run_ms: run.as_ref().map(|s| s.wall_ms),
+                total_ms: started.elapsed().as_millis() as u64,
+            },
+            compile,
+            run,
+            error,
+            reason: None,
+            start: Some(kind),
         },
-        compile,
-        run,
-        error,
-        reason: None,
+        cleanup: Cleanup { guard: Some(guard) },
+        container,
     }
 }
 
@@ -173,11 +521,12 @@ struct SessionOutcome {
     error: Option<String>,
 }
 
-fn unix_ms(at: SystemTime) -> u64 {
+pub(super) fn unix_ms(at: SystemTime) -> u64 {
     at.duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn drive(
     docker: &Docker,
     config: &SandboxConfig,
@@ -185,77 +534,42 @@ async fn drive(
     job: &PreparedJob,
     io: JobIo,
     guard: &ContainerGuard,
+    connection: Connection,
+    uid: Option<u32>,
 ) -> Result<SessionOutcome, Failure> {
-    let now = SystemTime::now();
-    let budget =
-        config.start_timeout + Duration::from_millis(job.stages_wall_ms()) + config.deadline_grace;
-    let body = container_config(job_id, job, config, unix_ms(now), unix_ms(now + budget));
-    let image = job.language.image_ref();
-    let options = CreateContainerOptions {
-        name: Some(guard.name().to_string()),
-        ..Default::default()
-    };
-    docker
-        .create_container(Some(options), body)
-        .await
-        .map_err(|error| match error {
-            bollard::errors::Error::DockerResponseServerError {
-                status_code: 404, ..
-            } => Failure(format!(
-                "image {image} is not built on this worker; run scripts/build-images"
-            )),
-            error => Failure(format!("docker could not create the sandbox: {error}")),
-        })?;
-    let attach = docker
-        .attach_container(
-            guard.name(),
-            Some(AttachContainerOptions {
-                stdin: true,
-                stdout: true,
-                stderr: true,
-                stream: true,
-                logs: false,
-                ..Default::default()
-            }),
-        )
-        .await
-        .map_err(|error| Failure(format!("docker could not attach to the sandbox: {error}")))?;
-    docker
-        .start_container(guard.name(), None)
-        .await
-        .map_err(|error| Failure(format!("docker could not start the sandbox: {error}")))?;
-
-    let (frames, mut frames_rx) = mpsc::channel::<Vec<u8>>(64);
-    let mut input = attach.input;
-    let writer = tokio::spawn(async move {
-        while let Some(frame) = frames_rx.recv().await {
-            if input.write_all(&frame).await.is_err() || input.flush().await.is_err() {
-                return;
-            }
-        }
-        let _ = input.shutdown().await;
-    });
+    let Connection {
+        frames,
+        writer,
+        output,
+        decoder,
+        supervisor_log,
+        ready_at,
+    } = connection;
 
     let mut session = Session {
         job,
         io,
         frames,
-        ready_at: None,
+        ready_at,
         current: None,
         compile: None,
         run: None,
         cancelled: false,
         kill_sent: false,
-        supervisor_log: Vec::new(),
+        supervisor_log,
     };
     let mut bundle = job.bundle.clone();
+    if let Some(uid) = uid {
+        bundle.uid = uid;
+        bundle.gid = uid;
+    }
     if is_gvisor(config) {
         for stage in &mut bundle.stages {
             stage.limits.nproc = Some(job.limits.pids);
         }
     }
     session.send_initial_frames(bundle).await;
-    let ending = session.frame_loop(attach.output, config).await;
+    let ending = session.frame_loop(output, decoder, config).await;
     writer.abort();
     let mut error = None;
     match ending {
@@ -348,24 +662,34 @@ impl Session<'_> {
     }
 
     fn log_suffix(&self) -> String {
-        let text = String::from_utf8_lossy(&self.supervisor_log);
-        let text = text.trim();
-        if text.is_empty() {
-            String::new()
-        } else {
-            format!("; supervisor said: {text}")
-        }
+        log_suffix(&self.supervisor_log)
     }
 
     async fn frame_loop(
         &mut self,
-        mut output: std::pin::Pin<
-            Box<dyn futures_util::Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>,
-        >,
+        mut output: OutputStream,
+        mut decoder: FrameDecoder,
         config: &SandboxConfig,
     ) -> Result<Ending, Failure> {
-        let mut decoder = FrameDecoder::new(MAX_SANDBOX_FRAME);
-        let mut deadline = tokio::time::Instant::now() + config.start_timeout;
+        let mut deadline = tokio::time::Instant::now()
+            + if self.ready_at.is_some() {
+                // A warm sandbox: its supervisor was ready before the job came.
+                Duration::from_millis(self.job.stages_wall_ms()) + config.deadline_grace
+            } else {
+                config.start_timeout
+            };
+        // Frames the decoder already holds (none, normally) come first.
+        loop {
+            let frame = decoder
+                .next_frame()
+                .map_err(|error| Failure(format!("the sandbox sent an invalid frame: {error}")))?;
+            let Some(frame) = frame else { break };
+            let message = SandboxMessage::decode(frame)
+                .map_err(|error| Failure(format!("the sandbox sent an invalid frame: {error}")))?;
+            if self.handle(message, &mut deadline, config).await? {
+                return Ok(Ending::Done);
+            }
+        }
         let mut input_open = self.io.input.is_some();
         let cancel = self.io.cancel.clone();
         loop {
@@ -433,10 +757,7 @@ impl Session<'_> {
         match message {
             SandboxMessage::Ready(ready) => {
                 if ready.protocol != PROTOCOL_VERSION {
-                    return Err(Failure(format!(
-                        "the image speaks protocol {} but this worker speaks {PROTOCOL_VERSION}; rebuild the images",
-                        ready.protocol
-                    )));
+                    return Err(Failure(protocol_mismatch(ready.protocol)));
                 }
                 if self.ready_at.is_none() {
                     self.ready_at = Some(Instant::now());

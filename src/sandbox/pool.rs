@@ -1,0 +1,739 @@
+//! Warm sandboxes: containers started before any job, whose supervisor has
+//! said `ready` and waits for a bundle. A job of the same language and
+//! [`SandboxClass`] starts in one with no Engine API call on its path; the
+//! pool refills in the background. **A warm sandbox serves exactly one job**
+//! and is removed after it, like a cold one: warmth never means reuse.
+//!
+//! # A member's lifecycle
+//!
+//! Every state change goes through [`State::apply`]; the table is there:
+//!
+//! ```text
+//! Creating ──ready──► Ready ──claim──► (the job owns it; removed after the job)
+//!    │                  │
+//!    ├──fail──► gone     └──discard──► Discarding ──removed──► gone
+//!    └──discard──► Discarding
+//! ```
+//!
+//! A `Ready` member is discarded when its lifetime passes (images change, so
+//! sandboxes are renewed), when its stream says anything or ends (the
+//! container died, e.g. dockerd restarted), when its language's target falls
+//! below what the pool holds, and at shutdown. Each member is one task that
+//! owns its container until it hands it to a job (a claim is a message to that
+//! task, answered in microseconds) or removes it.
+//!
+//! # Bounds
+//!
+//! The pool never holds more than `max` members (creating, ready or being
+//! removed), creates at most `parallel_starts` at once, and backs off after
+//! failed starts (Docker down) so it never spins. Members are labelled
+//! `code-runner.warm=1` with this worker's id and a deadline covering their
+//! lifetime plus the longest job, so the reaper removes a dead worker's
+//! members like its job containers and leaves a live worker's alone.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::SandboxEngine;
+use super::container::{ContainerGuard, SandboxClass, SandboxShape, warm_container_name};
+use super::session::{Connection, StartFailure, Started, start, unix_ms};
+use crate::job::{PreparedJob, StartKind};
+
+/// Longest wait for a member's task to hand its sandbox over.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
+/// First and longest pause after a member failed to start.
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
+/// What kind of sandbox a pool keeps for a language.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmSpec {
+    pub language: String,
+    /// The image, with its tag.
+    pub image: String,
+    pub class: SandboxClass,
+}
+
+impl WarmSpec {
+    /// Whether `job` can run in a sandbox of this spec: same language,
+    /// image and container-level limits.
+    pub fn fits(&self, job: &PreparedJob) -> bool {
+        self.language == job.language.id
+            && self.image == job.language.image_ref()
+            && self.class == SandboxClass::of(&job.limits)
+    }
+}
+
+/// How a pool behaves; fixed for its life.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    /// Most members at once (creating, ready or being removed).
+    pub max: usize,
+    /// A ready member older than this is replaced (a little jitter spreads
+    /// the renewals).
+    pub lifetime: Duration,
+    /// The longest a job may keep a claimed member: its deadline label is
+    /// its creation + `lifetime` + this.
+    pub longest_job: Duration,
+    /// Members started at the same time.
+    pub parallel_starts: usize,
+}
+
+/// The pool's figures for one language.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LanguageStatus {
+    pub target: usize,
+    pub ready: usize,
+    pub creating: usize,
+}
+
+/// The pool's figures, by language, as of the last change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WarmStatus {
+    pub languages: BTreeMap<String, LanguageStatus>,
+    /// Members being removed.
+    pub discarding: usize,
+}
+
+impl WarmStatus {
+    pub fn ready(&self) -> usize {
+        self.languages.values().map(|l| l.ready).sum()
+    }
+}
+
+/// A member's state (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Creating,
+    Ready,
+    Discarding,
+}
+
+/// What happens to a member.
+#[derive(Debug)]
+enum Transition {
+    /// Its supervisor said ready; claims go through this sender.
+    Ready(mpsc::Sender<oneshot::Sender<Started>>),
+    /// It could not be started (it leaves the pool; its container is being
+    /// removed).
+    Fail,
+    /// It is to be removed.
+    Discard,
+    /// A job took it: it leaves the pool.
+    Claim,
+    /// Its container is gone.
+    Removed,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("warm sandbox {id}: {transition} is not allowed in state {state:?}")]
+struct BadTransition {
+    id: u64,
+    state: Option<MemberState>,
+    transition: &'static str,
+}
+
+struct Member {
+    spec: WarmSpec,
+    state: MemberState,
+    /// Set once ready.
+    claim: Option<mpsc::Sender<oneshot::Sender<Started>>>,
+    /// Cancelled to make the member's task discard it.
+    discard: CancellationToken,
+    ready_since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct State {
+    targets: BTreeMap<String, (WarmSpec, usize)>,
+    members: BTreeMap<u64, Member>,
+    next_id: u64,
+    /// Consecutive failed starts, and when the next start may be tried.
+    failures: u32,
+    retry_at: Option<tokio::time::Instant>,
+    stopping: bool,
+}
+
+impl State {
+    /// The one place a member changes state.
+    fn apply(&mut self, id: u64, transition: Transition) -> Result<(), BadTransition> {
+        let state = self.members.get(&id).map(|m| m.state);
+        let bad = |name| BadTransition {
+            id,
+            state,
+            transition: name,
+        };
+        match (state, transition) {
+            (Some(MemberState::Creating), Transition::Ready(claim)) => {
+                let member = self.members.get_mut(&id).ok_or_else(|| bad("ready"))?;
+                member.state = MemberState::Ready;
+                member.claim = Some(claim);
+                member.ready_since = Some(Instant::now());
+                self.failures = 0;
+                self.retry_at = None;
+            }
+            (Some(MemberState::Creating), Transition::Fail) => {
+                self.members.remove(&id);
+                self.failures = self.failures.saturating_add(1);
+                let delay = FIRST_RETRY
+                    .saturating_mul(1 << self.failures.min(16).saturating_sub(1))
+                    .min(MAX_RETRY);
+                self.retry_at = Some(tokio::time::Instant::now() + delay);
+            }
+            (Some(MemberState::Creating | MemberState::Ready), Transition::Discard) => {
+                let member = self.members.get_mut(&id).ok_or_else(|| bad("discard"))?;
+                member.state = MemberState::Discarding;
+                member.claim = None;
+                member.discard.cancel();
+            }
+            (Some(MemberState::Ready), Transition::Claim) => {
+                self.members.remove(&id);
+            }
+            (Some(MemberState::Discarding), Transition::Removed) => {
+                self.members.remove(&id);
+            }
+            (_, transition) => {
+                return Err(bad(match transition {
+                    Transition::Ready(_) => "ready",
+                    Transition::Fail => "fail",
+                    Transition::Discard => "discard",
+                    Transition::Claim => "claim",
+                    Transition::Removed => "removed",
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    fn status(&self) -> WarmStatus {
+        let mut status = WarmStatus::default();
+        for (language, (_, target)) in &self.targets {
+            status.languages.entry(language.clone()).or_default().target = *target;
+        }
+        for member in self.members.values() {
+            let entry = status
+                .languages
+                .entry(member.spec.language.clone())
+                .or_default();
+            match member.state {
+                MemberState::Creating => entry.creating += 1,
+                MemberState::Ready => entry.ready += 1,
+                MemberState::Discarding => status.discarding += 1,
+            }
+        }
+        status
+    }
+
+    /// Members that are not being removed, of `spec`.
+    fn live(&self, spec: &WarmSpec) -> usize {
+        self.members
+            .values()
+            .filter(|m| m.state != MemberState::Discarding && &m.spec == spec)
+            .count()
+    }
+
+    fn creating(&self) -> usize {
+        self.members
+            .values()
+            .filter(|m| m.state == MemberState::Creating)
+            .count()
+    }
+}
+
+/// A ready sandbox taken from the pool for one job.
+pub struct WarmSandbox {
+    started: Started,
+}
+
+impl WarmSandbox {
+    pub(super) fn into_started(self) -> Started {
+        self.started
+    }
+}
+
+impl std::fmt::Debug for WarmSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmSandbox")
+            .field("container", &self.started.guard.name())
+            .finish()
+    }
+}
+
+struct Inner {
+    engine: SandboxEngine,
+    settings: PoolSettings,
+    state: Mutex<State>,
+    /// Wakes the refiller: a target changed, a member left.
+    wake: Notify,
+    status: watch::Sender<WarmStatus>,
+    stop: CancellationToken,
+    tasks: TaskTracker,
+}
+
+/// A worker's pool of warm sandboxes; cheap to clone. See the module
+/// documentation.
+#[derive(Clone)]
+pub struct WarmPool {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WarmPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WarmPool")
+            .field("settings", &self.inner.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WarmPool {
+    /// Starts the pool's refiller; it holds nothing until targets are set.
+    pub fn start(engine: &SandboxEngine, settings: PoolSettings) -> Self {
+        let (status, _) = watch::channel(WarmStatus::default());
+        let pool = Self {
+            inner: Arc::new(Inner {
+                engine: engine.clone(),
+                settings,
+                state: Mutex::new(State::default()),
+                wake: Notify::new(),
+                status,
+                stop: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+            }),
+        };
+        let refiller = pool.clone();
+        pool.inner
+            .tasks
+            .spawn(async move { refiller.refill().await });
+        pool
+    }
+
+    /// The figures as of now, and a receiver that sees every change.
+    pub fn status(&self) -> watch::Receiver<WarmStatus> {
+        self.inner.status.subscribe()
+    }
+
+    /// Sets how many ready sandboxes to keep per language (a language left
+    /// out is 0); the sum is cut to the pool's `max`. Members above a
+    /// lowered target are discarded, the oldest first.
+    pub fn set_targets(&self, targets: Vec<(WarmSpec, usize)>) {
+        let mut room = self.inner.settings.max;
+        let mut state = self.inner.lock();
+        if state.stopping {
+            return;
+        }
+        state.targets = targets
+            .into_iter()
+            .map(|(spec, count)| {
+                let count = count.min(room);
+                room -= count;
+                (spec.language.clone(), (spec, count))
+            })
+            .collect();
+        // Discard what no target wants any more.
+        let mut surplus: Vec<u64> = Vec::new();
+        let mut kept: BTreeMap<String, usize> = BTreeMap::new();
+        let mut members: Vec<(&u64, &Member)> = state
+            .members
+            .iter()
+            .filter(|(_, m)| m.state != MemberState::Discarding)
+            .collect();
+        // Newest first, so the oldest are the surplus.
+        members.sort_by_key(|(id, _)| std::cmp::Reverse(**id));
+        for (id, member) in members {
+            let wanted = state
+                .targets
+                .get(&member.spec.language)
+                .filter(|(spec, _)| *spec == member.spec)
+                .map_or(0, |(_, count)| *count);
+            let have = kept.entry(member.spec.language.clone()).or_default();
+            if *have < wanted {
+                *have += 1;
+            } else {
+                surplus.push(*id);
+            }
+        }
+        for id in surplus {
+            if let Err(error) = state.apply(id, Transition::Discard) {
+                tracing::warn!(%error, "cannot discard a surplus warm sandbox");
+            }
+        }
+        self.inner.publish(&state);
+        drop(state);
+        self.inner.wake.notify_one();
+    }
+
+    /// A ready sandbox for `job`, if the pool has one of its spec; `None`
+    /// sends the job down the cold path.
+    pub async fn claim(&self, job: &PreparedJob) -> Option<WarmSandbox> {
+        loop {
+            let sender = {
+                let mut state = self.inner.lock();
+                let id = state
+                    .members
+                    .iter()
+                    .filter(|(_, m)| m.state == MemberState::Ready && m.spec.fits(job))
+                    .min_by_key(|(_, m)| m.ready_since)
+                    .map(|(id, _)| *id)?;
+                let sender = state.members.get_mut(&id).and_then(|m| m.claim.take());
+                if let Err(error) = state.apply(id, Transition::Claim) {
+                    tracing::warn!(%error, "cannot claim a warm sandbox");
+                    return None;
+                }
+                self.inner.publish(&state);
+                sender
+            };
+            self.inner.wake.notify_one();
+            let Some(sender) = sender else { continue };
+            let (reply, answer) = oneshot::channel();
+            if sender.try_send(reply).is_err() {
+                continue;
+            }
+            // The member's task answers at once unless its sandbox broke
+            // at this very moment: then try another, or go cold.
+            if let Ok(Ok(started)) = tokio::time::timeout(HANDOVER_TIMEOUT, answer).await {
+                return Some(WarmSandbox { started });
+            }
+        }
+    }
+
+    /// Stops refilling, removes every member not claimed by a job, and
+    /// waits (up to `within`) until they are gone.
+    pub async fn shutdown(&self, within: Duration) {
+        {
+            let mut state = self.inner.lock();
+            state.stopping = true;
+            state.targets.clear();
+            let ids: Vec<u64> = state
+                .members
+                .iter()
+                .filter(|(_, m)| m.state != MemberState::Discarding)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in ids {
+                if let Err(error) = state.apply(id, Transition::Discard) {
+                    tracing::warn!(%error, "cannot discard a warm sandbox at shutdown");
+                }
+            }
+            self.inner.publish(&state);
+        }
+        self.inner.stop.cancel();
+        self.inner.tasks.close();
+        if tokio::time::timeout(within, self.inner.tasks.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = self.inner.lock().members.len(),
+                "warm sandboxes were not all removed in time; the reaper removes them"
+            );
+        }
+    }
+
+    /// Starts members where targets are not met, until stopped.
+    async fn refill(&self) {
+        loop {
+            let retry_at = {
+                let mut state = self.inner.lock();
+                if state.stopping {
+                    return;
+                }
+                let now = tokio::time::Instant::now();
+                if state.retry_at.is_none_or(|at| at <= now) {
+                    self.start_missing(&mut state);
+                }
+                state.retry_at
+            };
+            tokio::select! {
+                () = self.inner.stop.cancelled() => return,
+                () = self.inner.wake.notified() => {}
+                () = sleep_until(retry_at), if retry_at.is_some() => {}
+            }
+        }
+    }
+
+    /// Spawns a member task for each missing sandbox, within the bounds.
+    fn start_missing(&self, state: &mut State) {
+        let settings = &self.inner.settings;
+        let specs: Vec<(WarmSpec, usize)> = state.targets.values().cloned().collect();
+        for (spec, target) in specs {
+            while state.live(&spec) < target
+                && state.members.len() < settings.max
+                && state.creating() < settings.parallel_starts
+            {
+                let id = state.next_id;
+                state.next_id += 1;
+                let discard = CancellationToken::new();
+                state.members.insert(
+                    id,
+                    Member {
+                        spec: spec.clone(),
+                        state: MemberState::Creating,
+                        claim: None,
+                        discard: discard.clone(),
+                        ready_since: None,
+                    },
+                );
+                let inner = Arc::clone(&self.inner);
+                let spec = spec.clone();
+                self.inner
+                    .tasks
+                    .spawn(async move { inner.member(id, spec, discard).await });
+            }
+        }
+        self.inner.publish(state);
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn publish(&self, state: &State) {
+        self.status.send_replace(state.status());
+    }
+
+    /// Applies a transition and publishes the new figures; `false` when it
+    /// was not allowed (the member changed state meanwhile).
+    fn transition(&self, id: u64, transition: Transition) -> bool {
+        let mut state = self.lock();
+        let applied = match state.apply(id, transition) {
+            Ok(()) => true,
+            Err(error) => {
+                tracing::debug!(%error, "warm sandbox transition skipped");
+                false
+            }
+        };
+        self.publish(&state);
+        drop(state);
+        self.wake.notify_one();
+        applied
+    }
+
+    /// One member's task: starts its sandbox, idles until claimed, broken,
+    /// expired or discarded, then hands it over or removes it.
+    async fn member(self: Arc<Self>, id: u64, spec: WarmSpec, discard: CancellationToken) {
+        let lease = match self.engine.uids().lease() {
+            Ok(lease) => lease,
+            Err(error) => {
+                tracing::warn!(%error, language = %spec.language, "cannot start a warm sandbox");
+                self.transition(id, Transition::Fail);
+                return;
+            }
+        };
+        let uid = lease.uid();
+        let name = warm_container_name(&uuid::Uuid::new_v4().to_string());
+        let guard = ContainerGuard::new(self.engine.docker().clone(), name, Some(lease));
+        let now = SystemTime::now();
+        let lifetime = self.jittered_lifetime(id);
+        let shape = SandboxShape {
+            image: spec.image.clone(),
+            language: spec.language.clone(),
+            class: spec.class,
+            uid,
+            job_id: None,
+            created_ms: unix_ms(now),
+            deadline_ms: unix_ms(now + lifetime + self.settings.longest_job),
+        };
+        // Not raced with `discard`: a create call in flight may still make
+        // the container, and only its end says there is one to remove.
+        let started = self.start_ready(&guard, &shape).await;
+        let mut connection = match started {
+            Ok(connection) => connection,
+            Err(StartFailure(message)) => {
+                if discard.is_cancelled() {
+                    guard.remove().await;
+                    self.transition(id, Transition::Removed);
+                } else {
+                    tracing::warn!(language = %spec.language, error = %message, "a warm sandbox did not start");
+                    self.transition(id, Transition::Fail);
+                    guard.remove().await;
+                }
+                return;
+            }
+        };
+        let (claims, mut claim_rx) = mpsc::channel(1);
+        if !self.transition(id, Transition::Ready(claims)) {
+            // Discarded while starting.
+            guard.remove().await;
+            self.transition(id, Transition::Removed);
+            return;
+        }
+        tracing::debug!(language = %spec.language, container = %guard.name(), "a warm sandbox is ready");
+        let why = tokio::select! {
+            biased;
+            reply = claim_rx.recv() => {
+                if let Some(reply) = reply {
+                    hand_over(reply, guard, connection);
+                }
+                return;
+            }
+            () = discard.cancelled() => None,
+            () = tokio::time::sleep(lifetime) => Some("its lifetime passed".to_string()),
+            why = connection.idle_until_broken() => Some(why),
+        };
+        let broken = why.as_deref().is_some_and(|w| w != "its lifetime passed");
+        if why.is_some() && !self.transition(id, Transition::Discard) {
+            // A job claimed it at this very moment: its request is on the
+            // way. Hand it over unless it is broken (the job then goes cold).
+            if !broken && let Some(reply) = claim_rx.recv().await {
+                hand_over(reply, guard, connection);
+                return;
+            }
+            guard.remove().await;
+            return;
+        }
+        if let Some(why) = &why {
+            tracing::debug!(language = %spec.language, container = %guard.name(), %why, "discarding a warm sandbox");
+        }
+        guard.remove().await;
+        self.transition(id, Transition::Removed);
+    }
+
+    async fn start_ready(
+        &self,
+        guard: &ContainerGuard,
+        shape: &SandboxShape,
+    ) -> Result<Connection, StartFailure> {
+        let engine = &self.engine;
+        let mut connection = match start(engine.docker(), engine.config(), guard, shape).await {
+            Ok(connection) => connection,
+            Err(failure) => {
+                engine.docker_failed();
+                return Err(failure);
+            }
+        };
+        engine.docker_answered();
+        connection
+            .await_ready(engine.config().start_timeout)
+            .await?;
+        Ok(connection)
+    }
+
+    /// The lifetime less up to a tenth, by member, so members started
+    /// together are not all renewed at once.
+    fn jittered_lifetime(&self, id: u64) -> Duration {
+        let lifetime = self.settings.lifetime;
+        let tenth = lifetime / 10;
+        let step = (id.wrapping_mul(2_654_435_761) % 1000) as u32;
+        lifetime - tenth * step / 1000
+    }
+}
+
+fn hand_over(reply: oneshot::Sender<Started>, guard: ContainerGuard, connection: Connection) {
+    let started = Started {
+        guard,
+        connection,
+        kind: StartKind::Warm,
+    };
+    // A claimer that gave up drops the sandbox: its guard removes it.
+    let _ = reply.send(started);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(language: &str) -> WarmSpec {
+        WarmSpec {
+            language: language.into(),
+            image: format!("code-runner/{language}:latest"),
+            class: SandboxClass {
+                memory_mb: 256,
+                pids: 64,
+                disk_mb: 64,
+            },
+        }
+    }
+
+    fn member(spec: WarmSpec) -> Member {
+        Member {
+            spec,
+            state: MemberState::Creating,
+            claim: None,
+            discard: CancellationToken::new(),
+            ready_since: None,
+        }
+    }
+
+    #[test]
+    fn the_lifecycle_allows_only_its_transitions() {
+        let mut state = State::default();
+        state.members.insert(1, member(spec("python")));
+        assert!(state.apply(1, Transition::Claim).is_err(), "not ready yet");
+        assert!(state.apply(1, Transition::Removed).is_err());
+        let (tx, _rx) = mpsc::channel(1);
+        state.apply(1, Transition::Ready(tx)).unwrap();
+        assert_eq!(state.members[&1].state, MemberState::Ready);
+        let (tx, _rx) = mpsc::channel(1);
+        assert!(state.apply(1, Transition::Ready(tx)).is_err());
+        state.apply(1, Transition::Claim).unwrap();
+        assert!(!state.members.contains_key(&1), "a claimed member leaves");
+        assert!(state.apply(1, Transition::Discard).is_err());
+
+        state.members.insert(2, member(spec("python")));
+        let discard = state.members[&2].discard.clone();
+        state.apply(2, Transition::Discard).unwrap();
+        assert!(discard.is_cancelled(), "discarding tells the member's task");
+        assert_eq!(state.status().discarding, 1);
+        assert!(state.apply(2, Transition::Claim).is_err());
+        state.apply(2, Transition::Removed).unwrap();
+        assert!(state.members.is_empty());
+    }
+
+    #[test]
+    fn failed_starts_back_off_and_a_ready_member_resets_it() {
+        let mut state = State::default();
+        for id in 0..3 {
+            state.members.insert(id, member(spec("python")));
+            state.apply(id, Transition::Fail).unwrap();
+        }
+        assert_eq!(state.failures, 3);
+        let wait = state.retry_at.unwrap() - tokio::time::Instant::now();
+        assert!(
+            wait > FIRST_RETRY * 3 && wait <= FIRST_RETRY * 4,
+            "{wait:?}"
+        );
+        state.members.insert(9, member(spec("python")));
+        let (tx, _rx) = mpsc::channel(1);
+        state.apply(9, Transition::Ready(tx)).unwrap();
+        assert_eq!((state.failures, state.retry_at), (0, None));
+    }
+
+    #[test]
+    fn status_counts_by_language_and_state() {
+        let mut state = State::default();
+        state.targets.insert("python".into(), (spec("python"), 3));
+        state.members.insert(1, member(spec("python")));
+        state.members.insert(2, member(spec("python")));
+        state.members.insert(3, member(spec("c")));
+        let (tx, _rx) = mpsc::channel(1);
+        state.apply(2, Transition::Ready(tx)).unwrap();
+        state.apply(3, Transition::Discard).unwrap();
+        let status = state.status();
+        assert_eq!(
+            status.languages["python"],
+            LanguageStatus {
+                target: 3,
+                ready: 1,
+                creating: 1
+            }
+        );
+        assert_eq!(status.discarding, 1);
+        assert_eq!(status.ready(), 1);
+        assert_eq!(state.live(&spec("python")), 2);
+        assert_eq!(state.live(&spec("c")), 0);
+    }
+}
