@@ -14,6 +14,7 @@ use crate::config::{
     ApiSettings, ConfigError, ReaperSettings, RedisSettings, SandboxSettings, WorkerSettings,
 };
 use crate::exit;
+use crate::job::carry::CarriedJobs;
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
@@ -50,6 +51,10 @@ pub async fn run(
     };
     let queue = match redis.build() {
         Ok(queue) => queue,
+        Err(error) => return config_error(error),
+    };
+    let warm_floors = match worker.map(|w| w.warm_floors(&setup.catalog)).transpose() {
+        Ok(floors) => floors.unwrap_or_default(),
         Err(error) => return config_error(error),
     };
     let keys = match api.map(|a| ApiKeys::parse(a.api_keys.as_deref().unwrap_or(""))) {
@@ -95,12 +100,15 @@ pub async fn run(
         (None, None) => None,
     };
 
+    // In `serve`, the API hands the jobs it prepared to its own worker.
+    let carried = (api.is_some() && worker.is_some()).then(CarriedJobs::default);
     let services = |engine| Services {
         queue: queue.clone(),
         engine,
         catalog: setup.catalog.clone(),
         policy: setup.policy.clone(),
         metrics: metrics.clone(),
+        carried: carried.clone(),
     };
     let root = CancellationToken::new();
     let tracker = TaskTracker::new();
@@ -122,6 +130,9 @@ pub async fn run(
             heartbeat_interval: Duration::from_millis(settings.heartbeat_interval_ms),
             heartbeat_ttl: Duration::from_millis(settings.heartbeat_ttl_ms),
             drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
+            warm_floors,
+            warm_max: settings.warm_max,
+            warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
         };
         let worker = Worker::new(config, services(engine));
         let shutdown = root.child_token();
@@ -171,6 +182,7 @@ pub async fn run(
                 tokens,
                 draining: root.clone(),
                 engine,
+                carried,
             });
             crate::api::serve(listener, state, http_stop.clone()).await
         }

@@ -4,7 +4,8 @@
 //! `code_runner_<name>_<unit>[_total]`. No job ids in labels.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Every metric of the process, registered in one registry.
@@ -32,6 +33,16 @@ pub struct Metrics {
     /// `worker_lost`, `dead`, `dropped` (a finished or expired job left in a
     /// dead worker's list), `deadline_exceeded` (stuck on a live worker).
     pub reaper_orphans: IntCounterVec,
+    /// Warm sandboxes ready on this worker, by language.
+    pub warm_ready: IntGaugeVec,
+    /// Warm sandboxes this worker means to keep ready, by language.
+    pub warm_target: IntGaugeVec,
+    /// Jobs started, by language and `start` (`warm`: in a sandbox started
+    /// before the job came; `cold`: in one started for it).
+    pub job_starts: IntCounterVec,
+    /// From the claim of a job to the start of its program (its first
+    /// stage), by `start`.
+    pub claim_to_start: HistogramVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -60,13 +71,23 @@ impl Metrics {
                 registry.register(Box::new(counter.clone()))?;
                 Ok(counter)
             };
+        let gauges =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntGaugeVec, prometheus::Error> {
+                let gauges = IntGaugeVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(gauges.clone()))?;
+                Ok(gauges)
+            };
+        let histogram_by =
+            |name: &str, help: &str, label: &str| -> Result<HistogramVec, prometheus::Error> {
+                let histogram = HistogramVec::new(
+                    HistogramOpts::new(name, help).buckets(SECONDS_BUCKETS.to_vec()),
+                    &[label],
+                )?;
+                registry.register(Box::new(histogram.clone()))?;
+                Ok(histogram)
+            };
         let histogram = |name: &str, help: &str| -> Result<HistogramVec, prometheus::Error> {
-            let histogram = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(SECONDS_BUCKETS.to_vec()),
-                &["language"],
-            )?;
-            registry.register(Box::new(histogram.clone()))?;
-            Ok(histogram)
+            histogram_by(name, help, "language")
         };
         Ok(Self {
             slots_used: gauge(
@@ -101,6 +122,26 @@ impl Metrics {
                 "code_runner_reaper_orphans_total",
                 "Orphans the reaper cleaned up, by kind.",
                 &["kind"],
+            )?,
+            warm_ready: gauges(
+                "code_runner_warm_ready",
+                "Warm sandboxes ready on this worker, by language.",
+                &["language"],
+            )?,
+            warm_target: gauges(
+                "code_runner_warm_target",
+                "Warm sandboxes this worker means to keep ready, by language.",
+                &["language"],
+            )?,
+            job_starts: counter(
+                "code_runner_job_starts_total",
+                "Jobs started, by language and start kind (warm or cold).",
+                &["language", "start"],
+            )?,
+            claim_to_start: histogram_by(
+                "code_runner_claim_to_start_seconds",
+                "Time from the claim of a job to the start of its program, by start kind.",
+                "start",
             )?,
             registry,
         })
@@ -138,6 +179,16 @@ mod tests {
             .reaper_orphans
             .with_label_values(&["worker_lost"])
             .inc();
+        metrics.warm_ready.with_label_values(&["python"]).set(2);
+        metrics.warm_target.with_label_values(&["python"]).set(4);
+        metrics
+            .job_starts
+            .with_label_values(&["python", "warm"])
+            .inc();
+        metrics
+            .claim_to_start
+            .with_label_values(&["cold"])
+            .observe(0.1);
         let text = metrics.render();
         for line in [
             "code_runner_slots_max 3",
@@ -147,6 +198,10 @@ mod tests {
             "code_runner_submissions_rejected_total{reason=\"queue_full\"} 1",
             "code_runner_queue_wait_seconds_count{language=\"python\"} 1",
             "code_runner_reaper_orphans_total{kind=\"worker_lost\"} 1",
+            "code_runner_warm_ready{language=\"python\"} 2",
+            "code_runner_warm_target{language=\"python\"} 4",
+            "code_runner_job_starts_total{language=\"python\",start=\"warm\"} 1",
+            "code_runner_claim_to_start_seconds_count{start=\"cold\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -47,6 +47,8 @@ pub enum ApiError {
     QueueFull { depth: u64 },
     #[error("this api key already has {active} queued or running jobs, its limit")]
     KeyLimit { active: u64 },
+    #[error("the capacity schedule holds {entries} current entries, its limit; delete one first")]
+    ScheduleFull { entries: usize },
     /// The process is shutting down: it still answers reads while its worker
     /// drains, but takes no new jobs.
     #[error("this server is shutting down; submit to another one or retry later")]
@@ -80,7 +82,8 @@ impl ApiError {
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::AlreadyFinished { .. }
             | ApiError::IdempotencyConflict
-            | ApiError::IdempotencyExpired => StatusCode::CONFLICT,
+            | ApiError::IdempotencyExpired
+            | ApiError::ScheduleFull { .. } => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. } | ApiError::KeyLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
@@ -103,6 +106,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => "too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::KeyLimit { .. } => "key_limit",
+            ApiError::ScheduleFull { .. } => "schedule_full",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::ShuttingDown => "shutting_down",
         }
@@ -121,6 +125,7 @@ impl ApiError {
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed
+            | ApiError::ScheduleFull { .. }
             | ApiError::AlreadyFinished { .. }
             | ApiError::Unavailable(_)
             | ApiError::ShuttingDown => None,

@@ -26,8 +26,6 @@ use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
 use crate::queue::{CancelOutcome, JobRecord, NewJob, SubmitOutcome};
 
-/// How often `?wait=true` looks at the job.
-const WAIT_POLL_INTERVAL: Duration = Duration::from_millis(100);
 /// What `?wait=true` allows beyond the job's own wall limits (queueing,
 /// container start, removal), before `max_wait` caps it.
 const WAIT_SLACK: Duration = Duration::from_secs(30);
@@ -276,28 +274,42 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let prepared = prepare(&spec, &config.catalog, &config.policy)?;
 
     let new_id = uuid::Uuid::new_v4().to_string();
-    let body_hash = hex::encode(Sha256::digest(&body));
+    // The body's hash is only needed to tell a retry from a conflict.
+    let body_hash = idempotency
+        .as_ref()
+        .map(|_| hex::encode(Sha256::digest(&body)));
+    let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
+    let language = prepared.language.id.clone();
+    let wait_budget = config
+        .max_wait
+        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK);
+    if let Some(carried) = &config.carried {
+        // Before the job is queued: this process's worker may claim it at once.
+        carried.insert(&new_id, prepared);
+    }
     let outcome = config
         .queue
         .submit(NewJob {
             id: &new_id,
             spec: &spec,
             api_key: &caller.name,
-            language: &prepared.language.id,
-            idempotency: idempotency.as_deref().map(|key| (key, body_hash.as_str())),
+            language: &language,
+            idempotency,
             max_queue_depth: config.max_queue_depth,
             key_limit: caller.max_active,
         })
-        .await?;
-    let wait_budget = config
-        .max_wait
-        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK);
+        .await;
+    if !matches!(outcome, Ok(SubmitOutcome::Accepted))
+        && let Some(carried) = &config.carried
+    {
+        carried.take(&new_id);
+    }
 
-    match outcome {
+    match outcome? {
         SubmitOutcome::Accepted => {
             tracing::info!(
                 job.id = %new_id,
-                language = %prepared.language.id,
+                language = %language,
                 api_key = %caller.name,
                 "Job accepted."
             );
@@ -352,25 +364,22 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     }
 }
 
-/// Polls the job until it is terminal, `budget` has passed or the server
-/// shuts down; returns what was seen last (`None`: the job is gone).
-async fn wait_for_end(
+/// Waits until the job is terminal (woken by its `exit` event, not a
+/// timer), `budget` has passed or the server shuts down; returns the job as
+/// it is then (`None`: the job is gone).
+pub(super) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,
 ) -> Result<Option<JobRecord>, crate::queue::QueueError> {
+    let queue = &state.inner.queue;
     let deadline = Instant::now() + budget;
-    loop {
-        let record = state.inner.queue.get(id).await?;
-        let done = record.as_ref().is_none_or(|r| r.status.is_terminal());
-        if done || Instant::now() >= deadline {
-            return Ok(record);
-        }
-        tokio::select! {
-            () = tokio::time::sleep(WAIT_POLL_INTERVAL.min(deadline - Instant::now())) => {}
-            () = state.shutdown.cancelled() => return Ok(record),
-        }
+    let mut conn = queue.dedicated().await?;
+    tokio::select! {
+        ended = queue.await_exit(&mut conn, id, deadline - Instant::now()) => { ended?; }
+        () = state.shutdown.cancelled() => {}
     }
+    queue.get(id).await
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -401,6 +410,7 @@ fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
         run: None,
         error: None,
         reason: None,
+        start: None,
         timings: Timings::default(),
     }
 }

@@ -8,6 +8,7 @@
 //! - `jobs`: submit, status, cancel; the job view.
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
 //! - `streams`: the job's WebSocket and Server-Sent Events.
+//! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
@@ -15,6 +16,8 @@
 //!   job's attach token);
 //! - `GET /v1/languages` (no key: the catalog is public, so an editor can
 //!   show it before anyone signs in);
+//! - `PUT|GET /v1/capacity`, `DELETE /v1/capacity/{id}` (an API key with
+//!   the `admin` scope);
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics` (no key; operators keep
 //!   them off the public network).
 //!
@@ -23,6 +26,7 @@
 //! `?wait=true` does.
 
 pub mod auth;
+mod capacity;
 pub mod error;
 mod jobs;
 mod ops;
@@ -68,6 +72,9 @@ pub struct ApiConfig {
     pub draining: CancellationToken,
     /// Set when a worker shares the process: /readyz then checks Docker too.
     pub engine: Option<crate::sandbox::SandboxEngine>,
+    /// Set when a worker shares the process: accepted jobs are left here
+    /// prepared, so that worker does not parse and validate them again.
+    pub carried: Option<crate::job::carry::CarriedJobs>,
 }
 
 /// Every `reason` of `code_runner_submissions_rejected_total`; each starts
@@ -153,6 +160,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
         .route("/v1/jobs/{id}/events", get(streams::events))
         .route("/v1/languages", get(ops::languages))
+        .route("/v1/capacity", get(capacity::list).put(capacity::put))
+        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
         .merge(ops::router(state.ops.clone()))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)

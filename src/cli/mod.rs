@@ -43,6 +43,9 @@ pub enum Command {
     /// Submit files to a running API, print the output, exit with the
     /// program's exit code.
     Run(Box<crate::client::RunArgs>),
+    /// The fleet's warm capacity schedule (pre-warming for a known burst);
+    /// needs an API key with the admin scope.
+    Capacity(Box<crate::client::capacity::CapacityArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -159,6 +162,7 @@ pub async fn main() -> ExitCode {
             crate::app::run(&args.sandbox, &args.redis, None, None, Some(&args.reaper)).await
         }
         Command::Run(args) => crate::client::run(*args).await,
+        Command::Capacity(args) => crate::client::capacity::run(*args).await,
     };
     ExitCode::from(code)
 }

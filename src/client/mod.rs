@@ -23,6 +23,7 @@
 //! job is submitted) cancels the job (`DELETE`) and exits 130. Each comes with
 //! one `code-runner: …` line on stderr.
 
+pub mod capacity;
 mod job_args;
 mod printer;
 mod stream;

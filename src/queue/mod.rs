@@ -19,10 +19,14 @@
 //!   they started (the newest 10 000).
 //! - `config:token_secret` — the secret attach tokens are signed with, when
 //!   none is configured (shared by every API replica).
+//! - `capacity:schedule` — hash: id → a warm capacity entry (JSON), the
+//!   fleet-wide schedule of warm sandboxes (see [`capacity`]).
 
+mod capacity;
 mod reap;
 mod scripts;
 
+pub use capacity::{CapacityEntry, LiveWorker, MAX_ENTRIES, PutOutcome};
 pub use reap::{Fleet, ForgetOutcome, LostResults, ReapOutcome, RunningJob};
 
 use std::collections::HashMap;
@@ -90,6 +94,9 @@ impl Keys {
     }
     pub fn token_secret(&self) -> String {
         format!("{}config:token_secret", self.prefix)
+    }
+    pub fn capacity(&self) -> String {
+        format!("{}capacity:schedule", self.prefix)
     }
 }
 
@@ -354,14 +361,73 @@ impl Queue {
         })
     }
 
-    /// Reads a job; `None` when it does not exist (never did, or expired).
+    /// Reads a job (without its spec, which can be large and no reader of
+    /// a record needs); `None` when it does not exist (never did, or
+    /// expired).
     pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
         let mut conn = self.conn().await?;
-        let fields: HashMap<String, String> = conn.hgetall(self.keys.job(id)).await?;
+        let values: Vec<Option<String>> = redis::cmd("HMGET")
+            .arg(self.keys.job(id))
+            .arg(RECORD_FIELDS)
+            .query_async(&mut conn)
+            .await?;
+        let fields: HashMap<String, String> = RECORD_FIELDS
+            .iter()
+            .zip(values)
+            .filter_map(|(name, value)| Some((name.to_string(), value?)))
+            .collect();
         if fields.is_empty() {
             return Ok(None);
         }
         record_from_fields(id, fields).map(Some)
+    }
+
+    /// Waits until job `id` is terminal (its `exit` event is in its events
+    /// stream), at most `within`, blocking on the stream on `conn` (a
+    /// dedicated connection): nothing waits on a timer. `true` when it is
+    /// terminal or gone, `false` when `within` passed first.
+    pub async fn await_exit(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        id: &str,
+        within: Duration,
+    ) -> Result<bool, QueueError> {
+        let deadline = tokio::time::Instant::now() + within;
+        // The status and the last event's seq in one read: the terminal
+        // status and the `exit` event are written in one step, so either
+        // the status is terminal or the exit event comes after `seq`.
+        let (status, seq): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+            .arg(self.keys.job(id))
+            .arg("status")
+            .arg("event_seq")
+            .query_async(conn)
+            .await?;
+        let Some(status) = status else {
+            return Ok(true);
+        };
+        if parse_status(id, &status)?.is_terminal() {
+            return Ok(true);
+        }
+        let mut after = seq.unwrap_or(0);
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            let block = (deadline - now)
+                .min(BLOCK_TIMEOUT)
+                .max(Duration::from_millis(1));
+            let events = self.read_events(conn, id, after, 512, Some(block)).await?;
+            if events.iter().any(StoredEvent::is_exit) {
+                return Ok(true);
+            }
+            if let Some(last) = events.last() {
+                after = last.seq;
+            } else if self.status(id).await?.is_none_or(|s| s.is_terminal()) {
+                // Expired or settled without a readable exit event.
+                return Ok(true);
+            }
+        }
     }
 
     /// Cancels a job: a queued one never starts; a running one is killed by
@@ -442,8 +508,15 @@ impl Queue {
             .await?)
     }
 
-    /// Marks a claimed job running on `worker`, if it is still queued.
-    pub async fn start(&self, id: &str, worker: &str) -> Result<StartOutcome, QueueError> {
+    /// Marks a claimed job running on `worker`, if it is still queued. The
+    /// spec comes back only `with_spec` (a worker that has the prepared job
+    /// already does not read it again); else it is empty.
+    pub async fn start(
+        &self,
+        id: &str,
+        worker: &str,
+        with_spec: bool,
+    ) -> Result<StartOutcome, QueueError> {
         let mut conn = self.conn().await?;
         let reply: Vec<String> = self
             .start
@@ -453,6 +526,7 @@ impl Queue {
             .arg(id)
             .arg(worker)
             .arg(now_ms())
+            .arg(if with_spec { "1" } else { "0" })
             .invoke_async(&mut conn)
             .await?;
         match reply.as_slice() {
@@ -761,6 +835,20 @@ fn parse_status(id: &str, text: &str) -> Result<Status, QueueError> {
         }
     })
 }
+
+/// The fields of `job:<id>` a [`JobRecord`] is read from (not `spec`).
+const RECORD_FIELDS: &[&str] = &[
+    "status",
+    "language",
+    "api_key",
+    "attempts",
+    "worker",
+    "created_ms",
+    "started_ms",
+    "finished_ms",
+    "metadata",
+    "result",
+];
 
 fn record_from_fields(
     id: &str,

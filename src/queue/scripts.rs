@@ -88,8 +88,9 @@ return {'accepted', ARGV[1]}
 );
 
 /// KEYS: job, the worker's processing list, events stream.
-/// ARGV: id, worker id, now_ms.
-/// Returns {'start', spec, created_ms, attempts} when the job was queued (it
+/// ARGV: id, worker id, now_ms, with spec (1|0).
+/// Returns {'start', spec (empty unless asked for), created_ms, attempts}
+/// when the job was queued (it
 /// is now running on this worker), else {'skip', status} and the id is
 /// dropped from the processing list. A job no longer in this worker's
 /// processing list (a reaper took it back while this worker stalled) is not
@@ -111,8 +112,11 @@ end
 redis.call('HSET', KEYS[1], 'status', 'running', 'worker', ARGV[2], 'started_ms', ARGV[3])
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 append_event(KEYS[3], KEYS[1], '{"type":"status","status":"running","worker":"' .. ARGV[2] .. '"}')
-return {'start', redis.call('HGET', KEYS[1], 'spec'), redis.call('HGET', KEYS[1], 'created_ms'),
-  tostring(attempts)}
+local spec = ''
+if ARGV[4] == '1' then
+  spec = redis.call('HGET', KEYS[1], 'spec')
+end
+return {'start', spec, redis.call('HGET', KEYS[1], 'created_ms'), tostring(attempts)}
 "#
 );
 

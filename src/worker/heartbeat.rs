@@ -8,26 +8,51 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::backoff::{Backoff, INITIAL, sleep_unless_cancelled};
+use crate::sandbox::WarmStatus;
 
-/// The heartbeat's value: what an operator or autoscaler reads about this
-/// worker.
-pub(super) fn heartbeat_value(slots_used: usize, slots_max: usize, started_ms: u64) -> String {
-    serde_json::json!({
+/// The heartbeat's value: what an operator, an autoscaler or the capacity
+/// API reads about this worker. `warm` (with a warm pool) has, per
+/// language, the sandboxes `ready` and the `target`.
+pub(super) fn heartbeat_value(
+    slots_used: usize,
+    slots_max: usize,
+    started_ms: u64,
+    warm: Option<&WarmStatus>,
+) -> String {
+    let mut value = serde_json::json!({
         "slots_used": slots_used,
         "slots_max": slots_max,
         "version": env!("CARGO_PKG_VERSION"),
         "started_ms": started_ms,
-    })
-    .to_string()
+    });
+    if let Some(warm) = warm {
+        let languages: serde_json::Map<String, serde_json::Value> = warm
+            .languages
+            .iter()
+            .map(|(language, figures)| {
+                (
+                    language.clone(),
+                    serde_json::json!({"ready": figures.ready, "target": figures.target}),
+                )
+            })
+            .collect();
+        value["warm"] = serde_json::Value::Object(languages);
+    }
+    value.to_string()
 }
 
 impl Shared {
     /// Writes the heartbeat once.
     pub(super) async fn beat(&self) -> Result<(), crate::queue::QueueError> {
+        let warm = self
+            .pool
+            .as_ref()
+            .map(|pool| pool.status().borrow().clone());
         let value = heartbeat_value(
             self.slots_used(),
             self.config.max_sandboxes,
             self.started_ms,
+            warm.as_ref(),
         );
         self.queue
             .heartbeat(&self.config.id, &value, self.config.heartbeat_ttl)
@@ -75,7 +100,7 @@ mod tests {
     #[test]
     fn the_value_names_the_load_and_the_version() {
         let value: serde_json::Value =
-            serde_json::from_str(&heartbeat_value(2, 4, 1_700_000_000_000)).unwrap();
+            serde_json::from_str(&heartbeat_value(2, 4, 1_700_000_000_000, None)).unwrap();
         assert_eq!(
             value,
             serde_json::json!({
@@ -84,6 +109,21 @@ mod tests {
                 "version": env!("CARGO_PKG_VERSION"),
                 "started_ms": 1_700_000_000_000u64,
             })
+        );
+        let mut warm = WarmStatus::default();
+        warm.languages.insert(
+            "python".into(),
+            crate::sandbox::pool::LanguageStatus {
+                target: 4,
+                ready: 3,
+                creating: 1,
+            },
+        );
+        let value: serde_json::Value =
+            serde_json::from_str(&heartbeat_value(0, 4, 1, Some(&warm))).unwrap();
+        assert_eq!(
+            value["warm"],
+            serde_json::json!({"python": {"ready": 3, "target": 4}})
         );
     }
 }

@@ -1,6 +1,8 @@
-//! One claimed job, from START to a durable result: mark it running, check
-//! it still validates here, run it with its control relay, settle its
-//! status, write the result (retrying through Redis outages), count it.
+//! One claimed job, from START to a durable result: mark it running, take
+//! the prepared job the API of this process left (or check it still
+//! validates here), take a warm sandbox of its class if one is ready, run it
+//! with its control relay, settle its status, write the result (retrying
+//! through Redis outages), count it, and only then remove its container.
 
 use std::time::{Duration, Instant};
 
@@ -11,9 +13,9 @@ use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
 use super::stream::{EVENT_BUFFER, EventStream};
-use crate::job::{JobResult, JobSpec, PreparedJob, Status, Timings, prepare};
+use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, Timings, prepare};
 use crate::queue::{QueueError, ReleaseOutcome, StartOutcome, now_ms};
-use crate::sandbox::JobIo;
+use crate::sandbox::{Cleanup, JobIo};
 
 /// Attempts to give a claimed job back to the queue at shutdown before it
 /// is left in the processing list for recovery.
@@ -73,6 +75,7 @@ fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
         run: None,
         error: Some(error),
         reason: None,
+        start: None,
         timings: Timings::default(),
     }
 }
@@ -80,8 +83,9 @@ fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
 impl Shared {
     /// The task of one claimed job; `id` is in this worker's processing
     /// list, and the caller holds its slot until this returns.
-    pub(super) async fn run_claimed(&self, id: &str) {
-        let Some(outcome) = self.start(id).await else {
+    pub(super) async fn run_claimed(&self, id: &str, claimed_at: Instant) {
+        let carried = self.carried.as_ref().and_then(|c| c.take(id));
+        let Some(outcome) = self.start(id, carried.is_none()).await else {
             return;
         };
         let (spec, created_ms, attempts) = match outcome {
@@ -95,29 +99,19 @@ impl Shared {
                 attempts,
             } => (spec, created_ms, attempts),
         };
-        let spec: JobSpec = match serde_json::from_str(&spec) {
-            Ok(spec) => spec,
-            Err(error) => {
-                let message = format!("the job's spec in redis cannot be read: {error}");
-                return self
-                    .conclude(id, refused("unknown", None, message), None)
-                    .await;
-            }
+        let job = match carried {
+            Some(job) => job,
+            None => match self.prepare_stored(id, &spec) {
+                Ok(job) => job,
+                Err(result) => return self.conclude(id, *result, None).await,
+            },
         };
-        let language = spec.language.as_str();
+        let language = job.language.id.as_str();
         let waited = now_ms().saturating_sub(created_ms);
         self.metrics
             .queue_wait
             .with_label_values(&[language])
             .observe(waited as f64 / 1000.0);
-        let job = match prepare(&spec, &self.catalog, &self.policy) {
-            Ok(job) => job,
-            Err(invalid) => {
-                let message = format!("the job cannot run on this worker: {invalid}");
-                let result = refused(language, spec.version.as_deref(), message);
-                return self.conclude(id, result, None).await;
-            }
-        };
         tracing::info!(
             job.id = %id,
             worker.id = %self.config.id,
@@ -127,30 +121,56 @@ impl Shared {
             "job started"
         );
         let started = Instant::now();
-        let result = self.execute(id, &job).await;
+        let (result, cleanup) = self.execute(id, &job, claimed_at).await;
         self.conclude(id, result, Some(started)).await;
+        // The result is durable (or given up on): now the container goes,
+        // still within the job's slot.
+        cleanup.remove().await;
+    }
+
+    /// The job from the spec stored in Redis, validated here; the result to
+    /// store when it cannot run.
+    fn prepare_stored(&self, id: &str, spec: &str) -> Result<PreparedJob, Box<JobResult>> {
+        let spec: JobSpec = serde_json::from_str(spec).map_err(|error| {
+            let message = format!("the job's spec in redis cannot be read: {error}");
+            tracing::warn!(job.id = %id, %message, "cannot start the job");
+            Box::new(refused("unknown", None, message))
+        })?;
+        prepare(&spec, &self.catalog, &self.policy).map_err(|invalid| {
+            let message = format!("the job cannot run on this worker: {invalid}");
+            Box::new(refused(&spec.language, spec.version.as_deref(), message))
+        })
     }
 
     /// Marks the job running, retrying through Redis failures; `None` when
     /// the worker shut down meanwhile (the job was given back).
-    async fn start(&self, id: &str) -> Option<StartOutcome> {
+    async fn start(&self, id: &str, with_spec: bool) -> Option<StartOutcome> {
         let mut backoff = Backoff::redis();
         let mut retried = false;
         loop {
-            let error = match self.queue.start(id, &self.config.id).await {
+            let error = match self.queue.start(id, &self.config.id, with_spec).await {
                 Ok(StartOutcome::Skip(status)) if retried && status == "running" => {
                     // An earlier START may have run with its reply lost: a
                     // job running on this worker is ours to run.
-                    match self.queue.get(id).await {
-                        Ok(Some(record)) if record.worker.as_deref() == Some(&self.config.id) => {
+                    let spec = async {
+                        if with_spec {
+                            Ok(self.queue.job_spec(id).await?.unwrap_or_default())
+                        } else {
+                            Ok(String::new())
+                        }
+                    };
+                    match (self.queue.get(id).await, spec.await) {
+                        (Ok(Some(record)), Ok(spec))
+                            if record.worker.as_deref() == Some(&self.config.id) =>
+                        {
                             return Some(StartOutcome::Start {
-                                spec: record.spec.unwrap_or_default(),
+                                spec,
                                 created_ms: record.created_ms,
                                 attempts: record.attempts,
                             });
                         }
-                        Ok(_) => return Some(StartOutcome::Skip(status)),
-                        Err(error) => error,
+                        (Err(error), _) | (_, Err(error)) => error,
+                        (Ok(_), Ok(_)) => return Some(StartOutcome::Skip(status)),
                     }
                 }
                 Ok(outcome) => return Some(outcome),
@@ -203,11 +223,17 @@ impl Shared {
         }
     }
 
-    /// Runs the job in a sandbox with its control relay and its events
-    /// stream; the settled result. Every event of the job is appended (or
-    /// given up on) before this returns, so the `exit` event the result
-    /// writes is the last one.
-    async fn execute(&self, id: &str, job: &PreparedJob) -> JobResult {
+    /// Runs the job in a sandbox (a warm one of its class when the pool has
+    /// one ready) with its control relay and its events stream; the settled
+    /// result, and the container still to remove. Every event of the job is
+    /// appended (or given up on) before this returns, so the `exit` event the
+    /// result writes is the last one.
+    async fn execute(
+        &self,
+        id: &str,
+        job: &PreparedJob,
+        claimed_at: Instant,
+    ) -> (JobResult, Cleanup) {
         let cancel = self.drain_kill.child_token();
         let (input, input_rx) = mpsc::channel(INPUT_BUFFER);
         let (events, events_rx) = mpsc::channel(EVENT_BUFFER);
@@ -225,14 +251,18 @@ impl Shared {
             input,
             done: done.clone(),
         };
+        let warm = match &self.pool {
+            Some(pool) => pool.claim(job).await,
+            None => None,
+        };
         let run = async {
-            let result = self.engine.run(id, job, io).await;
+            let outcome = self.engine.run_job(id, job, io, warm).await;
             done.cancel();
-            result
+            outcome
         };
         // The engine drops the events sender when the job ends, which ends
         // `follow`.
-        let (result, client_cancelled, ()) =
+        let (outcome, client_cancelled, ()) =
             tokio::join!(run, relay.run(), stream.follow(events_rx));
         let kill = if client_cancelled {
             Some(Kill::Client)
@@ -241,9 +271,21 @@ impl Shared {
         } else {
             None
         };
-        let result = settle(result, kill, self.config.drain_timeout);
+        let result = settle(outcome.result, kill, self.config.drain_timeout);
+        let start = result.start.unwrap_or(StartKind::Cold);
+        self.metrics
+            .job_starts
+            .with_label_values(&[&job.language.id, start.as_str()])
+            .inc();
+        if let Some(program_started) = stream.first_stage_at() {
+            self.metrics
+                .claim_to_start
+                .with_label_values(&[start.as_str()])
+                .observe(program_started.duration_since(claimed_at).as_secs_f64());
+        }
+        tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
         stream.close(&result, &self.give_up).await;
-        result
+        (result, outcome.cleanup)
     }
 
     /// Writes the result, then counts and logs the job.

@@ -12,17 +12,24 @@
 //!   coalesced ([`stream`]).
 //! - Redis failures are retried with backoff ([`backoff`]); the worker never
 //!   exits because Redis blipped, and never drops a result silently.
+//! - Warm sandboxes ([`warm`], with `CODE_RUNNER_WARM_MAX` > 0): a pool of
+//!   started sandboxes per language; a claimed job whose language and limit
+//!   class have one ready starts in it, else cold. Warm sandboxes are never
+//!   counted as free slots.
+//! - A job's result is made durable before its container is removed; the
+//!   removal follows at once, still holding the slot.
 //! - Shutdown: stop claiming at once (a claim that returns after shutdown
-//!   began is given back to the head of the queue), let running jobs finish
-//!   for up to `drain_timeout`, then kill the rest through the drain kill
-//!   token (they are settled as `error`, with the reason), wait for their
-//!   results, stop the heartbeat and retire it.
+//!   began is given back to the head of the queue), empty the warm pool, let
+//!   running jobs finish for up to `drain_timeout`, then kill the rest
+//!   through the drain kill token (they are settled as `error`, with the
+//!   reason), wait for their results, stop the heartbeat and retire it.
 
 mod backoff;
 mod control;
 mod heartbeat;
 mod job;
 mod stream;
+pub mod warm;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,19 +42,29 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::job::carry::CarriedJobs;
 use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::queue::{Queue, now_ms};
-use crate::sandbox::SandboxEngine;
+use crate::sandbox::pool::PoolSettings;
+use crate::sandbox::{SandboxEngine, WarmPool};
 use backoff::{Backoff, sleep_unless_cancelled};
 
 /// After the drain kill: how long killed jobs get to be settled (the engine
 /// removes the container, the result is written) before the worker gives up
 /// on writing results that Redis still refuses.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
-/// How long Docker may take to answer the check before each claim.
+/// How long Docker may take to answer the check before a claim.
 const DOCKER_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// A claim is preceded by a check that Docker answers unless Docker
+/// answered a call of this worker within this long (under load it always
+/// did: the previous job's removal).
+const DOCKER_FRESH: Duration = Duration::from_secs(2);
+/// At shutdown: how long the warm pool's removals may take.
+const POOL_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+/// Warm sandboxes started at the same time.
+const WARM_PARALLEL_STARTS: usize = 2;
 /// After giving up: how long tasks get to log what they could not write.
 const GIVE_UP_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -63,6 +80,13 @@ pub struct WorkerConfig {
     pub heartbeat_ttl: Duration,
     /// On shutdown: how long running jobs may go on before they are killed.
     pub drain_timeout: Duration,
+    /// Warm sandboxes kept ready per language when no schedule says
+    /// otherwise (`CODE_RUNNER_WARM`).
+    pub warm_floors: std::collections::BTreeMap<String, usize>,
+    /// Most warm sandboxes (0: no pool).
+    pub warm_max: usize,
+    /// A warm sandbox older than this is replaced.
+    pub warm_lifetime: Duration,
 }
 
 /// The handles a worker and a reaper both work with (each cheap to clone).
@@ -73,16 +97,14 @@ pub struct Services {
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
     pub metrics: Metrics,
+    /// Jobs the API of this process prepared (`serve`), for its worker.
+    pub carried: Option<CarriedJobs>,
 }
 
 /// Claims and runs jobs; see the module documentation.
 pub struct Worker {
     config: WorkerConfig,
-    queue: Queue,
-    engine: SandboxEngine,
-    catalog: LanguageCatalog,
-    policy: LimitPolicy,
-    metrics: Metrics,
+    services: Services,
 }
 
 /// What the claim loop and the job tasks share.
@@ -93,6 +115,9 @@ struct Shared {
     catalog: LanguageCatalog,
     policy: LimitPolicy,
     metrics: Metrics,
+    carried: Option<CarriedJobs>,
+    /// The warm pool, when `warm_max` > 0.
+    pool: Option<WarmPool>,
     started_ms: u64,
     /// Cancelled when shutdown begins (SIGTERM).
     shutdown: CancellationToken,
@@ -140,34 +165,44 @@ impl Drop for Slot {
 
 impl Worker {
     pub fn new(config: WorkerConfig, services: Services) -> Self {
-        let Services {
-            queue,
-            engine,
-            catalog,
-            policy,
-            metrics,
-        } = services;
-        Self {
-            config,
-            queue,
-            engine,
-            catalog,
-            policy,
-            metrics,
-        }
+        Self { config, services }
     }
 
     /// Claims and runs jobs until `shutdown`, then drains: returns once
     /// every claimed job is settled (or given up on) and the heartbeat is
     /// retired.
     pub async fn run(self, shutdown: CancellationToken) {
+        let Services {
+            queue,
+            engine,
+            catalog,
+            policy,
+            metrics,
+            carried,
+        } = self.services;
+        let pool = (self.config.warm_max > 0).then(|| {
+            let longest_job = engine.config().start_timeout
+                + Duration::from_millis(policy.maximum.wall_ms + policy.compile_maximum.wall_ms)
+                + engine.config().deadline_grace;
+            WarmPool::start(
+                &engine,
+                PoolSettings {
+                    max: self.config.warm_max,
+                    lifetime: self.config.warm_lifetime,
+                    longest_job,
+                    parallel_starts: WARM_PARALLEL_STARTS,
+                },
+            )
+        });
         let shared = Arc::new(Shared {
             config: self.config,
-            queue: self.queue,
-            engine: self.engine,
-            catalog: self.catalog,
-            policy: self.policy,
-            metrics: self.metrics,
+            queue,
+            engine,
+            catalog,
+            policy,
+            metrics,
+            carried,
+            pool,
             started_ms: now_ms(),
             shutdown,
             drain_kill: CancellationToken::new(),
@@ -196,6 +231,11 @@ impl Worker {
             }
         };
         let heartbeat_stop = CancellationToken::new();
+        let warm = async {
+            if let Some(pool) = shared.pool.clone() {
+                shared.warm_loop(pool, shared.shutdown.clone()).await;
+            }
+        };
         let work = async {
             let tracker = TaskTracker::new();
             // Ends once the claim loop stopped (at shutdown) and every job
@@ -210,7 +250,8 @@ impl Worker {
         };
         tokio::join!(
             shared.heartbeat_loop(heartbeat_stop.clone(), first_delay),
-            work
+            work,
+            warm
         );
 
         if shared.abandoned.load(Ordering::SeqCst) {
@@ -275,14 +316,18 @@ impl Shared {
             }
             // Claim only while Docker answers: a job claimed while it is down
             // could only fail, while a queued one waits for a worker that can
-            // run it (this one, once Docker is back, or another).
-            if let Some((_, problem)) = self
-                .engine
-                .readiness(&[], DOCKER_CHECK_TIMEOUT)
-                .await
-                .into_iter()
-                .next()
-            {
+            // run it (this one, once Docker is back, or another). Asked only
+            // when Docker has not answered lately.
+            let problem = if self.engine.docker_answered_within(DOCKER_FRESH) {
+                None
+            } else {
+                self.engine
+                    .readiness(&[], DOCKER_CHECK_TIMEOUT)
+                    .await
+                    .into_iter()
+                    .next()
+            };
+            if let Some((_, problem)) = problem {
                 drop(permit);
                 if !docker_failing {
                     tracing::warn!(worker.id = %worker, error = %problem, "docker does not answer; not claiming jobs until it does");
@@ -327,9 +372,10 @@ impl Shared {
                         return;
                     }
                     tracing::debug!(job.id = %id, worker.id = %worker, "claimed a job");
+                    let claimed_at = std::time::Instant::now();
                     let slot = Slot::take(Arc::clone(&self), id, permit);
                     tracker.spawn(async move {
-                        slot.shared.run_claimed(&slot.id).await;
+                        slot.shared.run_claimed(&slot.id, claimed_at).await;
                         drop(slot);
                     });
                 }
@@ -366,6 +412,16 @@ impl Shared {
             () = self.shutdown.cancelled() => {}
         }
         let deadline = Instant::now() + self.config.drain_timeout;
+        if let Some(pool) = &self.pool {
+            // Idle sandboxes first: they hold no job, only resources.
+            tokio::select! {
+                () = pool.shutdown(POOL_SHUTDOWN_TIMEOUT) => {}
+                () = &mut jobs => {
+                    pool.shutdown(POOL_SHUTDOWN_TIMEOUT).await;
+                    return;
+                }
+            }
+        }
         let running = self.running_ids();
         if running.is_empty() {
             tracing::info!(worker.id = %worker, "shutting down; no job is running");

@@ -3,10 +3,11 @@
 //! stage and output events, coalesced so a flood of tiny writes does not
 //! become a flood of Redis commands.
 //!
-//! - Output is buffered and written with one `append_events` call at most
-//!   every [`FLUSH_INTERVAL`], or as soon as [`FLUSH_BYTES`] of it wait, or at
-//!   a stage start or end (which go out with everything before them, in
-//!   order). Adjacent chunks of one stream become one event (of about
+//! - Output after a quiet spell is written at once (leading edge); after a
+//!   write, more output waits until [`FLUSH_INTERVAL`] has passed since that
+//!   write, so a flood is coalesced into one `append_events` call per
+//!   interval (or as soon as [`FLUSH_BYTES`] of it wait). A stage start or
+//!   end goes at once, with everything before it, in order. Adjacent chunks of one stream become one event (of about
 //!   [`MAX_EVENT_BYTES`] at most); an incomplete UTF-8 sequence at the end of
 //!   a stream's buffer waits for the rest of the character, so text stays
 //!   text, until the stage ends.
@@ -39,7 +40,8 @@ use crate::sandbox::SandboxEvent;
 /// Sandbox events buffered between the engine and the stream; the stream
 /// reads them as they come, so this only absorbs bursts.
 pub(super) const EVENT_BUFFER: usize = 256;
-/// Longest time output waits before it is written.
+/// Shortest time between two writes of output (a flood is coalesced into
+/// one write per interval; output after a quiet spell goes at once).
 const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
 /// Output waiting that is written without waiting for the interval.
 const FLUSH_BYTES: usize = 32 * 1024;
@@ -71,6 +73,16 @@ impl Stream {
 enum Item {
     Output(Stream, Vec<u8>),
     Event(JobEvent),
+}
+
+/// When output that arrives at `now` goes out: at once after a quiet spell
+/// (no write within [`FLUSH_INTERVAL`]), else one interval after the last
+/// write.
+fn flush_due(now: Instant, last_write: Option<Instant>) -> Instant {
+    match last_write {
+        Some(last) => now.max(last + FLUSH_INTERVAL),
+        None => now,
+    }
 }
 
 /// How many bytes at the end of `bytes` are the start of a UTF-8 sequence
@@ -275,6 +287,8 @@ pub(super) struct EventStream {
     ended: bool,
     /// Output was dropped because too much was held.
     dropped: bool,
+    /// When the sandbox reported the start of the job's first stage.
+    first_stage_at: Option<std::time::Instant>,
 }
 
 impl EventStream {
@@ -289,7 +303,13 @@ impl EventStream {
             backoff: Backoff::redis(),
             ended: false,
             dropped: false,
+            first_stage_at: None,
         }
+    }
+
+    /// When the job's program started (its first stage), if it did.
+    pub(super) fn first_stage_at(&self) -> Option<std::time::Instant> {
+        self.first_stage_at
     }
 
     /// Streams the sandbox's events until the channel closes (the job
@@ -300,6 +320,8 @@ impl EventStream {
         let mut in_flight: Option<InFlight> = None;
         // When buffered output must go out.
         let mut due: Option<Instant> = None;
+        // When the last write started.
+        let mut last_write: Option<Instant> = None;
         // When a failed append may be tried again.
         let mut retry_at: Option<Instant> = None;
         let mut urgent = false;
@@ -315,6 +337,7 @@ impl EventStream {
                     retry_at = None;
                     let batch = self.next_batch(false);
                     if !batch.events.is_empty() {
+                        last_write = Some(now);
                         in_flight = Some(self.attempt(batch));
                     }
                 }
@@ -339,7 +362,7 @@ impl EventStream {
                     Some(event) => {
                         urgent |= self.accept(event);
                         if due.is_none() && !self.coalescer.is_empty() {
-                            due = Some(Instant::now() + FLUSH_INTERVAL);
+                            due = Some(flush_due(Instant::now(), last_write));
                         }
                     }
                     None => open = false,
@@ -352,6 +375,9 @@ impl EventStream {
     /// Takes one sandbox event into the buffer; `true` when it should be
     /// written at once.
     fn accept(&mut self, event: SandboxEvent) -> bool {
+        if matches!(event, SandboxEvent::StageStart { .. }) && self.first_stage_at.is_none() {
+            self.first_stage_at = Some(std::time::Instant::now());
+        }
         if self.ended {
             return false;
         }
@@ -530,6 +556,20 @@ mod tests {
             _ => "other",
         };
         (kind, event.output_bytes().unwrap_or_default())
+    }
+
+    #[test]
+    fn output_after_quiet_goes_at_once_and_a_flood_waits_for_the_interval() {
+        let start = Instant::now();
+        assert_eq!(flush_due(start, None), start, "the first output");
+        let quiet = start + FLUSH_INTERVAL * 3;
+        assert_eq!(flush_due(quiet, Some(start)), quiet, "after a quiet spell");
+        let flood = start + FLUSH_INTERVAL / 5;
+        assert_eq!(
+            flush_due(flood, Some(start)),
+            start + FLUSH_INTERVAL,
+            "right after a write"
+        );
     }
 
     #[test]

@@ -1,0 +1,127 @@
+//! The fleet-wide schedule of warm capacity (`capacity:schedule`) and what
+//! live workers say about themselves (their heartbeat values).
+//!
+//! An entry says "hold `warm` ready sandboxes of `language` from `from_ms`
+//! until `until_ms`" for the whole fleet; every live worker keeps its share.
+//! Entries whose window has passed are dropped whenever the schedule is
+//! read or written, so the hash stays bounded by the entries an operator
+//! keeps current (at most [`MAX_ENTRIES`]).
+
+use std::collections::HashMap;
+
+use deadpool_redis::redis::{self, AsyncCommands};
+use serde::{Deserialize, Serialize};
+
+use super::{Queue, QueueError, now_ms};
+
+/// Most entries the schedule holds at once.
+pub const MAX_ENTRIES: usize = 1000;
+
+/// One entry of the schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapacityEntry {
+    pub id: String,
+    pub language: String,
+    /// Ready sandboxes the fleet holds while the entry is active.
+    pub warm: u64,
+    pub from_ms: u64,
+    pub until_ms: u64,
+    /// The API key that made it.
+    pub created_by: String,
+    pub created_ms: u64,
+}
+
+impl CapacityEntry {
+    pub fn active_at(&self, now_ms: u64) -> bool {
+        self.from_ms <= now_ms && now_ms < self.until_ms
+    }
+}
+
+/// What became of a new entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    Stored,
+    /// The schedule already holds [`MAX_ENTRIES`] current entries.
+    Full,
+}
+
+/// A live worker as its heartbeat describes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveWorker {
+    pub id: String,
+    /// The heartbeat's JSON value (slots, version, warm pool figures).
+    pub heartbeat: serde_json::Value,
+}
+
+impl Queue {
+    /// The schedule's current and future entries, by start; drops those
+    /// whose window has passed.
+    pub async fn capacity_schedule(&self) -> Result<Vec<CapacityEntry>, QueueError> {
+        let mut conn = self.conn().await?;
+        let key = self.keys.capacity();
+        let raw: HashMap<String, String> = conn.hgetall(&key).await?;
+        let now = now_ms();
+        let mut entries = Vec::with_capacity(raw.len());
+        let mut stale = Vec::new();
+        for (id, json) in raw {
+            match serde_json::from_str::<CapacityEntry>(&json) {
+                Ok(entry) if entry.until_ms > now => entries.push(entry),
+                Ok(_) => stale.push(id),
+                Err(error) => {
+                    tracing::warn!(entry = %id, %error, "dropping an unreadable capacity entry");
+                    stale.push(id);
+                }
+            }
+        }
+        if !stale.is_empty() {
+            let _: u64 = conn.hdel(&key, stale).await?;
+        }
+        entries.sort_by(|a, b| (a.from_ms, &a.id).cmp(&(b.from_ms, &b.id)));
+        Ok(entries)
+    }
+
+    /// Adds an entry unless the schedule is full.
+    pub async fn put_capacity(&self, entry: &CapacityEntry) -> Result<PutOutcome, QueueError> {
+        if self.capacity_schedule().await?.len() >= MAX_ENTRIES {
+            return Ok(PutOutcome::Full);
+        }
+        let json = serde_json::to_string(entry).map_err(|e| QueueError::Corrupt {
+            id: entry.id.clone(),
+            message: e.to_string(),
+        })?;
+        let mut conn = self.conn().await?;
+        let _: u64 = conn.hset(self.keys.capacity(), &entry.id, json).await?;
+        Ok(PutOutcome::Stored)
+    }
+
+    /// Removes an entry; `false` when there was none with that id.
+    pub async fn delete_capacity(&self, id: &str) -> Result<bool, QueueError> {
+        let mut conn = self.conn().await?;
+        let removed: u64 = conn.hdel(self.keys.capacity(), id).await?;
+        Ok(removed > 0)
+    }
+
+    /// The workers whose heartbeat lives, by id, with its value.
+    pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, QueueError> {
+        let mut conn = self.conn().await?;
+        let mut ids: Vec<String> = conn.smembers(self.keys.workers()).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        ids.sort();
+        let keys: Vec<String> = ids.iter().map(|id| self.keys.heartbeat(id)).collect();
+        let values: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        Ok(ids
+            .into_iter()
+            .zip(values)
+            .filter_map(|(id, value)| {
+                let value = value?;
+                Some(LiveWorker {
+                    id,
+                    heartbeat: serde_json::from_str(&value).unwrap_or(serde_json::Value::Null),
+                })
+            })
+            .collect())
+    }
+}
