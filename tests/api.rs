@@ -82,6 +82,7 @@ impl Api {
             tokens,
             engine: options.engine,
             draining: CancellationToken::new(),
+            carried: None,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -460,7 +461,7 @@ async fn claim_and_start(api: &Api, worker: &str) -> String {
         .await
         .unwrap()
         .expect("a queued job");
-    match api.queue.start(&id, worker).await.unwrap() {
+    match api.queue.start(&id, worker, true).await.unwrap() {
         StartOutcome::Start { .. } => id,
         other => panic!("the job did not start: {other:?}"),
     }
@@ -475,6 +476,7 @@ fn succeeded() -> JobResult {
         run: None,
         error: None,
         reason: None,
+        start: None,
         timings: Timings::default(),
     }
 }
@@ -671,6 +673,54 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
     assert_eq!(view["status"], "succeeded");
     assert_eq!(view["result"]["status"], "succeeded");
     assert!(view["token"].is_string());
+}
+
+/// `?wait=true` wakes on the job's `exit` event, not on a timer: the answer
+/// comes within a few ms of the moment the result (with its `exit` event)
+/// is written, whenever in a poll period that moment falls. Nine rounds,
+/// each finishing the job at a different offset; the median gap must stay
+/// under 25 ms (a 100 ms poll would give a median of about 50 ms).
+#[tokio::test]
+async fn wait_answers_as_soon_as_the_exit_event_is_written() {
+    let api = Api::start(Options::default()).await;
+    let mut gaps = Vec::new();
+    for round in 0..9u64 {
+        let worker = async {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while api.queued_ids().await.is_empty() {
+                assert!(Instant::now() < deadline, "the job was never queued");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let id = claim_and_start(&api, "w1").await;
+            // Let the waiting request block on the events, then finish at
+            // an offset that moves through a poll period.
+            tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;
+            api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+            Instant::now()
+        };
+        let submit = async {
+            let response = api
+                .http
+                .post(api.url("/v1/jobs?wait=true"))
+                .bearer_auth(BOB)
+                .json(&python("print(1)"))
+                .send()
+                .await
+                .unwrap();
+            (Instant::now(), response)
+        };
+        let (finished, (answered, response)) = tokio::join!(worker, submit);
+        let (status, _, view) = answer(response).await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        assert_eq!(view["status"], "succeeded");
+        assert!(answered >= finished, "answered before the job ended");
+        gaps.push(answered - finished);
+    }
+    gaps.sort();
+    assert!(
+        gaps[gaps.len() / 2] < Duration::from_millis(25),
+        "the answers came late after the exit events: {gaps:?}"
+    );
 }
 
 #[tokio::test]

@@ -593,7 +593,7 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     // A worker that stalled past its heartbeat: the reaper requeued the job
     // it had claimed, so the id is no longer in its processing list.
     assert_eq!(
-        queue.start(&id, "stalled").await.unwrap(),
+        queue.start(&id, "stalled", true).await.unwrap(),
         StartOutcome::Skip("not_claimed".into())
     );
     assert_eq!(redis.job_field(&id, "status"), "queued");
@@ -601,12 +601,12 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     // The worker that claims it now starts it.
     claim_for(&redis, &queue, "fresh", &id).await;
     assert!(matches!(
-        queue.start(&id, "fresh").await.unwrap(),
+        queue.start(&id, "fresh", true).await.unwrap(),
         StartOutcome::Start { attempts: 1, .. }
     ));
     // A retried start by the same worker (its first reply lost) keeps it claimed.
     assert_eq!(
-        queue.start(&id, "fresh").await.unwrap(),
+        queue.start(&id, "fresh", true).await.unwrap(),
         StartOutcome::Skip("running".into())
     );
     let mut conn = redis.conn().await;

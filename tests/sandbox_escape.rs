@@ -9,11 +9,12 @@ use std::time::Duration;
 
 use bollard::query_parameters::InspectContainerOptions;
 use code_runner::job::limits::LimitsRequest;
-use code_runner::job::{SANDBOX_UID, Status};
+use code_runner::job::{StartKind, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::{
-    EMBEDDED_PROFILE, JobIo, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE,
-    LABEL_WORKER, SandboxEvent, container_config, container_name,
+    EMBEDDED_PROFILE, JobIo, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE, LABEL_UID,
+    LABEL_WARM, LABEL_WORKER, SandboxClass, SandboxEvent, SandboxShape, container_config,
+    container_name,
 };
 use common::{Harness, job, job_with_limits, python, stdout, stdout_lines};
 
@@ -47,9 +48,7 @@ async fn run_ok(harness: &Harness, spec: &code_runner::job::JobSpec) -> Vec<Stri
     stdout_lines(&result)
 }
 
-#[tokio::test]
-async fn the_network_is_loopback_only() {
-    let harness = Harness::new().await;
+async fn the_network_is_loopback_only(harness: Harness) {
     // Only 127.0.0.1 and the TEST-NET address 192.0.2.1 are probed; the
     // sandbox has no route anywhere, so nothing leaves it.
     let spec = probe(
@@ -82,9 +81,7 @@ print("interfaces", sorted(os.listdir("/sys/class/net")))
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_root_filesystem_is_read_only() {
-    let harness = Harness::new().await;
+async fn the_root_filesystem_is_read_only(harness: Harness) {
     let spec = probe(
         r#"
 def write(path):
@@ -117,9 +114,7 @@ outcome("/tmp", lambda: write("/tmp/ok"))
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_workspace_and_tmp_are_size_limited_tmpfs_the_job_can_use() {
-    let harness = Harness::new().await;
+async fn the_workspace_and_tmp_are_size_limited_tmpfs_the_job_can_use(harness: Harness) {
     let spec = job_with_limits(
         "python",
         "main.py",
@@ -155,9 +150,7 @@ print("exec from /workspace", subprocess.run(["/workspace/true"]).returncode)
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_supervisor_cannot_be_reached_through_proc() {
-    let harness = Harness::new().await;
+async fn the_supervisor_cannot_be_reached_through_proc(harness: Harness) {
     let spec = probe(
         r#"
 for path in ["/proc/1/fd/1", "/proc/1/mem", "/proc/1/root/etc/hostname", "/proc/1/environ"]:
@@ -166,7 +159,7 @@ outcome("/proc/1/fd/1 for writing", lambda: open("/proc/1/fd/1", "wb").close())
 outcome("listdir /proc/1/fd", lambda: os.listdir("/proc/1/fd"))
 "#,
     );
-    // PID 1 runs as root and the probe as uid 65534 with no capabilities:
+    // PID 1 runs as root and the probe as the sandbox's own uid with no capabilities:
     // every one of these is a ptrace-mode access check that fails (EACCES).
     assert_eq!(
         run_ok(&harness, &spec).await,
@@ -182,9 +175,7 @@ outcome("listdir /proc/1/fd", lambda: os.listdir("/proc/1/fd"))
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_supervisor_cannot_be_killed_and_the_job_completes() {
-    let harness = Harness::new().await;
+async fn the_supervisor_cannot_be_killed_and_the_job_completes(harness: Harness) {
     let spec = probe(
         r#"
 import signal
@@ -204,9 +195,7 @@ print("still here")
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn kill_of_every_process_spares_the_supervisor() {
-    let harness = Harness::new().await;
+async fn kill_of_every_process_spares_the_supervisor(harness: Harness) {
     // kill(-1, SIGKILL) signals every process the caller may signal except
     // itself (Linux) and PID 1: here the job's own child, never the
     // supervisor, which goes on to report the job.
@@ -226,9 +215,7 @@ print("still here")
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn namespace_ptrace_and_kernel_attack_surface_syscalls_are_denied() {
-    let harness = Harness::new().await;
+async fn namespace_ptrace_and_kernel_attack_surface_syscalls_are_denied(harness: Harness) {
     let spec = python(
         r#"
 import ctypes, errno
@@ -272,9 +259,7 @@ call("clone3", 435, None, 0)
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn threads_still_work() {
-    let harness = Harness::new().await;
+async fn threads_still_work(harness: Harness) {
     let spec = python(
         r#"
 import threading
@@ -326,9 +311,7 @@ int main(void) {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn user_code_is_not_root_and_cannot_become_root() {
-    let harness = Harness::new().await;
+async fn user_code_is_not_root_and_cannot_become_root(harness: Harness) {
     let spec = probe(
         r#"
 print("uid", os.getuid(), os.geteuid(), "gid", os.getgid(), os.getegid(), "groups", os.getgroups())
@@ -340,10 +323,15 @@ for line in open("/proc/self/status"):
         print(key, value.strip())
 "#,
     );
+    // The first uid of this engine's range: the sandbox's own, not root's
+    // and not nobody's.
+    let uid = harness.engine.uids().first();
+    assert!(uid >= 100_000, "{uid}");
+    let ids = format!("uid {uid} {uid} gid {uid} {uid} groups []");
     assert_eq!(
         run_ok(&harness, &spec).await,
         [
-            "uid 65534 65534 gid 65534 65534 groups []",
+            ids.as_str(),
             "setuid(0) EPERM",
             "setgid(0) EPERM",
             "CapInh 0000000000000000",
@@ -355,13 +343,10 @@ for line in open("/proc/self/status"):
             "Seccomp 2",
         ]
     );
-    assert_eq!(SANDBOX_UID, 65534);
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn a_symlink_to_the_supervisors_root_leads_nowhere() {
-    let harness = Harness::new().await;
+async fn a_symlink_to_the_supervisors_root_leads_nowhere(harness: Harness) {
     let spec = probe(
         r#"
 os.symlink("/proc/1/root", "/workspace/root")
@@ -404,7 +389,16 @@ async fn the_container_config_is_hardened() {
         "print(1)",
         unusual_limits(),
     ));
-    let body = container_config("job-1", &job, harness.engine.config(), 1_000, 2_000);
+    let shape = SandboxShape {
+        image: job.language.image_ref(),
+        language: job.language.id.clone(),
+        class: SandboxClass::of(&job.limits),
+        uid: 100_123,
+        job_id: Some("job-1".to_string()),
+        created_ms: 1_000,
+        deadline_ms: 2_000,
+    };
+    let body = container_config(&shape, harness.engine.config());
     let host = body.host_config.clone().expect("a host config");
 
     assert_eq!(body.image.as_deref(), Some("code-runner/python:latest"));
@@ -437,7 +431,14 @@ async fn the_container_config_is_hardened() {
     assert_eq!(mounts, ["/tmp", "/workspace"]);
     for (mount, options) in &tmpfs {
         let options: Vec<&str> = options.split(',').collect();
-        for wanted in ["rw", "nosuid", "nodev", "size=12m"] {
+        for wanted in [
+            "rw",
+            "nosuid",
+            "nodev",
+            "size=12m",
+            "uid=100123",
+            "gid=100123",
+        ] {
             assert!(
                 options.contains(&wanted),
                 "{mount}: {options:?} lacks {wanted}"
@@ -475,8 +476,20 @@ async fn the_container_config_is_hardened() {
             (LABEL_CREATED.to_string(), "1000".to_string()),
             (LABEL_DEADLINE.to_string(), "2000".to_string()),
             (LABEL_LANGUAGE.to_string(), "python".to_string()),
+            (LABEL_UID.to_string(), "100123".to_string()),
         ]))
     );
+    // A warm sandbox has no job yet: the warm label instead.
+    let warm = container_config(
+        &SandboxShape {
+            job_id: None,
+            ..shape
+        },
+        harness.engine.config(),
+    );
+    let labels = warm.labels.expect("labels");
+    assert_eq!(labels.get(LABEL_WARM).map(String::as_str), Some("1"));
+    assert!(!labels.contains_key(LABEL_JOB));
     harness.assert_clean().await;
 }
 
@@ -570,3 +583,37 @@ async fn docker_applies_the_hardened_config_to_a_running_sandbox() {
     assert_eq!(deadline - created, 93_000);
     harness.assert_clean().await;
 }
+
+/// Each probe above, once per start path: a warm sandbox must be as closed
+/// as a cold one.
+macro_rules! on_both_paths {
+    ($($name:ident),+ $(,)?) => {
+        mod cold {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(Harness::new().await).await;
+            })+
+        }
+        mod warm {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(Harness::new().await.on(StartKind::Warm)).await;
+            })+
+        }
+    };
+}
+
+on_both_paths!(
+    the_network_is_loopback_only,
+    the_root_filesystem_is_read_only,
+    the_workspace_and_tmp_are_size_limited_tmpfs_the_job_can_use,
+    the_supervisor_cannot_be_reached_through_proc,
+    the_supervisor_cannot_be_killed_and_the_job_completes,
+    kill_of_every_process_spares_the_supervisor,
+    namespace_ptrace_and_kernel_attack_surface_syscalls_are_denied,
+    threads_still_work,
+    user_code_is_not_root_and_cannot_become_root,
+    a_symlink_to_the_supervisors_root_leads_nowhere,
+);

@@ -1,17 +1,18 @@
-//! Hostile programs against every sandbox limit, each with the precise outcome.
+//! Hostile programs against every sandbox limit, each with the precise
+//! outcome, on both start paths: in a container made for the job (`cold`)
+//! and in a warm pool's sandbox started before the job came (`warm`), which
+//! must hold the job to exactly the same limits.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use code_runner::job::Status;
 use code_runner::job::limits::LimitsRequest;
+use code_runner::job::{StartKind, Status};
 use code_runner::protocol::Reason;
 use common::{Harness, job, job_with_limits, stderr, stdout};
 
-#[tokio::test]
-async fn fork_bomb_is_contained_by_the_pids_limit() {
-    let harness = Harness::new().await;
+async fn fork_bomb_is_contained_by_the_pids_limit(harness: Harness) {
     let spec = job_with_limits(
         "bash",
         "main.sh",
@@ -22,25 +23,20 @@ async fn fork_bomb_is_contained_by_the_pids_limit() {
             ..Default::default()
         },
     );
-    let job = harness.prepare(&spec);
-    let engine = harness.engine.clone();
-    let running = tokio::spawn(async move {
-        engine
-            .run(&uuid::Uuid::new_v4().to_string(), &job, Default::default())
-            .await
-    });
     // While the bomb goes off, the host still starts processes promptly.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let started = Instant::now();
-    let status = std::process::Command::new("true")
-        .status()
-        .expect("the host can still start a process");
-    assert!(status.success());
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "host unresponsive"
-    );
-    let result = running.await.unwrap();
+    let host = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let started = Instant::now();
+        let status = std::process::Command::new("true")
+            .status()
+            .expect("the host can still start a process");
+        assert!(status.success());
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "host unresponsive"
+        );
+    };
+    let (result, ()) = tokio::join!(harness.run(&spec), host);
     assert_eq!(result.status, Status::TimedOut, "{result:#?}");
     let run = result.run.as_ref().unwrap();
     assert_eq!(run.reason, Reason::WallTimeout);
@@ -52,9 +48,7 @@ async fn fork_bomb_is_contained_by_the_pids_limit() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn memory_bomb_hits_the_memory_limit() {
-    let harness = Harness::new().await;
+async fn memory_bomb_hits_the_memory_limit(harness: Harness) {
     let spec = job_with_limits(
         "python",
         "main.py",
@@ -73,9 +67,7 @@ async fn memory_bomb_hits_the_memory_limit() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn filling_the_workspace_and_tmp_gets_enospc_and_the_job_still_reports() {
-    let harness = Harness::new().await;
+async fn filling_the_workspace_and_tmp_gets_enospc_and_the_job_still_reports(harness: Harness) {
     let source = r#"
 import errno, os
 for directory in ("/workspace", "/tmp"):
@@ -107,9 +99,7 @@ for directory in ("/workspace", "/tmp"):
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn output_flood_is_cut_at_the_limit_keeping_the_first_bytes() {
-    let harness = Harness::new().await;
+async fn output_flood_is_cut_at_the_limit_keeping_the_first_bytes(harness: Harness) {
     let spec = job_with_limits(
         "python",
         "main.py",
@@ -129,9 +119,7 @@ async fn output_flood_is_cut_at_the_limit_keeping_the_first_bytes() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn busy_loop_hits_the_cpu_limit() {
-    let harness = Harness::new().await;
+async fn busy_loop_hits_the_cpu_limit(harness: Harness) {
     let spec = job_with_limits(
         "python",
         "main.py",
@@ -151,9 +139,7 @@ async fn busy_loop_hits_the_cpu_limit() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn busy_loop_hits_the_wall_limit_when_that_is_lower() {
-    let harness = Harness::new().await;
+async fn busy_loop_hits_the_wall_limit_when_that_is_lower(harness: Harness) {
     let spec = job_with_limits(
         "c",
         "main.c",
@@ -170,9 +156,7 @@ async fn busy_loop_hits_the_wall_limit_when_that_is_lower() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn sleep_forever_hits_the_wall_limit() {
-    let harness = Harness::new().await;
+async fn sleep_forever_hits_the_wall_limit(harness: Harness) {
     let spec = job_with_limits(
         "bash",
         "main.sh",
@@ -193,9 +177,7 @@ async fn sleep_forever_hits_the_wall_limit() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn a_file_larger_than_the_fsize_limit_cannot_be_written() {
-    let harness = Harness::new().await;
+async fn a_file_larger_than_the_fsize_limit_cannot_be_written(harness: Harness) {
     // The file size limit is the workspace size (disk_mb). A write past it
     // kills a program that keeps SIGXFSZ's default (dd) and fails with EFBIG
     // in one that ignores the signal (Python). Both write sparse files, so the
@@ -228,9 +210,7 @@ except OSError as e:
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn zombies_and_orphans_do_not_keep_a_finished_job_alive() {
-    let harness = Harness::new().await;
+async fn zombies_and_orphans_do_not_keep_a_finished_job_alive(harness: Harness) {
     // The program exits at once, leaving a daemonised child behind.
     let spec = job_with_limits(
         "bash",
@@ -252,9 +232,7 @@ async fn zombies_and_orphans_do_not_keep_a_finished_job_alive() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn nonzero_exit_and_signals_are_reported() {
-    let harness = Harness::new().await;
+async fn nonzero_exit_and_signals_are_reported(harness: Harness) {
     let result = harness.run(&job("bash", "main.sh", "exit 7")).await;
     assert_eq!(result.status, Status::Failed);
     assert_eq!(result.run.as_ref().unwrap().exit_code, Some(7));
@@ -267,9 +245,7 @@ async fn nonzero_exit_and_signals_are_reported() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit() {
-    let harness = Harness::new().await;
+async fn an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit(harness: Harness) {
     let mut spec = job_with_limits(
         "python",
         "main.py",
@@ -295,9 +271,7 @@ async fn an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_wall_limit_still_caps_an_interactive_job() {
-    let harness = Harness::new().await;
+async fn the_wall_limit_still_caps_an_interactive_job(harness: Harness) {
     // Output every 200 ms keeps the job from ever being idle.
     let mut spec = job_with_limits(
         "python",
@@ -316,3 +290,38 @@ async fn the_wall_limit_still_caps_an_interactive_job() {
     assert!(stdout(&result).starts_with("tick\ntick\n"));
     harness.assert_clean().await;
 }
+
+/// Each test above, once per start path.
+macro_rules! on_both_paths {
+    ($($name:ident),+ $(,)?) => {
+        mod cold {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(Harness::new().await).await;
+            })+
+        }
+        mod warm {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(Harness::new().await.on(StartKind::Warm)).await;
+            })+
+        }
+    };
+}
+
+on_both_paths!(
+    fork_bomb_is_contained_by_the_pids_limit,
+    memory_bomb_hits_the_memory_limit,
+    filling_the_workspace_and_tmp_gets_enospc_and_the_job_still_reports,
+    output_flood_is_cut_at_the_limit_keeping_the_first_bytes,
+    busy_loop_hits_the_cpu_limit,
+    busy_loop_hits_the_wall_limit_when_that_is_lower,
+    sleep_forever_hits_the_wall_limit,
+    a_file_larger_than_the_fsize_limit_cannot_be_written,
+    zombies_and_orphans_do_not_keep_a_finished_job_alive,
+    nonzero_exit_and_signals_are_reported,
+    an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit,
+    the_wall_limit_still_caps_an_interactive_job,
+);

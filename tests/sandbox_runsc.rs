@@ -5,8 +5,8 @@
 
 mod common;
 
-use code_runner::job::Status;
 use code_runner::job::limits::LimitsRequest;
+use code_runner::job::{StartKind, Status};
 use code_runner::protocol::Reason;
 use common::{Harness, job, job_with_limits, python, runsc_enabled, stdout, stdout_lines};
 
@@ -20,11 +20,7 @@ async fn runsc_harness(test: &str) -> Option<Harness> {
     Some(Harness::with_runtime(Some("runsc")).await)
 }
 
-#[tokio::test]
-async fn hello_world_runs_under_gvisor() {
-    let Some(harness) = runsc_harness("hello_world_runs_under_gvisor").await else {
-        return;
-    };
+async fn hello_world_runs_under_gvisor(harness: Harness) {
     assert_eq!(harness.engine.config().runtime.as_deref(), Some("runsc"));
     // gVisor's own kernel answers uname, not the host's: proof that the
     // program ran under runsc.
@@ -49,12 +45,7 @@ async fn hello_world_runs_under_gvisor() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn memory_bomb_hits_the_memory_limit_under_gvisor() {
-    let Some(harness) = runsc_harness("memory_bomb_hits_the_memory_limit_under_gvisor").await
-    else {
-        return;
-    };
+async fn memory_bomb_hits_the_memory_limit_under_gvisor(harness: Harness) {
     let spec = job_with_limits(
         "python",
         "main.py",
@@ -75,11 +66,7 @@ async fn memory_bomb_hits_the_memory_limit_under_gvisor() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn the_network_is_loopback_only_under_gvisor() {
-    let Some(harness) = runsc_harness("the_network_is_loopback_only_under_gvisor").await else {
-        return;
-    };
+async fn the_network_is_loopback_only_under_gvisor(harness: Harness) {
     // Only 127.0.0.1 and the TEST-NET address 192.0.2.1 are probed; the
     // sandbox has no network, so nothing leaves it.
     let spec = python(
@@ -117,11 +104,7 @@ print("interfaces", sorted(os.listdir("/sys/class/net")))
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn stdin_is_echoed_byte_exact_under_gvisor() {
-    let Some(harness) = runsc_harness("stdin_is_echoed_byte_exact_under_gvisor").await else {
-        return;
-    };
+async fn stdin_is_echoed_byte_exact_under_gvisor(harness: Harness) {
     let input = "first line\nsecond ünïcode line, no newline at the end";
     let mut spec = python("import sys\nsys.stdout.buffer.write(sys.stdin.buffer.read())");
     spec.stdin = input.to_string();
@@ -146,11 +129,7 @@ async fn stdin_is_echoed_byte_exact_under_gvisor() {
     harness.assert_clean().await;
 }
 
-#[tokio::test]
-async fn fork_bomb_is_contained_under_gvisor() {
-    let Some(harness) = runsc_harness("fork_bomb_is_contained_under_gvisor").await else {
-        return;
-    };
+async fn fork_bomb_is_contained_under_gvisor(harness: Harness) {
     // Under runsc the job's process count is held inside gVisor (the pids
     // cgroup also counts gVisor's own host threads): the bomb fails to fork,
     // and the job runs into its wall limit with the sandbox still reporting.
@@ -186,3 +165,35 @@ async fn fork_bomb_is_contained_under_gvisor() {
     }
     harness.assert_clean().await;
 }
+
+/// Each test above, once per start path, when runsc tests are enabled.
+macro_rules! on_both_paths {
+    ($($name:ident),+ $(,)?) => {
+        mod cold {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                if let Some(harness) = runsc_harness(stringify!($name)).await {
+                    super::$name(harness).await;
+                }
+            })+
+        }
+        mod warm {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                if let Some(harness) = runsc_harness(stringify!($name)).await {
+                    super::$name(harness.on(StartKind::Warm)).await;
+                }
+            })+
+        }
+    };
+}
+
+on_both_paths!(
+    hello_world_runs_under_gvisor,
+    memory_bomb_hits_the_memory_limit_under_gvisor,
+    the_network_is_loopback_only_under_gvisor,
+    stdin_is_echoed_byte_exact_under_gvisor,
+    fork_bomb_is_contained_under_gvisor,
+);

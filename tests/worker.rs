@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use code_runner::job::events::{JobEvent, StageState, StoredEvent};
 use code_runner::job::limits::LimitsRequest;
-use code_runner::job::{JobResult, JobSpec, Status, Timings};
+use code_runner::job::{JobResult, JobSpec, StartKind, Status, Timings};
 use code_runner::metrics::Metrics;
 use code_runner::queue::{CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome};
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
@@ -89,13 +89,27 @@ impl World {
     }
 
     fn start_worker(&self, max_sandboxes: usize, drain_timeout: Duration) -> RunningWorker {
-        let config = WorkerConfig {
+        self.start_worker_with(max_sandboxes, drain_timeout, |_| {})
+    }
+
+    /// A worker whose configuration `adjust` changed (a warm pool, say).
+    fn start_worker_with(
+        &self,
+        max_sandboxes: usize,
+        drain_timeout: Duration,
+        adjust: impl FnOnce(&mut WorkerConfig),
+    ) -> RunningWorker {
+        let mut config = WorkerConfig {
             id: self.worker_id().to_string(),
             max_sandboxes,
             heartbeat_interval: Duration::from_millis(500),
             heartbeat_ttl: Duration::from_secs(5),
             drain_timeout,
+            warm_floors: Default::default(),
+            warm_max: 0,
+            warm_lifetime: Duration::from_secs(600),
         };
+        adjust(&mut config);
         let worker = Worker::new(
             config,
             self.harness
@@ -223,6 +237,22 @@ async fn containers(harness: &Harness, worker_id: &str) -> Vec<String> {
         .collect()
 }
 
+/// The job ids of this worker's containers that are running.
+async fn running_containers(harness: &Harness, worker_id: &str) -> Vec<String> {
+    let label = format!("{LABEL_WORKER}={worker_id}");
+    list_labelled(harness.engine.docker(), &label)
+        .await
+        .expect("docker lists containers")
+        .into_iter()
+        .filter(|c| c.state == Some(bollard::models::ContainerSummaryStateEnum::RUNNING))
+        .map(|c| {
+            c.labels
+                .and_then(|mut labels| labels.remove(LABEL_JOB))
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
 /// What a sampler saw while it ran.
 #[derive(Debug, Default)]
 struct Samples {
@@ -273,6 +303,7 @@ fn cancelled_result(language: &str) -> JobResult {
         run: None,
         error: None,
         reason: None,
+        start: None,
         timings: Timings::default(),
     }
 }
@@ -343,7 +374,12 @@ async fn never_more_sandboxes_than_slots() {
     );
     assert_eq!(samples.max_slots_used, 2, "{samples:?}");
     assert!(samples.count > 10, "too few samples: {samples:?}");
-    assert_eq!(world.metrics.slots_used.get(), 0);
+    // The last slots are given back once their containers are removed,
+    // right after the results.
+    wait_for("every slot back", Duration::from_secs(10), || async {
+        (world.metrics.slots_used.get() == 0).then_some(())
+    })
+    .await;
     assert_eq!(world.processing_len().await, 0);
 
     worker.shut_down();
@@ -427,11 +463,18 @@ async fn a_running_job_cancelled_is_killed() {
         asked.elapsed()
     );
     world.assert_settled(&id).await;
-    assert!(
-        containers(&world.harness, world.worker_id())
-            .await
-            .is_empty()
-    );
+    // Removed right after the result is written.
+    wait_for(
+        "the container to be removed",
+        Duration::from_secs(10),
+        || async {
+            containers(&world.harness, world.worker_id())
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
     // The stream tells the story: the output, the end of the killed stage,
     // then `exit` with the cancelled result.
     let events = checked_stream(&world, &record).await;
@@ -493,11 +536,18 @@ async fn the_drain_timeout_settles_what_is_left_as_an_error() {
         Some("the worker shut down (drain timeout of 300 ms passed) while the job was running")
     );
     world.assert_settled(&id).await;
-    assert!(
-        containers(&world.harness, world.worker_id())
-            .await
-            .is_empty()
-    );
+    // Removed right after the result is written.
+    wait_for(
+        "the container to be removed",
+        Duration::from_secs(10),
+        || async {
+            containers(&world.harness, world.worker_id())
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
     world.harness.assert_clean().await;
     assert_eq!(world.processing_len().await, 0);
 }
@@ -598,15 +648,23 @@ async fn a_redis_outage_delays_the_result_but_loses_nothing() {
     world.wait_running(&id).await;
 
     // Redis goes away while the job runs, and stays away until the job's
-    // container is gone: the worker then holds a result it cannot write.
+    // program has ended (its container stopped): the worker then holds a
+    // result it cannot write. The container stays until the result is
+    // durable: it is removed after, never before.
     world.redis.stop();
-    wait_for("the job's container to end", JOB_DEADLINE, || async {
-        (!containers(&world.harness, world.worker_id())
+    wait_for("the job's container to stop", JOB_DEADLINE, || async {
+        (!running_containers(&world.harness, world.worker_id())
             .await
             .contains(&id))
         .then_some(())
     })
     .await;
+    assert!(
+        containers(&world.harness, world.worker_id())
+            .await
+            .contains(&id),
+        "the container was removed before the result was written"
+    );
     world.redis.restart();
 
     let record = world.wait_terminal(&id, Duration::from_secs(30)).await;
@@ -1089,4 +1147,80 @@ async fn the_events_stream_expires_with_the_job() {
     worker.shut_down();
     worker.stopped(Duration::from_secs(10)).await;
     world.harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_warm_pool_starts_jobs_warm_and_is_emptied_at_shutdown() {
+    let world = World::new().await;
+    let mut worker = world.start_worker_with(2, Duration::from_secs(30), |config| {
+        config.warm_max = 3;
+        config.warm_floors = [("python".to_string(), 2)].into();
+    });
+    // The heartbeat says what the pool holds.
+    let warm = wait_for("two ready warm sandboxes", JOB_DEADLINE, || async {
+        let heartbeat = world.heartbeat().await?;
+        (heartbeat["warm"]["python"]["ready"] == 2).then_some(heartbeat["warm"].clone())
+    })
+    .await;
+    assert_eq!(
+        warm,
+        serde_json::json!({"python": {"ready": 2, "target": 2}})
+    );
+    let text = world.metrics.render();
+    assert!(
+        text.contains("code_runner_warm_ready{language=\"python\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains("code_runner_warm_target{language=\"python\"} 2"),
+        "{text}"
+    );
+    // Idle warm sandboxes are not slots.
+    assert_eq!(world.metrics.slots_used.get(), 0);
+
+    let id = world.submit(&python("print('warm')")).await;
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "warm\n");
+    let result = record.result.as_ref().unwrap();
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(result.timings.container_start_ms, 0);
+
+    // Limits outside the pool's class: a sandbox of its own, cold.
+    let spec = JobSpec {
+        limits: LimitsRequest {
+            memory_mb: Some(96),
+            ..Default::default()
+        },
+        ..python("print('cold')")
+    };
+    let cold = world.submit(&spec).await;
+    let record = world.wait_terminal(&cold, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(record.result.as_ref().unwrap().start, Some(StartKind::Cold));
+
+    let text = world.metrics.render();
+    for line in [
+        "code_runner_job_starts_total{language=\"python\",start=\"warm\"} 1",
+        "code_runner_job_starts_total{language=\"python\",start=\"cold\"} 1",
+        "code_runner_claim_to_start_seconds_count{start=\"warm\"} 1",
+        "code_runner_claim_to_start_seconds_count{start=\"cold\"} 1",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    // The pool refills what the warm job took.
+    wait_for("the pool refilled", JOB_DEADLINE, || async {
+        let heartbeat = world.heartbeat().await?;
+        (heartbeat["warm"]["python"]["ready"] == 2).then_some(())
+    })
+    .await;
+
+    // Shutdown empties the pool: nothing of this worker is left.
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(30)).await;
+    world.harness.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
 }

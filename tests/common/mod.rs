@@ -15,11 +15,13 @@ pub mod redis_server;
 use std::time::{Duration, Instant};
 
 use code_runner::config::SandboxSettings;
+use code_runner::job::StartKind;
 use code_runner::job::limits::LimitPolicy;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prepare};
 use code_runner::languages::LanguageCatalog;
-use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxEngine};
+use code_runner::sandbox::pool::PoolSettings;
+use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxClass, SandboxEngine, WarmPool, WarmSpec};
 use containers::{assert_none_left, containers_labelled, docker, list_labelled, remove_labelled};
 
 pub struct Harness {
@@ -27,6 +29,10 @@ pub struct Harness {
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
     pub worker_id: String,
+    /// How [`Harness::run`] starts a job's sandbox: `Cold` (a container
+    /// made for it) or `Warm` (one a warm pool started before the job, of
+    /// the job's own class).
+    pub start: StartKind,
 }
 
 /// Settings as the CLI would have them with no flags and no environment.
@@ -40,6 +46,8 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
         max_limits: None,
         compile_default_limits: None,
         compile_max_limits: None,
+        sandbox_uid_base: code_runner::sandbox::DEFAULT_UID_BASE,
+        uid_lock_dir: code_runner::sandbox::DEFAULT_LOCK_DIR.into(),
     }
 }
 
@@ -64,6 +72,7 @@ impl Harness {
             catalog: self.catalog.clone(),
             policy: self.policy.clone(),
             metrics,
+            carried: None,
         }
     }
 
@@ -71,11 +80,65 @@ impl Harness {
         prepare(spec, &self.catalog, &self.policy).expect("the test job is valid")
     }
 
-    /// Runs a job to its end.
+    /// Runs a job to its end, on the harness's start path.
     pub async fn run(&self, spec: &JobSpec) -> JobResult {
+        self.run_io(spec, JobIo::default()).await
+    }
+
+    /// Runs a job with `io` to its end, on the harness's start path: in
+    /// warm mode through a warm pool holding one sandbox of the job's spec,
+    /// ready before the job is given to it (and the result must say `warm`).
+    pub async fn run_io(&self, spec: &JobSpec, io: JobIo) -> JobResult {
         let job = self.prepare(spec);
         let job_id = uuid::Uuid::new_v4().to_string();
-        self.engine.run(&job_id, &job, JobIo::default()).await
+        if self.start == StartKind::Cold {
+            return self.engine.run(&job_id, &job, io).await;
+        }
+        let pool = self.warm_pool(&job, 1).await;
+        let warm = pool.claim(&job).await.expect("a ready warm sandbox");
+        let outcome = self.engine.run_job(&job_id, &job, io, Some(warm)).await;
+        pool.shutdown(Duration::from_secs(30)).await;
+        outcome.cleanup.remove().await;
+        assert_eq!(
+            outcome.result.start,
+            Some(StartKind::Warm),
+            "{:#?}",
+            outcome.result
+        );
+        outcome.result
+    }
+
+    /// The spec a warm pool needs to serve `job`.
+    pub fn warm_spec(&self, job: &PreparedJob) -> WarmSpec {
+        WarmSpec {
+            language: job.language.id.clone(),
+            image: job.language.image_ref(),
+            class: SandboxClass::of(&job.limits),
+        }
+    }
+
+    /// A warm pool of this harness's engine holding `count` ready sandboxes
+    /// for `job`'s spec; waits (up to 60 s) until they are ready.
+    pub async fn warm_pool(&self, job: &PreparedJob, count: usize) -> WarmPool {
+        let pool = WarmPool::start(
+            &self.engine,
+            PoolSettings {
+                max: count.max(1),
+                lifetime: Duration::from_secs(600),
+                longest_job: Duration::from_secs(600),
+                parallel_starts: 2,
+            },
+        );
+        pool.set_targets(vec![(self.warm_spec(job), count)]);
+        let mut status = pool.status();
+        let language = job.language.id.clone();
+        let ready =
+            status.wait_for(|s| s.languages.get(&language).is_some_and(|l| l.ready >= count));
+        tokio::time::timeout(Duration::from_secs(60), ready)
+            .await
+            .expect("the warm pool is ready within 60 s")
+            .expect("the pool is alive");
+        pool
     }
 
     /// Ids of the containers this test's engine created that still exist.
@@ -165,14 +228,19 @@ impl Harness {
             catalog: setup.catalog,
             policy: setup.policy,
             worker_id,
+            start: StartKind::Cold,
         }
+    }
+
+    /// The same harness, running jobs on the `start` path.
+    pub fn on(mut self, start: StartKind) -> Self {
+        self.start = start;
+        self
     }
 
     /// Runs a job to its end and returns its result with every event it
     /// streamed, in order.
     pub async fn run_collecting(&self, spec: &JobSpec) -> (JobResult, Vec<SandboxEvent>) {
-        let job = self.prepare(spec);
-        let job_id = uuid::Uuid::new_v4().to_string();
         let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(16);
         let io = JobIo {
             events: Some(events_tx),
@@ -187,7 +255,7 @@ impl Harness {
         };
         // The sender lives in `io`, which the run drops when it ends, so the
         // collector sees the end of the channel right after the result.
-        let (result, events) = tokio::join!(self.engine.run(&job_id, &job, io), collect);
+        let (result, events) = tokio::join!(self.run_io(spec, io), collect);
         (result, events)
     }
 
