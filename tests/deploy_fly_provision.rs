@@ -723,6 +723,32 @@ fn prewarm_refuses_more_machines_than_the_pool_has_and_times_without_a_zone() {
         ],
     );
 
+    // The autoscaler's own maximum (deploy-fly/autoscaler/fly.toml) caps it too.
+    let mut s = Scenario::new();
+    s.ok(&format!("machine list -a {APP} --json"), four_machines())
+        .ok(
+            &format!("machine list -a {AS} --json"),
+            list(&[autoscaler(
+                "started",
+                json!({"FAS_STARTED_MACHINE_COUNT": "min(max(ceil(load / 8), 1), 2)"}),
+            )]),
+        );
+    let outcome = s.run_all(&[
+        "prewarm",
+        "3",
+        "--at",
+        "2030-01-01T09:00:00Z",
+        "--until",
+        "2030-01-01T11:00:00Z",
+    ]);
+    assert_failed(
+        &outcome,
+        "prewarm",
+        &[&format!(
+            "the autoscaler starts at most 2 Machines (FAS_STARTED_MACHINE_COUNT on {AUTOSCALER}), fewer than 3"
+        )],
+    );
+
     let s = Scenario::new();
     let outcome = s.run_all(&[
         "prewarm",
