@@ -107,8 +107,19 @@ fn install_writes_a_private_environment_file_with_a_generated_key_and_keeps_it_o
     let before = std::fs::read(&file).unwrap();
     let again = stage(a.path());
     assert_eq!(std::fs::read(&file).unwrap(), before);
+    let said = String::from_utf8_lossy(&again.stdout);
     assert!(
-        String::from_utf8_lossy(&again.stdout).contains("code-runner.env exists: kept as it is")
+        said.contains("code-runner.env exists: kept as it is"),
+        "{said}"
+    );
+    // It says how to upgrade and uninstall.
+    assert!(
+        said.contains("  upgrade:   git pull && sudo scripts/install"),
+        "{said}"
+    );
+    assert!(
+        said.contains("  uninstall: sudo systemctl disable --now code-runner"),
+        "{said}"
     );
 
     let binary = a.path().join("usr/local/bin/code-runner");
