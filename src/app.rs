@@ -3,6 +3,12 @@
 //! every setting before anything binds or connects, owns the root
 //! cancellation token and the task tracker, and turns SIGTERM/SIGINT into a
 //! graceful shutdown (the worker drains; the API stops accepting).
+//!
+//! Under systemd (`Type=notify`, see `scripts/install`) it tells the service
+//! manager `READY=1` once every role of the process is up (listener bound,
+//! Docker and Redis clients built, worker and reaper started) and
+//! `STOPPING=1` when a signal starts the drain. Without `NOTIFY_SOCKET` in the
+//! environment both are no-ops.
 
 use std::time::Duration;
 
@@ -152,6 +158,15 @@ pub async fn run(
         });
     }
 
+    let roles: Vec<&str> = [
+        api.map(|_| "api"),
+        worker.map(|_| "worker"),
+        reaper.map(|_| "reaper"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let ready_status = format!("{} listening on {listen}", roles.join(" + "));
     let served = match (api, keys) {
         (Some(settings), Some(keys)) => {
             let tokens = match TokenSigner::from_config(
@@ -184,9 +199,19 @@ pub async fn run(
                 engine,
                 carried,
             });
+            notify_service_manager(&[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status(&ready_status),
+            ]);
             crate::api::serve(listener, state, http_stop.clone()).await
         }
-        _ => crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await,
+        _ => {
+            notify_service_manager(&[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status(&ready_status),
+            ]);
+            crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await
+        }
     };
     if let Err(error) = served {
         eprintln!("code-runner: the HTTP server failed: {error}");
@@ -213,5 +238,18 @@ async fn shutdown_on_signal(root: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT received; shutting down"),
         () = root.cancelled() => return,
     }
+    notify_service_manager(&[
+        sd_notify::NotifyState::Stopping,
+        sd_notify::NotifyState::Status("draining: no new jobs, running jobs finish"),
+    ]);
     root.cancel();
+}
+
+/// Tells systemd (when it started this process with `Type=notify`) about a
+/// state change. Not being under systemd is the common case and no error; a
+/// failed send is logged, never fatal: the process works the same without it.
+fn notify_service_manager(states: &[sd_notify::NotifyState<'_>]) {
+    if let Err(error) = sd_notify::notify(states) {
+        tracing::warn!(error = %error, "cannot notify the service manager (NOTIFY_SOCKET)");
+    }
 }

@@ -104,6 +104,11 @@ pub struct DaemonBuilder {
 
 impl DaemonBuilder {
     pub fn new(role: Role, redis: &RedisServer) -> Self {
+        Self::with_redis_url(role, &redis.url())
+    }
+
+    /// A daemon on a Redis given by URL (e.g. `rediss://` to a TLS server).
+    pub fn with_redis_url(role: Role, redis_url: &str) -> Self {
         let mut env = HashMap::new();
         env.insert(
             "CODE_RUNNER_API_KEYS".to_string(),
@@ -112,7 +117,7 @@ impl DaemonBuilder {
         env.insert("CODE_RUNNER_LOG".to_string(), "info".to_string());
         Self {
             role,
-            redis_url: redis.url(),
+            redis_url: redis_url.to_string(),
             env,
         }
     }
@@ -265,6 +270,11 @@ impl Daemon {
     /// Sends SIGTERM (a graceful shutdown: the worker drains).
     pub fn sigterm(&self) {
         signal(&self.child, Signal::SIGTERM);
+    }
+
+    /// Sends SIGINT (Fly's default `kill_signal`; drains like SIGTERM).
+    pub fn sigint(&self) {
+        signal(&self.child, Signal::SIGINT);
     }
 
     /// Kills the process with SIGKILL (by its pid), as a crash or an OOM kill
