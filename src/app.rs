@@ -62,6 +62,15 @@ pub async fn run(
         Some(Ok(keys)) => Some(keys),
         None => None,
     };
+    let web = match (api, &keys) {
+        (Some(api), Some(keys)) => {
+            match api.web.build(api.api_keys.as_deref().unwrap_or(""), keys) {
+                Ok(web) => Some(web),
+                Err(error) => return config_error(error),
+            }
+        }
+        _ => None,
+    };
     let metrics = match Metrics::new() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -172,6 +181,10 @@ pub async fn run(
                 draining: root.clone(),
                 engine,
             });
+            let state = match web {
+                Some(web) => state.with_web_ui(web),
+                None => state,
+            };
             crate::api::serve(listener, state, http_stop.clone()).await
         }
         _ => crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await,
