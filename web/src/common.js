@@ -30,6 +30,71 @@ export class KeyStore {
   }
 }
 
+/** The key area of a page (`#key-state`, `#key-change`, `#key-form`,
+ * `#key-input`): shows whether a key is set, asks for one, keeps it in
+ * session storage under `slot`. `onSaved` runs after a key was entered;
+ * errors go to `showError`. */
+export class KeyForm {
+  constructor({ slot, setText, missingText, showError, onSaved }) {
+    this.store = new KeyStore(slot);
+    this.setText = setText;
+    this.showError = showError;
+    this.fixedText = "";
+    const $ = (id) => document.getElementById(id);
+    this.state = $("key-state");
+    this.change = $("key-change");
+    this.form = $("key-form");
+    this.input = $("key-input");
+    this.form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      const key = this.input.value.trim();
+      if (!key) {
+        showError(missingText);
+        return;
+      }
+      this.store.set(key);
+      this.input.value = "";
+      showError("");
+      this.render();
+      onSaved();
+    });
+    this.change.addEventListener("click", () => this.ask(""));
+  }
+
+  /** The key of this tab ("" when none). */
+  get() {
+    return this.store.get();
+  }
+
+  /** No key is asked for: `text` says why (e.g. a shared key). */
+  notNeeded(text) {
+    this.fixedText = text;
+    this.render();
+  }
+
+  render() {
+    if (this.fixedText) {
+      this.state.textContent = this.fixedText;
+      this.change.hidden = true;
+      this.form.hidden = true;
+      return;
+    }
+    const key = this.get();
+    this.state.textContent = key ? this.setText : "";
+    this.change.hidden = !key;
+    this.form.hidden = Boolean(key);
+  }
+
+  /** Forgets the key and asks for another, with `message` (may be ""). */
+  ask(message) {
+    this.store.clear();
+    this.render();
+    this.showError(message);
+    this.input.value = "";
+    this.input.focus();
+  }
+}
+
 /** A failed request: `status` (0 when the server was not reached), the
  * API's error `code`, and a `message` written for the person at the page. */
 export class ApiFailure extends Error {

@@ -4,53 +4,31 @@
 // figures its /metrics shows.
 
 import "./style.css";
-import { KeyStore, api, show } from "./common.js";
+import { KeyForm, api, show } from "./common.js";
 
 const REFRESH_MS = 2000;
 const $ = (id) => document.getElementById(id);
-const keys = new KeyStore("code-runner.admin-key");
 const ui = {
   board: $("board"),
   error: $("error"),
   updated: $("updated"),
-  keyState: $("key-state"),
-  keyChange: $("key-change"),
-  keyForm: $("key-form"),
-  keyInput: $("key-input"),
 };
 let timer = null;
 
-function renderKey() {
-  const key = keys.get();
-  ui.keyState.textContent = key ? "Admin key set for this tab." : "";
-  ui.keyChange.hidden = !key;
-  ui.keyForm.hidden = Boolean(key);
-}
+const keys = new KeyForm({
+  slot: "code-runner.admin-key",
+  setText: "Admin key set for this tab.",
+  missingText: "Enter an API key that has the admin scope.",
+  showError: (text) => show(ui.error, text),
+  onSaved: () => refresh(),
+});
 
 function askForKey(message) {
-  keys.clear();
   clearTimeout(timer);
   ui.board.hidden = true;
-  renderKey();
-  show(ui.error, message);
-  ui.keyInput.focus();
+  keys.ask(message);
   document.body.dataset.ready = "true";
 }
-
-ui.keyForm.addEventListener("submit", (event) => {
-  event.preventDefault();
-  const key = ui.keyInput.value.trim();
-  if (!key) {
-    show(ui.error, "Enter an API key that has the admin scope.");
-    return;
-  }
-  keys.set(key);
-  ui.keyInput.value = "";
-  show(ui.error, "");
-  renderKey();
-  refresh();
-});
-ui.keyChange.addEventListener("click", () => askForKey(""));
 
 /** A cell with text (never HTML: every value comes from the server). */
 function cell(row, text, className) {
@@ -230,5 +208,5 @@ async function refresh() {
   timer = setTimeout(refresh, REFRESH_MS);
 }
 
-renderKey();
+keys.render();
 refresh();

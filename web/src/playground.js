@@ -32,7 +32,7 @@ import { FitAddon } from "@xterm/addon-fit";
 import "@xterm/xterm/css/xterm.css";
 import "./style.css";
 
-import { ApiFailure, KeyStore, api, bytes, ms, show } from "./common.js";
+import { ApiFailure, KeyForm, api, bytes, ms, show } from "./common.js";
 
 /** A hello world per language id (the catalog's ids; aliases map below). */
 const TEMPLATES = {
@@ -96,10 +96,6 @@ const ui = {
   language: $("language"),
   run: $("run"),
   stop: $("stop"),
-  keyState: $("key-state"),
-  keyChange: $("key-change"),
-  keyForm: $("key-form"),
-  keyInput: $("key-input"),
   error: $("error"),
   fileName: $("file-name"),
   templateNote: $("template-note"),
@@ -115,7 +111,6 @@ const ui = {
   detail: $("v-detail"),
 };
 
-const keys = new KeyStore("code-runner.api-key");
 const drafts = {
   get: (id) => {
     try {
@@ -246,41 +241,13 @@ function showError(text) {
   show(ui.error, text);
 }
 
-function renderKey() {
-  if (state.config.shared_key) {
-    const limit = state.config.max_active ? ` (at most ${state.config.max_active} runs at once)` : "";
-    ui.keyState.textContent = `Runs use this server's shared playground key${limit}.`;
-    ui.keyChange.hidden = true;
-    ui.keyForm.hidden = true;
-    return;
-  }
-  const key = keys.get();
-  ui.keyState.textContent = key ? "API key set for this tab." : "";
-  ui.keyChange.hidden = !key;
-  ui.keyForm.hidden = Boolean(key);
-}
-
-function askForKey(message) {
-  keys.clear();
-  renderKey();
-  if (message) showError(message);
-  ui.keyInput.value = "";
-  ui.keyInput.focus();
-}
-
-ui.keyForm.addEventListener("submit", (event) => {
-  event.preventDefault();
-  const key = ui.keyInput.value.trim();
-  if (!key) {
-    showError("Enter an API key: ask the operator of this server for one.");
-    return;
-  }
-  keys.set(key);
-  ui.keyInput.value = "";
-  showError("");
-  renderKey();
+const keys = new KeyForm({
+  slot: "code-runner.api-key",
+  setText: "API key set for this tab.",
+  missingText: "Enter an API key: ask the operator of this server for one.",
+  showError,
+  onSaved: () => {},
 });
-ui.keyChange.addEventListener("click", () => askForKey(""));
 
 function chooseLanguage(id) {
   const language = state.languages.find((l) => l.id === id) || state.languages[0];
@@ -332,7 +299,12 @@ async function load() {
     saved = null;
   }
   chooseLanguage(saved || (state.languages.some((l) => l.id === "python") ? "python" : state.languages[0]?.id));
-  renderKey();
+  if (state.config.shared_key) {
+    const limit = state.config.max_active ? ` (at most ${state.config.max_active} runs at once)` : "";
+    keys.notNeeded(`Runs use this server's shared playground key${limit}.`);
+  } else {
+    keys.render();
+  }
   ui.run.disabled = false;
   document.body.dataset.ready = "true";
 }
@@ -485,7 +457,7 @@ async function run() {
   const shared = Boolean(state.config.shared_key);
   const key = keys.get();
   if (!shared && !key) {
-    askForKey("Enter an API key to run code (ask the operator of this server for one).");
+    keys.ask("Enter an API key to run code (ask the operator of this server for one).");
     return;
   }
   const start = template(state.current);
@@ -508,7 +480,7 @@ async function run() {
     setRunning(false);
     setVerdict("idle");
     if (error instanceof ApiFailure && error.code === "unauthorized" && !shared) {
-      askForKey(error.message);
+      keys.ask(error.message);
     } else {
       showError(error.message);
     }
