@@ -161,6 +161,24 @@ async fn the_pages_are_served_with_their_files_and_a_strict_policy() {
         );
         assert!(body.contains(marker), "{path} lacks {marker:?}");
     }
+    // The big bundle also comes gzipped, and is then the same file.
+    let (_, _, plain) = fetch(&daemon, "/ui/playground.js").await;
+    let packed = daemon
+        .http
+        .get(format!("{}/ui/playground.js", daemon.url))
+        .header("Accept-Encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(packed.headers()["content-encoding"], "gzip");
+    let packed = packed.bytes().await.unwrap();
+    assert!(packed.len() * 2 < plain.len());
+    assert_eq!(
+        gunzip(&packed),
+        plain.as_bytes(),
+        "the gzipped bundle is stale: run web/build"
+    );
+
     let (status, _, body) = fetch(&daemon, "/ui/secrets.txt").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert_eq!(
@@ -376,6 +394,24 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     redis.cli(&["DEL", &format!("job:{}", ids[204])]);
     let view = daemon.get("/v1/dashboard", Some(ADMIN_KEY)).await;
     assert_eq!(view.body["recent_jobs"][0]["id"], ids[203].as_str());
+}
+
+/// `gzip -dc` of `data`.
+fn gunzip(data: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("gzip")
+        .arg("-dc")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("gzip runs");
+    let mut stdin = child.stdin.take().unwrap();
+    let data = data.to_vec();
+    let writer = std::thread::spawn(move || stdin.write_all(&data));
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(output.status.success(), "gzip -dc failed");
+    output.stdout
 }
 
 /// `POST /v1/playground/jobs` without a key.

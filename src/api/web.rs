@@ -105,6 +105,8 @@ struct Asset {
     name: &'static str,
     content_type: &'static str,
     body: &'static [u8],
+    /// The same body gzipped, sent to a browser that accepts gzip.
+    gzip: Option<&'static [u8]>,
 }
 
 /// Every embedded file, each also under `/ui/`.
@@ -113,36 +115,43 @@ const ASSETS: &[Asset] = &[
         name: PLAYGROUND_PAGE,
         content_type: "text/html; charset=utf-8",
         body: include_bytes!("../../web/dist/playground.html"),
+        gzip: None,
     },
     Asset {
         name: DASHBOARD_PAGE,
         content_type: "text/html; charset=utf-8",
         body: include_bytes!("../../web/dist/dashboard.html"),
+        gzip: None,
     },
     Asset {
         name: "playground.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../../web/dist/playground.js"),
+        gzip: Some(include_bytes!("../../web/dist/playground.js.gz")),
     },
     Asset {
         name: "playground.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("../../web/dist/playground.css"),
+        gzip: None,
     },
     Asset {
         name: "dashboard.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../../web/dist/dashboard.js"),
+        gzip: None,
     },
     Asset {
         name: "dashboard.css",
         content_type: "text/css; charset=utf-8",
         body: include_bytes!("../../web/dist/dashboard.css"),
+        gzip: None,
     },
     Asset {
         name: "licenses.txt",
         content_type: "text/plain; charset=utf-8",
         body: include_bytes!("../../web/dist/THIRD-PARTY-LICENSES.txt"),
+        gzip: None,
     },
 ];
 
@@ -164,14 +173,38 @@ fn etag_of(body: &[u8]) -> HeaderValue {
         .unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
 }
 
-/// The validator of each of [`ASSETS`], computed once.
-static ETAGS: LazyLock<Vec<HeaderValue>> =
-    LazyLock::new(|| ASSETS.iter().map(|a| etag_of(a.body)).collect());
+/// The validators of each of [`ASSETS`] (plain, gzipped), computed once.
+static ETAGS: LazyLock<Vec<(HeaderValue, Option<HeaderValue>)>> = LazyLock::new(|| {
+    ASSETS
+        .iter()
+        .map(|a| (etag_of(a.body), a.gzip.map(etag_of)))
+        .collect()
+});
 
-/// An embedded file (by its index in [`ASSETS`]) with its headers; 304 when
-/// the browser has it already.
+/// Whether the request's `Accept-Encoding` takes gzip.
+fn accepts_gzip(request_headers: &HeaderMap) -> bool {
+    request_headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';').map(str::trim);
+            let name = parts.next().unwrap_or("");
+            let refused = parts.any(|p| p.replace(' ', "") == "q=0");
+            (name.eq_ignore_ascii_case("gzip") || name == "*") && !refused
+        })
+}
+
+/// An embedded file (by its index in [`ASSETS`]) with its headers, gzipped
+/// when there is a gzipped copy and the browser accepts it; 304 when the
+/// browser has it already.
 fn embedded(request_headers: &HeaderMap, index: usize) -> Response {
-    let (asset, tag) = (&ASSETS[index], ETAGS[index].clone());
+    let asset = &ASSETS[index];
+    let (body, tag, gzipped) = match (asset.gzip, &ETAGS[index]) {
+        (Some(gzip), (_, Some(tag))) if accepts_gzip(request_headers) => (gzip, tag.clone(), true),
+        (_, (tag, _)) => (asset.body, tag.clone(), false),
+    };
     let fresh = request_headers
         .get_all(header::IF_NONE_MATCH)
         .iter()
@@ -199,11 +232,19 @@ fn embedded(request_headers: &HeaderMap, index: usize) -> Response {
             HeaderValue::from_static("no-referrer"),
         ),
     ];
-    if fresh {
+    let mut response = if fresh {
         (StatusCode::NOT_MODIFIED, headers).into_response()
     } else {
-        (headers, asset.body).into_response()
+        (headers, body).into_response()
+    };
+    if asset.gzip.is_some() {
+        let headers = response.headers_mut();
+        headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+        if gzipped {
+            headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        }
     }
+    response
 }
 
 fn index_of(name: &str) -> Option<usize> {
@@ -310,6 +351,7 @@ mod tests {
         assert_eq!(first.status(), StatusCode::OK);
         let tag = first.headers()[header::ETAG].clone();
         assert_eq!(tag, etag_of(ASSETS[index].body));
+        assert!(first.headers().get(header::CONTENT_ENCODING).is_none());
         assert!(
             first.headers()[header::CONTENT_SECURITY_POLICY]
                 .to_str()
@@ -321,6 +363,38 @@ mod tests {
         assert_eq!(embedded(&again, index).status(), StatusCode::NOT_MODIFIED);
         again.insert(header::IF_NONE_MATCH, HeaderValue::from_static("\"other\""));
         assert_eq!(embedded(&again, index).status(), StatusCode::OK);
+    }
+
+    #[test]
+    fn the_big_bundle_goes_gzipped_to_browsers_that_take_gzip() {
+        let index = index_of("playground.js").unwrap();
+        let gzip = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static(value));
+            embedded(&headers, index)
+        };
+        for accepted in ["gzip, deflate, br", "br;q=1.0, GZIP;q=0.5", "*"] {
+            let response = gzip(accepted);
+            assert_eq!(
+                response.headers()[header::CONTENT_ENCODING],
+                "gzip",
+                "{accepted}"
+            );
+            assert_eq!(response.headers()[header::VARY], "accept-encoding");
+            assert_ne!(response.headers()[header::ETAG], ETAGS[index].0);
+        }
+        for refused in ["br", "gzip;q=0", "identity"] {
+            let response = gzip(refused);
+            assert!(
+                response.headers().get(header::CONTENT_ENCODING).is_none(),
+                "{refused}"
+            );
+            assert_eq!(response.headers()[header::ETAG], ETAGS[index].0);
+        }
+        let plain = ASSETS[index].body;
+        let packed = ASSETS[index].gzip.unwrap();
+        assert_eq!(&packed[..2], [0x1f, 0x8b]);
+        assert!(packed.len() * 2 < plain.len());
     }
 
     #[test]
