@@ -14,8 +14,9 @@
 //!
 //! `CODE_RUNNER_TEST_FIREFOX=1` runs the same pages in Firefox ESR too
 //! (Debian's `firefox-esr`, with a `geckodriver` on the PATH or in
-//! `CODE_RUNNER_GECKODRIVER`; Debian has no geckodriver package, see
-//! `scripts/install-geckodriver`).
+//! `CODE_RUNNER_GECKODRIVER`). Debian has no geckodriver package:
+//! `scripts/install-firefox` installs firefox-esr and builds a pinned
+//! geckodriver from crates.io, which takes minutes, so CI runs Chromium only.
 
 mod common;
 

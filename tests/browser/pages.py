@@ -11,14 +11,16 @@ serve` each, with its own redis-server) and passes them in the environment:
     CODE_RUNNER_BROWSER       chromium (default) or firefox
 
 Each test asserts what a person at the page would see: the terminal's text,
-the verdict's figures, the error banner. Every test but the wrong-key one
-also asserts that the browser logged no error (Chromium's log; geckodriver
-has no log API, so under Firefox the page's own console.error and uncaught
-errors are collected by a listener installed through the page's window).
+the verdict's figures, the error banner. Every test also asserts that the
+browser logged no error but the ones it expects (Chromium's browser log;
+geckodriver has no log API, so Firefox is told to print the console to its
+output, which geckodriver's log file catches).
 """
 
+import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -46,6 +48,9 @@ JOB_DEADLINE = 60
 
 driver = None
 profile_dir = None
+# Firefox: geckodriver's log, and how much of it the tests have read.
+firefox_log = None
+firefox_log_read = 0
 
 
 def chromium():
@@ -78,7 +83,7 @@ def firefox():
     options.binary_location = "/usr/bin/firefox-esr"
     options.add_argument("-headless")
     options.add_argument("-profile")
-    options.add_argument(profile_dir)
+    options.add_argument(os.path.join(profile_dir, "profile"))
     for name, value in {
         "network.proxy.type": 0,
         "app.update.enabled": False,
@@ -89,10 +94,18 @@ def firefox():
         "browser.safebrowsing.malware.enabled": False,
         "browser.safebrowsing.phishing.enabled": False,
         "extensions.update.enabled": False,
+        # The page's console goes to Firefox's output, hence to the log;
+        # the browser's own console does not.
+        "devtools.console.stdout.content": True,
+        "devtools.console.stdout.chrome": False,
     }.items():
         options.set_preference(name, value)
     geckodriver = os.environ.get("CODE_RUNNER_GECKODRIVER") or shutil.which("geckodriver")
-    browser = webdriver.Firefox(service=Service(geckodriver), options=options)
+    if not geckodriver:
+        raise SystemExit("geckodriver is missing: run scripts/install-firefox")
+    global firefox_log
+    firefox_log = os.path.join(profile_dir, "geckodriver.log")
+    browser = webdriver.Firefox(service=Service(geckodriver, log_path=firefox_log), options=options)
     browser.set_window_size(WIDTH, HEIGHT)
     return browser
 
@@ -101,6 +114,9 @@ def setUpModule():
     global driver, profile_dir
     os.makedirs(SHOTS, exist_ok=True)
     profile_dir = tempfile.mkdtemp(prefix="code-runner-browser-")
+    # Firefox wants its profile folder to itself; the log goes beside it.
+    if BROWSER == "firefox":
+        os.makedirs(os.path.join(profile_dir, "profile"))
     driver = firefox() if BROWSER == "firefox" else chromium()
 
 
@@ -125,6 +141,12 @@ def http(method, url, key=None, body=None):
         return error.code, json.loads(error.read() or b"null")
 
 
+def continues(line):
+    """Whether a line of Firefox's output continues the message above it
+    (indented, blank, or a stack frame like `f@resource://x.mjs:1:5`)."""
+    return not line.strip() or line[0].isspace() or re.match(r"^\S*@\S+:\d+:\d+$", line.strip())
+
+
 class Page(unittest.TestCase):
     """What every test shares: a clean tab, waits, the console check."""
 
@@ -134,8 +156,7 @@ class Page(unittest.TestCase):
     def setUp(self):
         driver.get("about:blank")
         driver.delete_all_cookies()
-        if BROWSER == "chromium":
-            driver.get_log("browser")  # drop what earlier tests left
+        self.browser_errors()  # drop what earlier tests left
 
     def tearDown(self):
         errors = self.browser_errors()
@@ -143,22 +164,33 @@ class Page(unittest.TestCase):
         self.assertEqual(unexpected, [], "the browser logged errors")
 
     def browser_errors(self):
+        """The errors the browser logged since the last call."""
+        global firefox_log_read
         if BROWSER == "chromium":
             return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
-        return driver.execute_script("return window.__errors || []") or []
+        with open(firefox_log, encoding="utf-8", errors="replace") as log:
+            log.seek(firefox_log_read)
+            lines = log.readlines()
+            firefox_log_read = log.tell()
+        # Uncaught errors of the page name its address. Firefox prints some
+        # of its own too (it cannot reach its update and experiment
+        # servers here): those name its resource:// or chrome:// files in
+        # the message or the stack lines under it.
+        origins = (URL, SHARED_URL)
+        errors = []
+        for index, line in enumerate(lines):
+            entry = line + "".join(itertools.takewhile(continues, lines[index + 1:]))
+            if line.startswith("console.error:") and not ("resource://" in entry or "chrome://" in entry):
+                errors.append(entry.strip())
+            elif line.startswith("JavaScript error:") and any(o in line for o in origins):
+                errors.append(entry.strip())
+        return errors
 
     def open(self, url):
         """Opens a page with empty session storage and waits until it is ready."""
         driver.get(url)
         driver.execute_script("sessionStorage.clear()")
         driver.get(url)
-        if BROWSER == "firefox":
-            driver.execute_script(
-                "window.__errors = [];"
-                "const e = console.error.bind(console);"
-                "console.error = (...a) => { window.__errors.push(a.join(' ')); e(...a); };"
-                "window.addEventListener('error', (x) => window.__errors.push(String(x.message)));"
-            )
         self.wait(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true",
                   "the page did not become ready")
 
