@@ -7,7 +7,8 @@
 //! Two daemons: one whose playground (at `/`) asks for a key and whose
 //! dashboard the admin key opens, and one with a shared playground key (at
 //! `/playground`). `pages.py` checks every state of the issue (the page
-//! loads with no console error, a Python hello world, an interactive
+//! loads with no console error, a Python hello world, every language's
+//! hello-world template, an interactive
 //! program fed two typed lines, Stop ending a loop with `killed`, a compile
 //! error, a wrong key, the dashboard with a running job) and saves a
 //! screenshot of each under `target/browser-screenshots/`.
@@ -116,7 +117,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 9 tests"), "{output}");
+    assert!(output.contains("Ran 10 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

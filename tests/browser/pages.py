@@ -325,6 +325,17 @@ class Playground(Page):
         self.assertEqual(driver.execute_script("return sessionStorage.getItem('code-runner.api-key')"), KEY)
         self.shot("02-hello-world")
 
+    def test_2b_every_languages_template_runs_and_says_hello(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        _, catalog = http("GET", f"{URL}/v1/languages")
+        for language in catalog["languages"]:
+            Select(self.el("language")).select_by_value(language["id"])
+            verdict = self.run_and_wait()
+            self.assertEqual(verdict["status"], "succeeded", f"{language['id']}: {verdict}\n{self.terminal()}")
+            self.assertIn("Hello, world!", self.terminal(), language["id"])
+        self.shot("02b-last-template")
+
     def test_3_interactive_program_reads_two_typed_lines(self):
         self.open(f"{URL}/")
         self.use_key(KEY)
