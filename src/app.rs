@@ -73,6 +73,15 @@ pub async fn run(
         Some(Ok(keys)) => Some(keys),
         None => None,
     };
+    let web = match (api, &keys) {
+        (Some(api), Some(keys)) => {
+            match api.web.build(api.api_keys.as_deref().unwrap_or(""), keys) {
+                Ok(web) => Some(web),
+                Err(error) => return config_error(error),
+            }
+        }
+        _ => None,
+    };
     let metrics = match Metrics::new() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -199,6 +208,10 @@ pub async fn run(
                 engine,
                 carried,
             });
+            let state = match web {
+                Some(web) => state.with_web_ui(web),
+                None => state,
+            };
             notify_service_manager(&[
                 sd_notify::NotifyState::Ready,
                 sd_notify::NotifyState::Status(&ready_status),

@@ -235,7 +235,10 @@ pub(super) async fn list(
     let entries = queue.capacity_schedule().await?;
     let workers = queue.live_workers().await?;
     let now = now_ms();
-    let heartbeats: Vec<serde_json::Value> = workers.iter().map(|w| w.heartbeat.clone()).collect();
+    let heartbeats: Vec<serde_json::Value> = workers
+        .iter()
+        .map(|w| serde_json::from_str(&w.heartbeat).unwrap_or(serde_json::Value::Null))
+        .collect();
     let languages = fleet_capacity(&entries, &heartbeats, now);
     let view = CapacityView {
         now: rfc3339(now),

@@ -9,6 +9,8 @@
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
 //! - `streams`: the job's WebSocket and Server-Sent Events.
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
+//! - [`web`]: the browser pages (playground, dashboard) embedded in the
+//!   binary; `playground` and `dashboard`: their routes under `/v1`.
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
@@ -19,7 +21,12 @@
 //! - `PUT|GET /v1/capacity`, `DELETE /v1/capacity/{id}` (an API key with
 //!   the `admin` scope);
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics` (no key; operators keep
-//!   them off the public network).
+//!   them off the public network);
+//! - with the pages on ([`ApiState::with_web_ui`]): the playground page
+//!   (`/` by default), `GET /v1/playground` and `POST /v1/playground/jobs`
+//!   (no key: the operator's shared playground key, when configured), the
+//!   dashboard page (`/dashboard`), `GET /v1/dashboard` (admin key), and
+//!   their files under `/ui/`.
 //!
 //! The streams of a job authenticate with [`tokens::TokenSigner::verify`]
 //! (or the API key) and end on [`ApiState`]'s shutdown token like
@@ -27,11 +34,14 @@
 
 pub mod auth;
 mod capacity;
+mod dashboard;
 pub mod error;
 mod jobs;
 mod ops;
+mod playground;
 mod streams;
 pub mod tokens;
+mod web;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,7 +61,9 @@ use crate::queue::Queue;
 
 pub use auth::{ApiKeys, Caller};
 pub use error::ApiError;
+pub use playground::PlaygroundKey;
 pub use tokens::{TokenError, TokenSigner};
+pub use web::{WebUi, page_path};
 
 /// Everything the API needs, validated by the caller.
 pub struct ApiConfig {
@@ -101,6 +113,8 @@ pub struct ApiState {
     /// longer tracks, waited for (briefly) when it stops so each gets its
     /// close frame out.
     sessions: TaskTracker,
+    /// The browser pages, when on.
+    web: Option<Arc<WebUi>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -133,7 +147,14 @@ impl ApiState {
             ops,
             shutdown: CancellationToken::new(),
             sessions: TaskTracker::new(),
+            web: None,
         }
+    }
+
+    /// The same state, serving the browser pages `web` enables.
+    pub fn with_web_ui(mut self, web: WebUi) -> Self {
+        self.web = Some(Arc::new(web));
+        self
     }
 
     pub fn keys(&self) -> &ApiKeys {
@@ -154,7 +175,9 @@ impl ApiState {
 /// The whole API as a router.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.inner.max_body_bytes;
+    let pages = state.web.as_deref().map(web::routes).unwrap_or_default();
     Router::new()
+        .merge(pages)
         .route("/v1/jobs", post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
@@ -181,6 +204,13 @@ pub async fn serve(
         tracing::info!(address = %address, "The API is listening.");
     }
     let sessions = state.sessions.clone();
+    if state
+        .web
+        .as_ref()
+        .is_some_and(|w| w.dashboard_path.is_some())
+    {
+        tokio::spawn(dashboard::sample(state.clone(), shutdown.clone()));
+    }
     let app = router(state.with_shutdown(shutdown.clone()));
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())

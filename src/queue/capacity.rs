@@ -1,5 +1,4 @@
-//! The fleet-wide schedule of warm capacity (`capacity:schedule`) and what
-//! live workers say about themselves (their heartbeat values).
+//! The fleet-wide schedule of warm capacity (`capacity:schedule`).
 //!
 //! An entry says "hold `warm` ready sandboxes of `language` from `from_ms`
 //! until `until_ms`" for the whole fleet; every live worker keeps its share.
@@ -9,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use deadpool_redis::redis::{self, AsyncCommands};
+use deadpool_redis::redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use super::{Queue, QueueError, now_ms};
@@ -43,14 +42,6 @@ pub enum PutOutcome {
     Stored,
     /// The schedule already holds [`MAX_ENTRIES`] current entries.
     Full,
-}
-
-/// A live worker as its heartbeat describes it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LiveWorker {
-    pub id: String,
-    /// The heartbeat's JSON value (slots, version, warm pool figures).
-    pub heartbeat: serde_json::Value,
 }
 
 impl Queue {
@@ -99,29 +90,5 @@ impl Queue {
         let mut conn = self.conn().await?;
         let removed: u64 = conn.hdel(self.keys.capacity(), id).await?;
         Ok(removed > 0)
-    }
-
-    /// The workers whose heartbeat lives, by id, with its value.
-    pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, QueueError> {
-        let mut conn = self.conn().await?;
-        let mut ids: Vec<String> = conn.smembers(self.keys.workers()).await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        ids.sort();
-        let keys: Vec<String> = ids.iter().map(|id| self.keys.heartbeat(id)).collect();
-        let values: Vec<Option<String>> =
-            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
-        Ok(ids
-            .into_iter()
-            .zip(values)
-            .filter_map(|(id, value)| {
-                let value = value?;
-                Some(LiveWorker {
-                    id,
-                    heartbeat: serde_json::from_str(&value).unwrap_or(serde_json::Value::Null),
-                })
-            })
-            .collect())
     }
 }

@@ -17,16 +17,20 @@
 //! - `apikey:<name>:active` — set of the key's queued and running job ids.
 //! - `jobs:dead` — dead-letter list: jobs whose workers kept dying before
 //!   they started (the newest 10 000).
+//! - `jobs:recent` — list of the newest submitted job ids (the newest
+//!   [`RECENT_JOBS_KEPT`]), for the dashboard.
 //! - `config:token_secret` — the secret attach tokens are signed with, when
 //!   none is configured (shared by every API replica).
 //! - `capacity:schedule` — hash: id → a warm capacity entry (JSON), the
 //!   fleet-wide schedule of warm sandboxes (see [`capacity`]).
 
 mod capacity;
+mod overview;
 mod reap;
 mod scripts;
 
-pub use capacity::{CapacityEntry, LiveWorker, MAX_ENTRIES, PutOutcome};
+pub use capacity::{CapacityEntry, MAX_ENTRIES, PutOutcome};
+pub use overview::{JobSummary, LiveWorker, RECENT_JOBS_KEPT};
 pub use reap::{Fleet, ForgetOutcome, LostResults, ReapOutcome, RunningJob};
 
 use std::collections::HashMap;
@@ -91,6 +95,9 @@ impl Keys {
     }
     pub fn active(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:active", self.prefix)
+    }
+    pub fn recent(&self) -> String {
+        format!("{}jobs:recent", self.prefix)
     }
     pub fn token_secret(&self) -> String {
         format!("{}config:token_secret", self.prefix)
@@ -336,6 +343,7 @@ impl Queue {
             .key(self.keys.active(job.api_key))
             .key(idem_key)
             .key(self.keys.events(job.id))
+            .key(self.keys.recent())
             .arg(job.id)
             .arg(spec)
             .arg(job.api_key)
@@ -346,6 +354,7 @@ impl Queue {
             .arg(body_hash)
             .arg(self.result_ttl.as_secs().max(1) * 24)
             .arg(metadata)
+            .arg(RECENT_JOBS_KEPT - 1)
             .invoke_async(&mut conn)
             .await?;
         Ok(match outcome.as_str() {

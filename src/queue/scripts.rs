@@ -48,9 +48,10 @@ end
 }
 
 /// KEYS: queue, job, active set of the API key, idempotency key (or ""),
-/// events stream.
+/// events stream, recent jobs list.
 /// ARGV: id, spec, api key name, language, created_ms, max depth, per-key
-/// limit (0 = none), body hash, idempotency ttl (s), metadata.
+/// limit (0 = none), body hash, idempotency ttl (s), metadata, last index
+/// of the recent jobs list kept.
 /// Returns {outcome, detail}: accepted|existing|conflict (job id),
 /// queue_full (depth), key_limit (active count).
 pub const SUBMIT: &str = with_events!(
@@ -83,6 +84,8 @@ if KEYS[4] ~= '' then
   redis.call('EXPIRE', KEYS[4], ARGV[9])
 end
 redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('LPUSH', KEYS[6], ARGV[1])
+redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[11]))
 return {'accepted', ARGV[1]}
 "#
 );

@@ -1,0 +1,474 @@
+"""Browser tests of the playground and the dashboard, driven by Selenium.
+
+Run by tests/browser.rs, which starts the daemons (a real `code-runner
+serve` each, with its own redis-server) and passes them in the environment:
+
+    CODE_RUNNER_URL           a daemon whose playground asks for a key (at /)
+    CODE_RUNNER_SHARED_URL    a daemon with a shared playground key (at /playground)
+    CODE_RUNNER_KEY           a key of both daemons
+    CODE_RUNNER_ADMIN_KEY     an admin key of the first daemon
+    CODE_RUNNER_SCREENSHOTS   where each test saves a screenshot of its state
+    CODE_RUNNER_BROWSER       chromium (default) or firefox
+
+Each test asserts what a person at the page would see: the terminal's text,
+the verdict's figures, the error banner. Every test also asserts that the
+browser logged no error but the ones it expects (Chromium's browser log;
+geckodriver has no log API, so Firefox is told to print the console to its
+output, which geckodriver's log file catches).
+"""
+
+import itertools
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import unittest
+import urllib.request
+
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+URL = os.environ["CODE_RUNNER_URL"].rstrip("/")
+SHARED_URL = os.environ["CODE_RUNNER_SHARED_URL"].rstrip("/")
+KEY = os.environ["CODE_RUNNER_KEY"]
+ADMIN_KEY = os.environ["CODE_RUNNER_ADMIN_KEY"]
+SHOTS = os.environ["CODE_RUNNER_SCREENSHOTS"]
+BROWSER = os.environ.get("CODE_RUNNER_BROWSER", "chromium")
+
+# A laptop screen.
+WIDTH, HEIGHT = 1366, 768
+# Longest a job of these tests may take to show its verdict (a cold C
+# compile on a busy machine included).
+JOB_DEADLINE = 60
+
+driver = None
+profile_dir = None
+# Firefox: geckodriver's log, and how much of it the tests have read.
+firefox_log = None
+firefox_log_read = 0
+
+
+def chromium():
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile_dir}",
+        f"--window-size={WIDTH},{HEIGHT}",
+    ]:
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+
+
+def firefox():
+    from selenium.webdriver.firefox.service import Service
+
+    options = webdriver.FirefoxOptions()
+    options.binary_location = "/usr/bin/firefox-esr"
+    options.add_argument("-headless")
+    options.add_argument("-profile")
+    options.add_argument(os.path.join(profile_dir, "profile"))
+    for name, value in {
+        "network.proxy.type": 0,
+        "app.update.enabled": False,
+        "browser.shell.checkDefaultBrowser": False,
+        "datareporting.policy.dataSubmissionEnabled": False,
+        "toolkit.telemetry.enabled": False,
+        "network.captive-portal-service.enabled": False,
+        "browser.safebrowsing.malware.enabled": False,
+        "browser.safebrowsing.phishing.enabled": False,
+        "extensions.update.enabled": False,
+        # The page's console goes to Firefox's output, hence to the log;
+        # the browser's own console does not.
+        "devtools.console.stdout.content": True,
+        "devtools.console.stdout.chrome": False,
+    }.items():
+        options.set_preference(name, value)
+    geckodriver = os.environ.get("CODE_RUNNER_GECKODRIVER") or shutil.which("geckodriver")
+    if not geckodriver:
+        raise SystemExit("geckodriver is missing: run scripts/install-firefox")
+    global firefox_log
+    firefox_log = os.path.join(profile_dir, "geckodriver.log")
+    browser = webdriver.Firefox(service=Service(geckodriver, log_path=firefox_log), options=options)
+    browser.set_window_size(WIDTH, HEIGHT)
+    return browser
+
+
+def setUpModule():
+    global driver, profile_dir
+    os.makedirs(SHOTS, exist_ok=True)
+    profile_dir = tempfile.mkdtemp(prefix="code-runner-browser-")
+    # Firefox wants its profile folder to itself; the log goes beside it.
+    if BROWSER == "firefox":
+        os.makedirs(os.path.join(profile_dir, "profile"))
+    driver = firefox() if BROWSER == "firefox" else chromium()
+
+
+def tearDownModule():
+    if driver is not None:
+        driver.quit()
+    shutil.rmtree(profile_dir, ignore_errors=True)
+
+
+def http(method, url, key=None, body=None):
+    """A request to the API outside the browser; (status, JSON body)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    request.add_header("Content-Type", "application/json")
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"null")
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read() or b"null")
+
+
+def continues(line):
+    """Whether a line of Firefox's output continues the message above it
+    (indented, blank, or a stack frame like `f@resource://x.mjs:1:5`)."""
+    return not line.strip() or line[0].isspace() or re.match(r"^\S*@\S+:\d+:\d+$", line.strip())
+
+
+class Page(unittest.TestCase):
+    """What every test shares: a clean tab, waits, the console check."""
+
+    # Browser log entries a test expects (substrings); any other error fails it.
+    expected_errors = ()
+
+    def setUp(self):
+        driver.get("about:blank")
+        driver.delete_all_cookies()
+        self.browser_errors()  # drop what earlier tests left
+
+    def tearDown(self):
+        errors = self.browser_errors()
+        unexpected = [e for e in errors if not any(x in e for x in self.expected_errors)]
+        self.assertEqual(unexpected, [], "the browser logged errors")
+
+    def browser_errors(self):
+        """The errors the browser logged since the last call."""
+        global firefox_log_read
+        if BROWSER == "chromium":
+            return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        with open(firefox_log, encoding="utf-8", errors="replace") as log:
+            log.seek(firefox_log_read)
+            lines = log.readlines()
+            firefox_log_read = log.tell()
+        # Uncaught errors of the page name its address. Firefox prints some
+        # of its own too (it cannot reach its update and experiment
+        # servers here): those name its resource:// or chrome:// files in
+        # the message or the stack lines under it.
+        origins = (URL, SHARED_URL)
+        errors = []
+        for index, line in enumerate(lines):
+            entry = line + "".join(itertools.takewhile(continues, lines[index + 1:]))
+            if line.startswith("console.error:") and not ("resource://" in entry or "chrome://" in entry):
+                errors.append(entry.strip())
+            elif line.startswith("JavaScript error:") and any(o in line for o in origins):
+                errors.append(entry.strip())
+        return errors
+
+    def open(self, url):
+        """Opens a page with empty session storage and waits until it is ready."""
+        driver.get(url)
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(url)
+        self.wait(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true",
+                  "the page did not become ready")
+
+    def wait(self, condition, message, timeout=JOB_DEADLINE):
+        try:
+            return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+        except TimeoutException:
+            self.fail(f"{message}; terminal:\n{self.terminal()}\nerror banner: {self.text('error')!r}")
+
+    def el(self, element_id):
+        return driver.find_element(By.ID, element_id)
+
+    def text(self, element_id):
+        return self.el(element_id).text
+
+    def shot(self, name):
+        path = os.path.join(SHOTS, f"{BROWSER}-{name}.png")
+        driver.save_screenshot(path)
+        return path
+
+    def terminal(self):
+        """The terminal's visible text, one line per row, trailing blanks cut."""
+        try:
+            rows = driver.find_elements(By.CSS_SELECTOR, "#terminal .xterm-rows > div")
+        except Exception:  # noqa: BLE001 - before the page exists
+            return ""
+        lines = [r.get_attribute("textContent").replace("\u00a0", " ").rstrip() for r in rows]
+        while lines and not lines[-1]:
+            lines.pop()
+        return "\n".join(lines)
+
+    def use_key(self, key):
+        """Types `key` into the page's key form and submits it."""
+        field = self.el("key-input")
+        self.assertTrue(field.is_displayed(), "the page asks for a key")
+        field.send_keys(key)
+        self.el("key-save").click()
+
+    def type_code(self, lines):
+        """Replaces the editor's text by typing `lines`, as a person would."""
+        content = driver.find_element(By.CSS_SELECTOR, "#editor .cm-content")
+        content.click()
+        content.send_keys(Keys.CONTROL, "a")
+        content.send_keys(Keys.DELETE)
+        for index, line in enumerate(lines):
+            content.send_keys(line)
+            content.send_keys(Keys.ESCAPE)  # close an autocompletion popup
+            if index < len(lines) - 1:
+                content.send_keys(Keys.ENTER)
+        self.assertEqual(self.code(), "\n".join(lines))
+
+    def code(self):
+        lines = driver.find_elements(By.CSS_SELECTOR, "#editor .cm-line")
+        return "\n".join(l.get_attribute("textContent") for l in lines)
+
+    def run_and_wait(self, status=None):
+        self.el("run").click()
+        self.wait(lambda d: self.text("v-status").lower() not in ("idle", "submitting", "queued", "running")
+                  or self.el("error").is_displayed(),
+                  "no verdict")
+        verdict = self.verdict()
+        if status:
+            self.assertEqual(verdict["status"], status, verdict)
+        return verdict
+
+    def verdict(self):
+        return {
+            "status": self.text("v-status").lower().replace(" ", "_"),
+            "reason": self.text("v-reason"),
+            "exit": self.text("v-exit"),
+            "wall": self.text("v-wall"),
+            "cpu": self.text("v-cpu"),
+            "memory": self.text("v-memory"),
+            "start": self.text("v-start"),
+            "detail": self.text("v-detail"),
+        }
+
+    def type_in_terminal(self, text):
+        box = driver.find_element(By.CSS_SELECTOR, "#terminal .xterm-helper-textarea")
+        box.send_keys(text)
+
+    def plot_points(self, svg_id):
+        """How many points the line of a dashboard plot has (0: no line yet)."""
+        lines = driver.find_elements(By.CSS_SELECTOR, f"#{svg_id} polyline")
+        return len(lines[0].get_attribute("points").split()) if lines else 0
+
+    def assert_fits_the_screen(self):
+        width = driver.execute_script("return document.documentElement.scrollWidth")
+        inner = driver.execute_script("return window.innerWidth")
+        self.assertLessEqual(width, inner, "the page scrolls sideways on a laptop screen")
+        for element_id in ["run", "stop", "language"]:
+            bottom = driver.execute_script(
+                "return arguments[0].getBoundingClientRect().bottom", self.el(element_id))
+            self.assertLess(bottom, HEIGHT, f"#{element_id} is below the fold")
+
+
+class Playground(Page):
+    def test_1_page_loads_with_every_language_and_no_console_error(self):
+        self.open(f"{URL}/")
+        _, catalog = http("GET", f"{URL}/v1/languages")
+        options = Select(self.el("language")).options
+        self.assertEqual([o.get_attribute("value") for o in options],
+                         [l["id"] for l in catalog["languages"]])
+        self.assertEqual(Select(self.el("language")).first_selected_option.get_attribute("value"), "python")
+        self.assertEqual(self.code(), 'print("Hello, world!")\n')
+        self.assertEqual(self.text("file-name"), "main.py")
+        self.assertTrue(self.el("key-form").is_displayed(), "the page asks for a key")
+        self.assertEqual(self.text("v-status").lower(), "idle")
+        # Highlighting: the editor marks up the Python source.
+        self.assertTrue(driver.find_elements(By.CSS_SELECTOR, "#editor .cm-line span"),
+                        "no syntax highlighting")
+        # Every language has a template that is not empty.
+        for option in options:
+            Select(self.el("language")).select_by_value(option.get_attribute("value"))
+            self.assertIn("Hello, world!", self.code(), option.get_attribute("value"))
+        Select(self.el("language")).select_by_value("python")
+        self.assert_fits_the_screen()
+        self.shot("01-loaded")
+
+    def test_2_python_hello_world_runs_and_its_output_appears(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.assertFalse(self.el("key-form").is_displayed(), "the key form stays open")
+        verdict = self.run_and_wait("succeeded")
+        self.assertIn("Hello, world!", self.terminal())
+        self.assertEqual((verdict["reason"], verdict["exit"]), ("exited", "0"), verdict)
+        for figure in ("wall", "cpu"):
+            self.assertRegex(verdict[figure], r"^\d+ ms$", verdict)
+        self.assertRegex(verdict["memory"], r"^\d+(\.\d)? (MiB|KiB)$", verdict)
+        self.assertIn(verdict["start"], ("—", "warm", "cold"), verdict)
+        self.assertRegex(self.text("job-id"), r"^job [0-9a-f-]{36}$")
+        self.assertEqual(driver.execute_script("return sessionStorage.getItem('code-runner.api-key')"), KEY)
+        self.shot("02-hello-world")
+
+    def test_2b_every_languages_template_runs_and_says_hello(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        _, catalog = http("GET", f"{URL}/v1/languages")
+        for language in catalog["languages"]:
+            Select(self.el("language")).select_by_value(language["id"])
+            verdict = self.run_and_wait()
+            self.assertEqual(verdict["status"], "succeeded", f"{language['id']}: {verdict}\n{self.terminal()}")
+            self.assertIn("Hello, world!", self.terminal(), language["id"])
+        self.shot("02b-last-template")
+
+    def test_3_interactive_program_reads_two_typed_lines(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.assertFalse(self.el("key-form").is_displayed(), "the key form stays open")
+        self.type_code([
+            'first = input("first? ")',
+            'second = input("second? ")',
+            'print("you said", first, "and", second)',
+        ])
+        self.el("run").click()
+        self.wait(lambda d: "first?" in self.terminal(), "no first prompt")
+        self.type_in_terminal("alpha\n")
+        self.wait(lambda d: "second?" in self.terminal(), "no second prompt")
+        self.type_in_terminal("beta\n")
+        self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the program did not succeed")
+        terminal = self.terminal()
+        self.assertIn("first? alpha", terminal)
+        self.assertIn("second? beta", terminal)
+        self.assertIn("you said alpha and beta", terminal)
+        self.shot("03-interactive")
+
+    def test_4_stop_ends_a_running_loop_with_killed(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.assertFalse(self.el("key-form").is_displayed(), "the key form stays open")
+        self.type_code([
+            "import time",
+            "i = 0",
+            'while True: print("tick", i, flush=True); i += 1; time.sleep(0.2)',
+        ])
+        self.el("run").click()
+        self.wait(lambda d: "tick 3" in self.terminal(), "the loop did not print")
+        self.assertTrue(self.el("stop").is_enabled())
+        self.el("stop").click()
+        self.wait(lambda d: self.text("v-status").lower() not in ("running", "queued"), "stop did not end it")
+        verdict = self.verdict()
+        self.assertEqual((verdict["status"], verdict["reason"]), ("failed", "killed"), verdict)
+        self.assertIn("stopped", verdict["detail"])
+        self.assertFalse(self.el("stop").is_enabled())
+        self.assertTrue(self.el("run").is_enabled())
+        self.shot("04-stopped")
+
+    def test_5_compile_error_shows_the_compilers_message(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.assertFalse(self.el("key-form").is_displayed(), "the key form stays open")
+        Select(self.el("language")).select_by_value("c")
+        self.assertEqual(self.text("file-name"), "main.c")
+        self.type_code(["int main(void) { return 0 }"])
+        verdict = self.run_and_wait("failed")
+        terminal = self.terminal()
+        self.assertIn("main.c", terminal)
+        # gcc quotes with ‘’ in a UTF-8 locale, with '' in the C locale.
+        self.assertRegex(terminal, r"main\.c:1:26: error: expected [‘']; ?[’'] before [‘']\}[’'] token")
+        self.assertEqual(verdict["reason"], "compile: exited", verdict)
+        self.assertEqual(verdict["exit"], "1", verdict)
+        self.assertIn("compile stage failed", verdict["detail"])
+        self.shot("05-compile-error")
+
+    def test_6_a_wrong_key_shows_a_clear_error(self):
+        self.expected_errors = ("/v1/jobs - Failed to load resource: the server responded with a status of 401",)
+        self.open(f"{URL}/")
+        self.use_key("not-a-configured-key-123")
+        self.el("run").click()
+        self.wait(lambda d: self.el("error").is_displayed(), "no error shown")
+        self.assertEqual(
+            self.text("error"),
+            "The API key was refused (401: invalid api key). Check it and enter it again.")
+        self.assertTrue(self.el("key-form").is_displayed(), "the page asks for the key again")
+        self.assertEqual(self.text("v-status").lower(), "idle")
+        self.assertIsNone(driver.execute_script("return sessionStorage.getItem('code-runner.api-key')"))
+        self.shot("06-wrong-key")
+
+    def test_7_shared_playground_key_needs_no_key(self):
+        self.open(f"{SHARED_URL}/playground")
+        self.assertFalse(self.el("key-form").is_displayed(), "the page asks for a key")
+        self.assertIn("shared playground key (at most 2 runs at once)", self.text("key-state"))
+        verdict = self.run_and_wait("succeeded")
+        self.assertIn("Hello, world!", self.terminal())
+        self.assertEqual(verdict["exit"], "0")
+        self.assertFalse(driver.execute_script("return Object.keys(sessionStorage).some(k => k.endsWith('api-key'))"))
+        self.shot("07-shared-key")
+
+
+class Dashboard(Page):
+    def test_8_dashboard_shows_a_running_job(self):
+        status, job = http("POST", f"{URL}/v1/jobs", KEY, {
+            "language": "python",
+            "files": [{"name": "main.py", "content": "import time\nprint('busy', flush=True)\ntime.sleep(60)\n"}],
+            "limits": {"wall_ms": 90000},
+        })
+        self.assertEqual(status, 202, job)
+        try:
+            deadline = time.monotonic() + JOB_DEADLINE
+            while http("GET", f"{URL}/v1/jobs/{job['id']}", KEY)[1]["status"] != "running":
+                self.assertLess(time.monotonic(), deadline, "the job did not start")
+                time.sleep(0.1)
+            self.open(f"{URL}/dashboard")
+            self.use_key(ADMIN_KEY)
+            row = f"#jobs tr[data-job='{job['id']}']"
+            self.wait(lambda d: d.find_elements(By.CSS_SELECTOR, row), "the job is not listed")
+            cells = [c.text for c in driver.find_elements(By.CSS_SELECTOR, f"{row} td")]
+            self.assertEqual(cells[1:4], ["RUNNING", "python", "a"], cells)
+            self.assertRegex(cells[6], r"^\d+ s so far$")
+            # Slots come from the worker's heartbeat, refreshed every interval.
+            slots = "#workers tbody tr td:nth-child(2)"
+            self.wait(lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, slots)] == ["1 / 4"],
+                      "the worker does not show one slot of four in use")
+            worker = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#workers tbody td")]
+            self.assertEqual(cells[4], worker[0])
+            self.assertEqual(self.text("t-slots"), "1 / 4")
+            self.assertEqual(self.text("t-workers"), "1")
+            self.assertEqual(self.text("t-queue"), "0")
+            # The plots: the server samples every 5 s; two samples make a line.
+            self.wait(lambda d: self.plot_points("p-queue") >= 2, "the queue depth plot has no line", timeout=12)
+            self.assertLessEqual(driver.execute_script("return document.documentElement.scrollWidth"),
+                                 driver.execute_script("return window.innerWidth"))
+            self.shot("08-dashboard")
+        finally:
+            http("DELETE", f"{URL}/v1/jobs/{job['id']}", KEY)
+
+    def test_9_dashboard_refuses_a_key_without_admin(self):
+        self.expected_errors = ("/v1/dashboard - Failed to load resource: the server responded with a status of 403",)
+        self.open(f"{URL}/dashboard")
+        self.use_key(KEY)
+        self.wait(lambda d: self.el("error").is_displayed(), "no error shown")
+        self.assertEqual(
+            self.text("error"),
+            "This key has no admin scope: the dashboard needs a key configured as name:key:admin.")
+        self.assertTrue(self.el("key-form").is_displayed())
+        self.assertFalse(self.el("board").is_displayed())
+        self.shot("09-dashboard-not-admin")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
