@@ -62,6 +62,9 @@ async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon) {
         )
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 500)
         .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 2000)
+        // A warm pool, so the pages show warm starts and warm figures.
+        .env("CODE_RUNNER_WARM_MAX", 2)
+        .env("CODE_RUNNER_WARM", "python=2")
         .start()
         .await;
     let shared_redis = RedisServer::start();
@@ -73,6 +76,13 @@ async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon) {
         .env("CODE_RUNNER_PLAYGROUND_PATH", "/playground")
         .env("CODE_RUNNER_PLAYGROUND_KEY", "play")
         .start()
+        .await;
+    own_key
+        .wait_metric(
+            "code_runner_warm_ready{language=\"python\"}",
+            2.0,
+            Duration::from_secs(60),
+        )
         .await;
     (redis, own_key, shared_redis, shared_key)
 }

@@ -320,7 +320,8 @@ class Playground(Page):
         for figure in ("wall", "cpu"):
             self.assertRegex(verdict[figure], r"^\d+ ms$", verdict)
         self.assertRegex(verdict["memory"], r"^\d+(\.\d)? (MiB|KiB)$", verdict)
-        self.assertIn(verdict["start"], ("—", "warm", "cold"), verdict)
+        # The server keeps warm python sandboxes: the run starts in one.
+        self.assertEqual(verdict["start"], "warm", verdict)
         self.assertRegex(self.text("job-id"), r"^job [0-9a-f-]{36}$")
         self.assertEqual(driver.execute_script("return sessionStorage.getItem('code-runner.api-key')"), KEY)
         self.shot("02-hello-world")
@@ -447,6 +448,12 @@ class Dashboard(Page):
             worker = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#workers tbody td")]
             self.assertEqual(cells[4], worker[0])
             self.assertEqual(self.text("t-slots"), "1 / 4")
+            # The worker keeps two warm python sandboxes (its pool refills
+            # what the running job took).
+            warm = "#workers tbody tr td:nth-child(3)"
+            self.wait(lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, warm)] == ["python 2/2"],
+                      "the worker does not show its warm sandboxes")
+            self.assertEqual(self.text("t-warm"), "2")
             self.assertEqual(self.text("t-workers"), "1")
             self.assertEqual(self.text("t-queue"), "0")
             # The plots: the server samples every 5 s; two samples make a line.
