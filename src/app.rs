@@ -4,6 +4,7 @@
 //! cancellation token and the task tracker, and turns SIGTERM/SIGINT into a
 //! graceful shutdown (the worker drains; the API stops accepting).
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -14,6 +15,7 @@ use crate::config::{
     ApiSettings, ConfigError, ReaperSettings, RedisSettings, SandboxSettings, WorkerSettings,
 };
 use crate::exit;
+use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
@@ -95,10 +97,17 @@ pub async fn run(
         (None, None) => None,
     };
 
+    // A worker offers the languages whose images its Docker has (read once,
+    // at start: restart it after building more); `serve`'s API offers the
+    // same, an `api` process what its live workers advertise.
+    let offered = match (&engine, worker) {
+        (Some(engine), Some(_)) => installed_catalog(engine, &setup.catalog).await,
+        _ => setup.catalog.clone(),
+    };
     let services = |engine| Services {
         queue: queue.clone(),
         engine,
-        catalog: setup.catalog.clone(),
+        catalog: offered.clone(),
         policy: setup.policy.clone(),
         metrics: metrics.clone(),
     };
@@ -161,7 +170,7 @@ pub async fn run(
             };
             let state = ApiState::new(ApiConfig {
                 queue: queue.clone(),
-                catalog: setup.catalog.clone(),
+                catalog: offered.clone(),
                 policy: setup.policy.clone(),
                 keys,
                 metrics: metrics.clone(),
@@ -185,6 +194,47 @@ pub async fn run(
     tracker.close();
     tracker.wait().await;
     0
+}
+
+/// How long looking up the catalog's images may take at start.
+const IMAGE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The languages of `catalog` whose image this Docker host has. When Docker
+/// cannot be asked, the whole catalog (a job then fails with a clear error
+/// if its image is missing).
+pub async fn installed_catalog(
+    engine: &SandboxEngine,
+    catalog: &LanguageCatalog,
+) -> LanguageCatalog {
+    let images: Vec<String> = catalog.all().iter().map(|l| l.image_ref()).collect();
+    let failing = engine.readiness(&images, IMAGE_CHECK_TIMEOUT).await;
+    if let Some((_, message)) = failing.iter().find(|(check, _)| check == "docker") {
+        tracing::warn!(error = %message, "Cannot list the runner images; offering every language of the catalog.");
+        return catalog.clone();
+    }
+    let missing: HashSet<&str> = failing
+        .iter()
+        .filter_map(|(check, _)| check.strip_prefix("image "))
+        .collect();
+    let installed = catalog.only(|l| !missing.contains(l.image_ref().as_str()));
+    let absent: Vec<&str> = catalog
+        .all()
+        .iter()
+        .filter(|l| missing.contains(l.image_ref().as_str()))
+        .map(|l| l.id.as_str())
+        .collect();
+    if installed.all().is_empty() {
+        tracing::error!("No runner image is built: every job will fail; run scripts/build-images.");
+    } else {
+        tracing::info!(languages = %installed.ids().join(","), "The worker offers these languages.");
+    }
+    if !absent.is_empty() {
+        tracing::info!(
+            languages = %absent.join(","),
+            "Languages not offered (no image; scripts/build-images LANG builds one)."
+        );
+    }
+    installed
 }
 
 async fn shutdown_on_signal(root: CancellationToken) {

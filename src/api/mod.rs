@@ -137,6 +137,20 @@ impl ApiState {
         &self.inner.tokens
     }
 
+    /// The languages jobs can run in now: the catalog's languages that the
+    /// live workers advertise (`Queue::advertised_languages`); the whole
+    /// catalog until a worker has advertised, or when Redis cannot say.
+    pub(crate) async fn offered_catalog(&self) -> LanguageCatalog {
+        match self.inner.queue.advertised_languages().await {
+            Ok(Some(ids)) => self.inner.catalog.only(|l| ids.contains(&l.id)),
+            Ok(None) => self.inner.catalog.clone(),
+            Err(error) => {
+                tracing::warn!(error = %error, "Cannot read the workers' languages; offering the whole catalog.");
+                self.inner.catalog.clone()
+            }
+        }
+    }
+
     /// The same state, ending its long requests when `shutdown` is cancelled.
     fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.shutdown = shutdown;

@@ -13,6 +13,8 @@
 //! - `job:<id>:events` — stream of the job's events (live output; later).
 //! - `worker:<wid>:processing` — list of the ids a worker has claimed.
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
+//! - `worker:<wid>:languages` — the language ids the worker has images of
+//!   (comma-separated), refreshed with its heartbeat and expiring with it.
 //! - `idem:<api key name>:<idempotency key>` — hash: job id and body hash.
 //! - `apikey:<name>:active` — set of the key's queued and running job ids.
 //! - `jobs:dead` — dead-letter list: jobs whose workers kept dying before
@@ -78,6 +80,9 @@ impl Keys {
     }
     pub fn heartbeat(&self, worker: &str) -> String {
         format!("{}worker:{worker}:hb", self.prefix)
+    }
+    pub fn languages(&self, worker: &str) -> String {
+        format!("{}worker:{worker}:languages", self.prefix)
     }
     pub fn workers(&self) -> String {
         format!("{}workers", self.prefix)
@@ -538,6 +543,47 @@ impl Queue {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// Says which languages `worker` can run (it has their images), for as
+    /// long as its heartbeat lives.
+    pub async fn advertise_languages(
+        &self,
+        worker: &str,
+        languages: &[&str],
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        let mut conn = self.conn().await?;
+        let _: () = conn
+            .pset_ex(
+                self.keys.languages(worker),
+                languages.join(","),
+                (ttl.as_millis() as u64).max(1),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The languages the live workers can run: the union of what each
+    /// advertised, or `None` when no live worker has said.
+    pub async fn advertised_languages(
+        &self,
+    ) -> Result<Option<std::collections::BTreeSet<String>>, QueueError> {
+        let mut conn = self.conn().await?;
+        let workers: Vec<String> = conn.smembers(self.keys.workers()).await?;
+        if workers.is_empty() {
+            return Ok(None);
+        }
+        let keys: Vec<String> = workers.iter().map(|w| self.keys.languages(w)).collect();
+        let lists: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        let mut any = false;
+        let mut languages = std::collections::BTreeSet::new();
+        for list in lists.into_iter().flatten() {
+            any = true;
+            languages.extend(list.split(',').filter(|l| !l.is_empty()).map(String::from));
+        }
+        Ok(any.then_some(languages))
     }
 
     /// Removes a worker's heartbeat at a clean shutdown.
