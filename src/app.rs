@@ -64,6 +64,13 @@ pub async fn run(
         Some(Ok(keys)) => Some(keys),
         None => None,
     };
+    let compat = match (api, &keys) {
+        (Some(api), Some(keys)) => match api.compat.validate(keys.names()) {
+            Ok(compat) => Some(compat),
+            Err(error) => return config_error(error),
+        },
+        _ => None,
+    };
     let metrics = match Metrics::new() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -180,7 +187,8 @@ pub async fn run(
                 tokens,
                 draining: root.clone(),
                 engine,
-            });
+            })
+            .with_compat(compat.unwrap_or_default());
             crate::api::serve(listener, state, http_stop.clone()).await
         }
         _ => crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await,

@@ -289,9 +289,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             key_limit: caller.max_active,
         })
         .await?;
-    let wait_budget = config
-        .max_wait
-        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK);
+    let wait_budget = wait_budget(state, &prepared);
 
     match outcome {
         SubmitOutcome::Accepted => {
@@ -352,9 +350,18 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     }
 }
 
+/// How long a waiting submit waits for `prepared` to end: its stages' wall
+/// limits and a slack, at most `max_wait`.
+pub(super) fn wait_budget(state: &ApiState, prepared: &crate::job::PreparedJob) -> Duration {
+    state
+        .inner
+        .max_wait
+        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK)
+}
+
 /// Polls the job until it is terminal, `budget` has passed or the server
 /// shuts down; returns what was seen last (`None`: the job is gone).
-async fn wait_for_end(
+pub(super) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,

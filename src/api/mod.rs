@@ -8,6 +8,8 @@
 //! - `jobs`: submit, status, cancel; the job view.
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
 //! - `streams`: the job's WebSocket and Server-Sent Events.
+//! - `compat`: the Piston v2 and Judge0 CE compatible APIs, thin adapters
+//!   that submit ordinary jobs.
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
@@ -23,6 +25,7 @@
 //! `?wait=true` does.
 
 pub mod auth;
+mod compat;
 pub mod error;
 mod jobs;
 mod ops;
@@ -46,6 +49,7 @@ use crate::metrics::Metrics;
 use crate::queue::Queue;
 
 pub use auth::{ApiKeys, Caller};
+pub use compat::CompatConfig;
 pub use error::ApiError;
 pub use tokens::{TokenError, TokenSigner};
 
@@ -94,6 +98,8 @@ pub struct ApiState {
     /// longer tracks, waited for (briefly) when it stops so each gets its
     /// close frame out.
     sessions: TaskTracker,
+    /// Where the Piston and Judge0 APIs are served, and Piston's keyless mode.
+    compat: Arc<CompatConfig>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -126,7 +132,14 @@ impl ApiState {
             ops,
             shutdown: CancellationToken::new(),
             sessions: TaskTracker::new(),
+            compat: Arc::new(CompatConfig::default()),
         }
+    }
+
+    /// The same state with the compatible APIs configured by `compat`.
+    pub fn with_compat(mut self, compat: CompatConfig) -> Self {
+        self.compat = Arc::new(compat);
+        self
     }
 
     pub fn keys(&self) -> &ApiKeys {
@@ -167,6 +180,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
         .route("/v1/jobs/{id}/events", get(streams::events))
         .route("/v1/languages", get(ops::languages))
+        .merge(compat::router(&state.compat))
         .merge(ops::router(state.ops.clone()))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
@@ -187,6 +201,8 @@ pub async fn serve(
     }
     let sessions = state.sessions.clone();
     let app = router(state.with_shutdown(shutdown.clone()));
+    // The peer address lets Piston's keyless mode serve loopback clients only.
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;
