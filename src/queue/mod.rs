@@ -19,6 +19,9 @@
 //! - `apikey:<name>:active` — set of the key's queued and running job ids.
 //! - `jobs:dead` — dead-letter list: jobs whose workers kept dying before
 //!   they started (the newest 10 000).
+//! - `compat:<id>` — what a compatible API (Judge0) needs beside the job to
+//!   answer about it (its language id, expected output, limits as given);
+//!   JSON, expiring a day after the job's result would.
 //! - `config:token_secret` — the secret attach tokens are signed with, when
 //!   none is configured (shared by every API replica).
 
@@ -92,6 +95,9 @@ impl Keys {
     }
     pub fn active(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:active", self.prefix)
+    }
+    pub fn compat(&self, id: &str) -> String {
+        format!("{}compat:{id}", self.prefix)
     }
     pub fn token_secret(&self) -> String {
         format!("{}config:token_secret", self.prefix)
@@ -543,6 +549,26 @@ impl Queue {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// Stores what a compatible API needs beside job `id` (written before
+    /// the job is submitted). It outlives the job's own keys by a day, so a
+    /// job that waited long in the queue still has it.
+    pub async fn put_compat_record(&self, id: &str, json: &str) -> Result<(), QueueError> {
+        let ttl = self.result_ttl.as_secs().max(1) * 2 + 86_400;
+        let mut conn = self.conn().await?;
+        let _: () = conn.set_ex(self.keys.compat(id), json, ttl).await?;
+        Ok(())
+    }
+
+    /// The compat records of `ids`, in order (`None` where there is none).
+    pub async fn compat_records(&self, ids: &[String]) -> Result<Vec<Option<String>>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| self.keys.compat(id)).collect();
+        let mut conn = self.conn().await?;
+        Ok(redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?)
     }
 
     /// Says which languages `worker` can run (it has their images), for as

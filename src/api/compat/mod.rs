@@ -110,23 +110,29 @@ fn compat_caller(
     }
 }
 
+/// A new job id.
+fn new_job_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
 /// An accepted job.
 struct Submitted {
     id: String,
     prepared: PreparedJob,
 }
 
-/// Submits `spec` as `caller`, like `POST /v1/jobs` does: refused while the
+/// Submits `spec` as `caller` under the new job id `id`, like `POST /v1/jobs` does: refused while the
 /// server drains, validated by `prepare` against `catalog` (the languages on
 /// offer), then admitted and queued in one atomic `Queue::submit`. Every
 /// refusal is counted in `code_runner_submissions_rejected_total`.
 async fn submit(
     state: &ApiState,
     caller: &Caller,
+    id: String,
     spec: &JobSpec,
     catalog: &LanguageCatalog,
 ) -> Result<Submitted, ApiError> {
-    let submitted = submit_uncounted(state, caller, spec, catalog).await;
+    let submitted = submit_uncounted(state, caller, id, spec, catalog).await;
     if let Err(error) = &submitted
         && let Some(reason) = error.rejection_reason()
     {
@@ -143,6 +149,7 @@ async fn submit(
 async fn submit_uncounted(
     state: &ApiState,
     caller: &Caller,
+    id: String,
     spec: &JobSpec,
     catalog: &LanguageCatalog,
 ) -> Result<Submitted, ApiError> {
@@ -151,7 +158,6 @@ async fn submit_uncounted(
         return Err(ApiError::ShuttingDown);
     }
     let prepared = prepare(spec, catalog, &config.policy)?;
-    let id = uuid::Uuid::new_v4().to_string();
     let outcome = config
         .queue
         .submit(NewJob {

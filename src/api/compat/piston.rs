@@ -39,7 +39,7 @@ use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::jobs::{wait_budget, wait_for_end};
 use super::super::streams::{Follower, Step};
-use super::{compat_caller, semver3, submit};
+use super::{compat_caller, new_job_id, semver3, submit};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobResult, JobSpec, StageResult, Status};
@@ -596,7 +596,7 @@ async fn run_and_answer(state: &ApiState, caller: &Caller, body: &Map<String, Va
             return piston_error(StatusCode::BAD_REQUEST, message);
         }
     };
-    let submitted = match submit(state, caller, &spec, &catalog).await {
+    let submitted = match submit(state, caller, new_job_id(), &spec, &catalog).await {
         Ok(submitted) => submitted,
         Err(ApiError::InvalidJob(invalid)) => {
             return piston_error(StatusCode::BAD_REQUEST, invalid.to_string());
@@ -788,7 +788,7 @@ async fn handle_message(
             };
             // Initial stdin is delivered first, then what `data` sends.
             let initial = std::mem::take(&mut spec.stdin);
-            let submitted = match submit(state, caller, &spec, &catalog).await {
+            let submitted = match submit(state, caller, new_job_id(), &spec, &catalog).await {
                 Ok(submitted) => submitted,
                 Err(error) => return Err(notify(error.to_string()).await),
             };
