@@ -11,8 +11,9 @@
 
 CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap)
 # Only the tests need these: real clients not written by this project
-# (promtool checks /metrics, Python websockets and curl drive the streams).
-CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl)
+# (promtool checks /metrics, Python websockets and curl drive the streams;
+# python3-venv holds the judge0 SDK, see scripts/compat-clients).
+CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl python3-venv)
 CODE_RUNNER_DAEMON_JSON="${CODE_RUNNER_DAEMON_JSON:-/etc/docker/daemon.json}"
 CODE_RUNNER_DOCKERD_LOG="${CODE_RUNNER_DOCKERD_LOG:-/var/log/code-runner-dockerd.log}"
 CODE_RUNNER_REDIS_PORT="${CODE_RUNNER_REDIS_PORT:-6379}"

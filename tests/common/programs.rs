@@ -331,9 +331,9 @@ pub const LANGUAGE_CASES: &[LanguageCase] = &[
         file: "main.sql",
         hello: "SELECT 'hello from sql';\n",
         stdin: (
-            "SELECT upper(CAST(readfile('/dev/stdin') AS TEXT));\n",
-            "shout ünïcode",
-            "SHOUT üNïCODE\n",
+            "CREATE TABLE input(line TEXT);\n.import '|cat' input\nSELECT upper(line) FROM input;\n",
+            "shout ünïcode\nsecond",
+            "SHOUT üNïCODE\nSECOND\n",
         ),
         compile_error: None,
         runtime_error: ("SELECT * FROM no_such_table;\n", Ending::Exit(1)),
