@@ -107,7 +107,8 @@ async fn every_status_through_the_sdk() {
     assert!(accepted["memory"].as_f64().unwrap() > 0.0);
     assert_eq!(check("wrong_answer", 4)["stdout"], "nope\n");
     let tle = check("time_limit", 5);
-    assert_eq!(tle["message"], "Time limit exceeded");
+    // Judge0 base64-encodes `message` too when asked (the SDK leaves it so).
+    assert_eq!(message(tle), "Time limit exceeded");
     let ce = check("compilation_error", 6);
     assert!(
         ce["compile_output"].as_str().unwrap().contains("nope"),
@@ -119,8 +120,8 @@ async fn every_status_through_the_sdk() {
     );
     let segv = check("sigsegv", 7);
     assert_eq!(
-        (segv["exit_signal"].as_i64(), segv["message"].as_str()),
-        (Some(11), Some("Caught fatal signal 11"))
+        (segv["exit_signal"].as_i64(), message(segv).as_str()),
+        (Some(11), "Caught fatal signal 11")
     );
     let xfsz = check("sigxfsz", 8);
     assert_eq!(xfsz["stdout"].as_str().unwrap().len(), 1 << 20);
@@ -131,8 +132,8 @@ async fn every_status_through_the_sdk() {
         (nzec["exit_code"].as_i64(), nzec["stderr"].as_str()),
         (Some(3), Some("bye\n"))
     );
-    assert_eq!(nzec["message"], "Exited with error status 3");
-    assert_eq!(check("other", 12)["message"], "Memory limit exceeded");
+    assert_eq!(message(nzec), "Exited with error status 3");
+    assert_eq!(message(check("other", 12)), "Memory limit exceeded");
     assert_eq!(check("cpp_alias", 3)["stdout"], "c++\n");
     assert_eq!(check("java", 3)["stdout"], "2 y z\n");
     assert_eq!(check("unicode", 3)["stdout"], "ünï ✓\n");
@@ -144,7 +145,7 @@ async fn every_status_through_the_sdk() {
             &metrics,
             "code_runner_jobs_total{language=\"c\",status=\"failed\"}"
         ),
-        Some(5.0),
+        Some(4.0),
         "{metrics}"
     );
 }
@@ -357,6 +358,22 @@ async fn fields_base64_and_errors_have_judge0s_shapes() {
     let (_, config) = judge0.get("/config_info").await;
     assert_eq!(config["max_cpu_time_limit"], 300.0);
     assert_eq!(config["enable_callbacks"], false);
+}
+
+/// A base64 `message` (Ruby's encode64, newlines and all) as text.
+fn message(submission: &Value) -> String {
+    use base64::Engine as _;
+    let text: String = submission["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no message: {submission:#}"))
+        .split_whitespace()
+        .collect();
+    String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .unwrap(),
+    )
+    .unwrap()
 }
 
 /// A fresh submission's token.

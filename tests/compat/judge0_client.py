@@ -45,7 +45,7 @@ if scenario == "statuses":
                               language=C_ID),
         "sigxfsz": Submission(source_code="import sys\nsys.stdout.write('x' * (3 << 20))",
                               language=judge0.PYTHON),
-        "sigfpe": Submission(source_code="int main(int c, char **v) { volatile int z = c - 1; return 1 / z; }",
+        "sigfpe": Submission(source_code="int main(void) { volatile int a = 10, z = 0; return a / z; }",
                              language=C_ID),
         "sigabrt": Submission(source_code="#include <stdlib.h>\nint main(void) { abort(); }", language=C_ID),
         "nzec": Submission(source_code="import sys\nprint('bye', file=sys.stderr)\nsys.exit(3)",

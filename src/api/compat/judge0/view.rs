@@ -179,17 +179,14 @@ pub(super) fn verdict(result: &JobResult, record: &Judge0Record) -> Verdict {
         verdict.compile_failed = true;
         return verdict;
     }
-    let Some(run) = result
-        .run
-        .as_ref()
-        .filter(|_| result.status != Status::Error)
-    else {
-        verdict.message = Some(
-            result
-                .error
-                .clone()
-                .unwrap_or_else(|| format!("the job ended as {}", result.status.as_str())),
-        );
+    // Our own failures, and cancellation (which Judge0 does not have).
+    let ours = matches!(result.status, Status::Error | Status::Cancelled);
+    let Some(run) = result.run.as_ref().filter(|_| !ours) else {
+        verdict.message = Some(match (&result.error, result.status) {
+            (Some(error), _) => error.clone(),
+            (None, Status::Cancelled) => "the job was cancelled".to_string(),
+            (None, status) => format!("the job ended as {}", status.as_str()),
+        });
         return verdict;
     };
     let signal = run.signal.as_deref().and_then(signal_number);
