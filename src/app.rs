@@ -10,6 +10,7 @@
 //! `STOPPING=1` when a signal starts the drain. Without `NOTIFY_SOCKET` in the
 //! environment both are no-ops.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -21,6 +22,7 @@ use crate::config::{
 };
 use crate::exit;
 use crate::job::carry::CarriedJobs;
+use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
@@ -82,6 +84,13 @@ pub async fn run(
         }
         _ => None,
     };
+    let compat = match (api, &keys) {
+        (Some(api), Some(keys)) => match api.compat.validate(keys.names()) {
+            Ok(compat) => Some(compat),
+            Err(error) => return config_error(error),
+        },
+        _ => None,
+    };
     let metrics = match Metrics::new() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -117,10 +126,17 @@ pub async fn run(
 
     // In `serve`, the API hands the jobs it prepared to its own worker.
     let carried = (api.is_some() && worker.is_some()).then(CarriedJobs::default);
+    // A worker offers the languages whose images its Docker has (read once,
+    // at start: restart it after building more); `serve`'s API offers the
+    // same, an `api` process what its live workers advertise.
+    let offered = match (&engine, worker) {
+        (Some(engine), Some(_)) => installed_catalog(engine, &setup.catalog).await,
+        _ => setup.catalog.clone(),
+    };
     let services = |engine| Services {
         queue: queue.clone(),
         engine,
-        catalog: setup.catalog.clone(),
+        catalog: offered.clone(),
         policy: setup.policy.clone(),
         metrics: metrics.clone(),
         carried: carried.clone(),
@@ -196,7 +212,7 @@ pub async fn run(
             };
             let state = ApiState::new(ApiConfig {
                 queue: queue.clone(),
-                catalog: setup.catalog.clone(),
+                catalog: offered.clone(),
                 policy: setup.policy.clone(),
                 keys,
                 metrics: metrics.clone(),
@@ -207,7 +223,8 @@ pub async fn run(
                 draining: root.clone(),
                 engine,
                 carried,
-            });
+            })
+            .with_compat(compat.unwrap_or_default());
             let state = match web {
                 Some(web) => state.with_web_ui(web),
                 None => state,
@@ -235,6 +252,47 @@ pub async fn run(
     tracker.close();
     tracker.wait().await;
     0
+}
+
+/// How long looking up the catalog's images may take at start.
+const IMAGE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The languages of `catalog` whose image this Docker host has. When Docker
+/// cannot be asked, the whole catalog (a job then fails with a clear error
+/// if its image is missing).
+pub async fn installed_catalog(
+    engine: &SandboxEngine,
+    catalog: &LanguageCatalog,
+) -> LanguageCatalog {
+    let images: Vec<String> = catalog.all().iter().map(|l| l.image_ref()).collect();
+    let failing = engine.readiness(&images, IMAGE_CHECK_TIMEOUT).await;
+    if let Some((_, message)) = failing.iter().find(|(check, _)| check == "docker") {
+        tracing::warn!(error = %message, "Cannot list the runner images; offering every language of the catalog.");
+        return catalog.clone();
+    }
+    let missing: HashSet<&str> = failing
+        .iter()
+        .filter_map(|(check, _)| check.strip_prefix("image "))
+        .collect();
+    let installed = catalog.only(|l| !missing.contains(l.image_ref().as_str()));
+    let absent: Vec<&str> = catalog
+        .all()
+        .iter()
+        .filter(|l| missing.contains(l.image_ref().as_str()))
+        .map(|l| l.id.as_str())
+        .collect();
+    if installed.all().is_empty() {
+        tracing::error!("No runner image is built: every job will fail; run scripts/build-images.");
+    } else {
+        tracing::info!(languages = %installed.ids().join(","), "The worker offers these languages.");
+    }
+    if !absent.is_empty() {
+        tracing::info!(
+            languages = %absent.join(","),
+            "Languages not offered (no image; scripts/build-images LANG builds one)."
+        );
+    }
+    installed
 }
 
 async fn shutdown_on_signal(root: CancellationToken) {

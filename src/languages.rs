@@ -48,6 +48,9 @@ impl Language {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CatalogFile {
+    /// The languages `scripts/build-images` builds when none is named.
+    #[serde(default)]
+    default: Vec<String>,
     language: Vec<Language>,
 }
 
@@ -67,6 +70,7 @@ pub enum CatalogError {
 #[derive(Debug, Clone)]
 pub struct LanguageCatalog {
     languages: Vec<Language>,
+    default_set: Vec<String>,
 }
 
 impl LanguageCatalog {
@@ -112,9 +116,31 @@ impl LanguageCatalog {
                 }
             }
         }
+        for id in &file.default {
+            if !file.language.iter().any(|l| &l.id == id) {
+                return Err(CatalogError::Invalid(format!(
+                    "the default set names {id}, which is not a language"
+                )));
+            }
+        }
         Ok(Self {
             languages: file.language,
+            default_set: file.default,
         })
+    }
+
+    /// The languages built when an operator names none (`default`).
+    pub fn default_set(&self) -> &[String] {
+        &self.default_set
+    }
+
+    /// The same catalog with only the languages `keep` accepts, in the same
+    /// order (the languages a worker has images of, say).
+    pub fn only(&self, keep: impl Fn(&Language) -> bool) -> Self {
+        Self {
+            languages: self.languages.iter().filter(|l| keep(l)).cloned().collect(),
+            default_set: self.default_set.clone(),
+        }
     }
 
     pub fn all(&self) -> &[Language] {
@@ -158,6 +184,21 @@ mod tests {
         assert_eq!(
             catalog.find("python").unwrap().image_ref(),
             "code-runner/python:latest"
+        );
+    }
+
+    #[test]
+    fn the_default_set_names_known_languages_and_only_filters() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        assert!(catalog.default_set().iter().any(|id| id == "python"));
+        assert!(!catalog.default_set().iter().any(|id| id == "kotlin"));
+        let some = catalog.only(|l| l.id == "c" || l.id == "java");
+        assert_eq!(some.ids(), ["c", "java"]);
+        assert!(some.find("python").is_none());
+        let text = "default = [\"cobol\"]\n[[language]]\nid = \"a\"\nname = \"A\"\nversion = \"1\"\nimage = \"i\"\nsource_file = \"a\"\nrun = [\"a\"]\n";
+        assert_eq!(
+            LanguageCatalog::parse(text).unwrap_err().to_string(),
+            "invalid language catalog: the default set names cobol, which is not a language"
         );
     }
 

@@ -296,10 +296,11 @@ async fn languages_lists_python() {
         "python", "3.11", "Python", "code-runner/python:latest", "py, python3"
     );
     assert!(lines.contains(&python.as_str()), "{lines:#?}");
+    let catalog = code_runner::languages::LanguageCatalog::embedded().unwrap();
     assert_eq!(
         lines.len(),
-        1 + 7,
-        "a header and seven languages: {lines:#?}"
+        1 + catalog.all().len(),
+        "a header and every language of the catalog: {lines:#?}"
     );
     harness.assert_clean().await;
 }
@@ -319,9 +320,10 @@ async fn languages_json_parses() {
         .map(|l| l["id"].as_str().unwrap())
         .collect();
     assert_eq!(
-        ids,
+        ids[..7],
         ["python", "javascript", "c", "cpp", "bash", "ruby", "go"]
     );
+    assert!(ids.len() >= 20, "{ids:?}");
     let python = &languages[0];
     assert_eq!(python["image"], "code-runner/python");
     assert_eq!(python["version"], "3.11");

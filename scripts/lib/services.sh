@@ -15,11 +15,12 @@
 CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap python3 curl)
 # Only the tests need these: real clients not written by this project
 # (promtool checks /metrics, Python websockets and curl drive the streams,
-# headless Chromium driven by Selenium opens the playground and dashboard),
-# zstd to build the Fly worker image (deploy-fly/build-image), systemd for
+# headless Chromium driven by Selenium opens the playground and dashboard,
+# python3-venv holds the judge0 SDK, see scripts/compat-clients), zstd to
+# build the Fly worker image (deploy-fly/build-image), systemd for
 # `systemd-analyze verify` of the unit scripts/install writes.
 # scripts/test installs whichever is missing.
-CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl zstd systemd chromium chromium-driver python3-selenium)
+CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl zstd systemd chromium chromium-driver python3-selenium python3-venv)
 # Python tools run under the interpreter Debian's python3-* packages are
 # installed for, whatever python3 comes first on PATH (pyenv, a venv).
 CODE_RUNNER_PYTHON="${CODE_RUNNER_PYTHON:-/usr/bin/python3}"

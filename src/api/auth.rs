@@ -184,6 +184,17 @@ impl ApiKeys {
         })
     }
 
+    /// The caller of the key named `name` (for a setting that serves
+    /// keyless requests as that key), if it is configured. Never with the
+    /// admin scope: a request that presented no key is not an operator.
+    pub fn caller(&self, name: &str) -> Option<Caller> {
+        self.keys.iter().find(|k| k.name == name).map(|k| Caller {
+            name: k.name.clone(),
+            max_active: k.max_active,
+            admin: false,
+        })
+    }
+
     /// The names of the configured keys.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(|k| k.name.as_str())

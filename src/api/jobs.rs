@@ -280,9 +280,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         .map(|_| hex::encode(Sha256::digest(&body)));
     let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
     let language = prepared.language.id.clone();
-    let wait_budget = config
-        .max_wait
-        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK);
+    let wait_budget = wait_budget(state, &prepared);
     if let Some(carried) = &config.carried {
         // Before the job is queued: this process's worker may claim it at once.
         carried.insert(&new_id, prepared);
@@ -362,6 +360,15 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
     }
+}
+
+/// How long a waiting submit waits for `prepared` to end: its stages' wall
+/// limits and a slack, at most `max_wait`.
+pub(super) fn wait_budget(state: &ApiState, prepared: &crate::job::PreparedJob) -> Duration {
+    state
+        .inner
+        .max_wait
+        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK)
 }
 
 /// Waits until the job is terminal (woken by its `exit` event, not a

@@ -11,6 +11,8 @@
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
 //! - [`web`]: the browser pages (playground, dashboard) embedded in the
 //!   binary; `playground` and `dashboard`: their routes under `/v1`.
+//! - `compat`: the Piston v2 and Judge0 CE compatible APIs, thin adapters
+//!   that submit ordinary jobs.
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
@@ -34,6 +36,7 @@
 
 pub mod auth;
 mod capacity;
+mod compat;
 mod dashboard;
 pub mod error;
 mod jobs;
@@ -60,6 +63,7 @@ use crate::metrics::Metrics;
 use crate::queue::Queue;
 
 pub use auth::{ApiKeys, Caller};
+pub use compat::CompatConfig;
 pub use error::ApiError;
 pub use playground::PlaygroundKey;
 pub use tokens::{TokenError, TokenSigner};
@@ -115,6 +119,8 @@ pub struct ApiState {
     sessions: TaskTracker,
     /// The browser pages, when on.
     web: Option<Arc<WebUi>>,
+    /// Where the Piston and Judge0 APIs are served, and Piston's keyless mode.
+    compat: Arc<CompatConfig>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -148,6 +154,7 @@ impl ApiState {
             shutdown: CancellationToken::new(),
             sessions: TaskTracker::new(),
             web: None,
+            compat: Arc::new(CompatConfig::default()),
         }
     }
 
@@ -157,12 +164,32 @@ impl ApiState {
         self
     }
 
+    /// The same state with the compatible APIs configured by `compat`.
+    pub fn with_compat(mut self, compat: CompatConfig) -> Self {
+        self.compat = Arc::new(compat);
+        self
+    }
+
     pub fn keys(&self) -> &ApiKeys {
         &self.inner.keys
     }
 
     pub fn tokens(&self) -> &TokenSigner {
         &self.inner.tokens
+    }
+
+    /// The languages jobs can run in now: the catalog's languages that the
+    /// live workers advertise (`Queue::advertised_languages`); the whole
+    /// catalog until a worker has advertised, or when Redis cannot say.
+    pub(crate) async fn offered_catalog(&self) -> LanguageCatalog {
+        match self.inner.queue.advertised_languages().await {
+            Ok(Some(ids)) => self.inner.catalog.only(|l| ids.contains(&l.id)),
+            Ok(None) => self.inner.catalog.clone(),
+            Err(error) => {
+                tracing::warn!(error = %error, "Cannot read the workers' languages; offering the whole catalog.");
+                self.inner.catalog.clone()
+            }
+        }
     }
 
     /// The same state, ending its long requests when `shutdown` is cancelled.
@@ -185,6 +212,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/languages", get(ops::languages))
         .route("/v1/capacity", get(capacity::list).put(capacity::put))
         .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
+        .merge(compat::router(&state.compat))
         .merge(ops::router(state.ops.clone()))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
@@ -212,6 +240,8 @@ pub async fn serve(
         tokio::spawn(dashboard::sample(state.clone(), shutdown.clone()));
     }
     let app = router(state.with_shutdown(shutdown.clone()));
+    // The peer address lets Piston's keyless mode serve loopback clients only.
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;

@@ -163,12 +163,12 @@ struct CatalogView<'a> {
     maximum_compile_limits: CompileLimits,
 }
 
-/// `GET /v1/languages`: the catalog with each language's default limits.
+/// `GET /v1/languages`: the languages on offer (those the workers have
+/// images of) with each one's default limits.
 pub(super) async fn languages(State(state): State<ApiState>) -> Response {
     let policy = &state.inner.policy;
-    let languages = state
-        .inner
-        .catalog
+    let catalog = state.offered_catalog().await;
+    let languages = catalog
         .all()
         .iter()
         .map(|language| LanguageView {

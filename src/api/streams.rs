@@ -146,7 +146,7 @@ async fn authorize(
 // ---------------------------------------------------------------------------
 
 /// What following the stream gave next.
-enum Step {
+pub(super) enum Step {
     /// New events, in order; the last may be `exit`.
     Events(Vec<StoredEvent>),
     /// The job has ended and every event up to its `exit` was given.
@@ -173,7 +173,7 @@ fn event_type(json: &str) -> String {
 }
 
 /// Reads a job's events from `after` on, on a connection of its own.
-struct Follower {
+pub(super) struct Follower {
     queue: Queue,
     conn: deadpool_redis::redis::aio::MultiplexedConnection,
     id: String,
@@ -187,7 +187,7 @@ struct Follower {
 }
 
 impl Follower {
-    async fn new(state: &ApiState, id: &str, after: u64) -> Result<Self, QueueError> {
+    pub(super) async fn new(state: &ApiState, id: &str, after: u64) -> Result<Self, QueueError> {
         let queue = state.inner.queue.clone();
         let conn = queue.dedicated().await?;
         Ok(Self {
@@ -202,7 +202,7 @@ impl Follower {
         })
     }
 
-    async fn next(&mut self) -> Step {
+    pub(super) async fn next(&mut self) -> Step {
         if self.ended {
             return Step::Ended;
         }

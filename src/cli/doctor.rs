@@ -97,14 +97,17 @@ pub async fn run(settings: &SandboxSettings) -> u8 {
         Err(error) => report.problem(format!("docker info failed: {error}")),
     }
 
+    // Only the languages whose images are built are offered (an operator
+    // builds the ones they want): a missing image is a note, not a problem.
     let init_sha = local_init_binary().and_then(|p| sha256_file(&p));
+    let mut installed = Vec::new();
+    let mut absent = Vec::new();
     for language in setup.catalog.all() {
         let image = language.image_ref();
         match docker.inspect_image(&image).await {
-            Err(_) => report.problem(format!(
-                "image {image} is missing; run scripts/build-images"
-            )),
+            Err(_) => absent.push(language.id.as_str()),
             Ok(inspect) => {
+                installed.push(language.id.as_str());
                 let labels = inspect.config.and_then(|c| c.labels).unwrap_or_default();
                 let protocol = labels
                     .get("code-runner.protocol")
@@ -112,20 +115,39 @@ pub async fn run(settings: &SandboxSettings) -> u8 {
                     .unwrap_or_default();
                 if protocol != PROTOCOL_VERSION.to_string() {
                     report.problem(format!(
-                        "image {image} speaks supervisor protocol {protocol:?}, not {PROTOCOL_VERSION}; run scripts/build-images"
+                        "image {image} speaks supervisor protocol {protocol:?}, not {PROTOCOL_VERSION}; run scripts/build-images {}",
+                        language.id
                     ));
                 } else if let (Some(want), Some(have)) =
                     (&init_sha, labels.get("code-runner.init-sha256"))
                     && want != have
                 {
                     report.problem(format!(
-                        "image {image} carries an older code-runner-init; run scripts/build-images"
+                        "image {image} carries an older code-runner-init; run scripts/build-images {}",
+                        language.id
                     ));
                 } else {
                     report.ok(format!("image {image} is present and current"));
                 }
             }
         }
+    }
+    if installed.is_empty() {
+        report.problem("no language image is built; run scripts/build-images");
+    } else {
+        report.ok(format!(
+            "{} languages installed: {}",
+            installed.len(),
+            installed.join(", ")
+        ));
+    }
+    if !absent.is_empty() {
+        println!(
+            "note: {} languages of the catalog are not installed (no image): {}; scripts/build-images {} builds them",
+            absent.len(),
+            absent.join(", "),
+            absent.join(" ")
+        );
     }
     if report.problems == 0 {
         0

@@ -4,7 +4,7 @@
 //! into a [`JobSpec`].
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -18,6 +18,9 @@ use crate::languages::LanguageCatalog;
 #[derive(Debug, Clone, Args)]
 pub struct JobArgs {
     /// Source files; the first is the entry unless --entry names another.
+    /// A file keeps its path relative to the current directory in the
+    /// sandbox's workspace (lib/util.py stays lib/util.py); a file outside
+    /// the current directory goes to the top of the workspace by its name.
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Language id or alias; guessed from the first file's extension if unset.
@@ -26,7 +29,8 @@ pub struct JobArgs {
     /// Input for the program: the text itself, or `-` to read the terminal's stdin.
     #[arg(long)]
     pub stdin: Option<String>,
-    /// The entry file (a file name as given to the sandbox: the base name).
+    /// The entry file, as it is named in the workspace (its path relative to
+    /// the current directory, like the files).
     #[arg(long)]
     pub entry: Option<String>,
     /// An argument for the program (repeatable).
@@ -70,6 +74,45 @@ pub struct JobArgs {
     pub compile_output_bytes: Option<u64>,
 }
 
+/// The name a file given on the command line gets in the sandbox's
+/// workspace: its path relative to `cwd` when it is inside `cwd` (`lib/util.py`
+/// stays `lib/util.py`, `./a/../b.py` is `b.py`), else its file name alone (an
+/// absolute path elsewhere, or `../x.py`). Paths are taken as written, without
+/// following symlinks.
+pub fn workspace_name(path: &Path, cwd: &Path) -> Result<String, String> {
+    let absolute = normalize(&cwd.join(path));
+    let relative = match absolute.strip_prefix(normalize(cwd)) {
+        Ok(inside) if !inside.as_os_str().is_empty() => inside.to_path_buf(),
+        _ => PathBuf::from(
+            absolute
+                .file_name()
+                .ok_or_else(|| format!("{} has no usable file name", path.display()))?,
+        ),
+    };
+    let parts: Option<Vec<&str>> = relative
+        .components()
+        .map(|c| c.as_os_str().to_str())
+        .collect();
+    parts
+        .map(|parts| parts.join("/"))
+        .ok_or_else(|| format!("{} is not a UTF-8 path", path.display()))
+}
+
+/// `path` with `.` and `..` resolved lexically.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    out
+}
+
 /// Text as UTF-8 when it is, base64 otherwise.
 fn encode(bytes: Vec<u8>) -> (String, Encoding) {
     match String::from_utf8(bytes) {
@@ -88,15 +131,13 @@ impl JobArgs {
         catalog: &LanguageCatalog,
         interactive: bool,
     ) -> Result<JobSpec, String> {
+        let cwd = std::env::current_dir()
+            .map_err(|e| format!("cannot read the current directory: {e}"))?;
         let mut files = Vec::new();
         for path in &self.files {
             let bytes =
                 std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| format!("{} has no usable file name", path.display()))?
-                .to_string();
+            let name = workspace_name(path, &cwd)?;
             let (content, encoding) = encode(bytes);
             files.push(FileSpec {
                 name,
@@ -140,7 +181,11 @@ impl JobArgs {
         Ok(JobSpec {
             language,
             files,
-            entry: self.entry.clone(),
+            entry: self
+                .entry
+                .as_deref()
+                .map(|entry| workspace_name(Path::new(entry), &cwd))
+                .transpose()?,
             stdin,
             stdin_encoding,
             args: self.args.clone(),
@@ -163,5 +208,25 @@ impl JobArgs {
             },
             ..Default::default()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_paths_keep_their_directories() {
+        let cwd = Path::new("/home/ada/project");
+        let name = |p: &str| workspace_name(Path::new(p), cwd).unwrap();
+        assert_eq!(name("main.py"), "main.py");
+        assert_eq!(name("lib/util.py"), "lib/util.py");
+        assert_eq!(name("./lib/./util.py"), "lib/util.py");
+        assert_eq!(name("lib/../main.py"), "main.py");
+        assert_eq!(name("/home/ada/project/include/x.h"), "include/x.h");
+        // Outside the current directory: the file name alone.
+        assert_eq!(name("../shared/util.py"), "util.py");
+        assert_eq!(name("/etc/hosts"), "hosts");
+        assert!(workspace_name(Path::new("/"), cwd).is_err());
     }
 }

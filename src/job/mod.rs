@@ -182,7 +182,15 @@ pub fn prepare(
         ));
     }
 
-    let stages = build_stages(spec, language, &entry, &limits, compile_limits.as_ref());
+    let sources = source_files(language, &entry, &files);
+    let stages = build_stages(
+        spec,
+        language,
+        &entry,
+        &sources,
+        &limits,
+        compile_limits.as_ref(),
+    );
     Ok(PreparedJob {
         language: language.clone(),
         limits,
@@ -403,13 +411,51 @@ fn check_env(env: &BTreeMap<String, String>) -> Result<(), InvalidJob> {
     Ok(())
 }
 
-fn expand(argv: &[String], entry: &str) -> Vec<String> {
+/// The catalog's argv with its placeholders filled in (see
+/// `runner-images/languages.toml`): `{entry}`, `{entry_stem}`,
+/// `{entry_base}` (the entry's path without its extension),
+/// `{entry_class}` (that path as a dotted class name, for the JVM), and
+/// `{sources}`, an argument of its own that becomes every submitted file
+/// with one of the language's extensions, the entry first.
+fn expand(argv: &[String], entry: &str, sources: &[String]) -> Vec<String> {
     let file_name = entry.rsplit('/').next().unwrap_or(entry);
     let stem = file_name
         .rsplit_once('.')
         .map_or(file_name, |(stem, _)| stem);
-    argv.iter()
-        .map(|arg| arg.replace("{entry}", entry).replace("{entry_stem}", stem))
+    let base = &entry[..entry.len() - (file_name.len() - stem.len())];
+    let class = base.replace('/', ".");
+    let mut expanded = Vec::with_capacity(argv.len() + sources.len());
+    for arg in argv {
+        if arg == "{sources}" {
+            expanded.extend(sources.iter().cloned());
+            continue;
+        }
+        expanded.push(
+            arg.replace("{entry}", entry)
+                .replace("{entry_stem}", stem)
+                .replace("{entry_base}", base)
+                .replace("{entry_class}", &class),
+        );
+    }
+    expanded
+}
+
+/// The files `{sources}` stands for: the entry, then every other file whose
+/// extension is one of the language's, in the order given.
+fn source_files(language: &Language, entry: &str, files: &[BundleFile]) -> Vec<String> {
+    let is_source = |path: &str| {
+        std::path::Path::new(path)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| language.extensions.contains(&e.to_lowercase()))
+    };
+    std::iter::once(entry.to_string())
+        .chain(
+            files
+                .iter()
+                .map(|f| f.path.clone())
+                .filter(|p| p != entry && is_source(p)),
+        )
         .collect()
 }
 
@@ -417,6 +463,7 @@ fn build_stages(
     spec: &JobSpec,
     language: &Language,
     entry: &str,
+    sources: &[String],
     limits: &Limits,
     compile_limits: Option<&CompileLimits>,
 ) -> Vec<StageSpec> {
@@ -439,7 +486,7 @@ fn build_stages(
     if let (Some(compile), Some(compile_limits)) = (&language.compile, compile_limits) {
         stages.push(StageSpec {
             name: "compile".into(),
-            argv: expand(compile, entry),
+            argv: expand(compile, entry, sources),
             env: env.clone(),
             cwd: WORKSPACE.into(),
             stdin: false,
@@ -454,7 +501,7 @@ fn build_stages(
             },
         });
     }
-    let mut run = expand(&language.run, entry);
+    let mut run = expand(&language.run, entry, sources);
     run.extend(spec.args.iter().cloned());
     stages.push(StageSpec {
         name: "run".into(),
@@ -599,6 +646,63 @@ mod tests {
             prepare(&asking, &catalog, &policy).unwrap_err().message,
             "300 is above the server maximum of 256"
         );
+    }
+
+    #[test]
+    fn placeholders_name_the_entry_and_every_source() {
+        let sources = vec![
+            "com/acme/Main.java".to_string(),
+            "com/acme/Util.java".to_string(),
+        ];
+        let argv: Vec<String> = [
+            "javac",
+            "{sources}",
+            "-d",
+            ".",
+            "{entry_class}",
+            "{entry_base}.js",
+            "{entry_stem}",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            expand(&argv, "com/acme/Main.java", &sources),
+            [
+                "javac",
+                "com/acme/Main.java",
+                "com/acme/Util.java",
+                "-d",
+                ".",
+                "com.acme.Main",
+                "com/acme/Main.js",
+                "Main"
+            ]
+        );
+        assert_eq!(expand(&argv[4..5], "Main", &[]), ["Main"]);
+    }
+
+    #[test]
+    fn sources_are_the_entry_then_the_other_files_of_the_language() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let job = prepare(
+            &spec(
+                "c",
+                &[
+                    ("util.c", ""),
+                    ("include/util.h", ""),
+                    ("main.c", ""),
+                    ("notes.txt", ""),
+                ],
+            ),
+            &catalog,
+            &LimitPolicy::default(),
+        )
+        .unwrap();
+        let compile = &job.bundle.stages[0].argv;
+        let main = compile.iter().position(|a| a == "main.c").unwrap();
+        assert_eq!(compile[main + 1], "util.c");
+        assert!(!compile.contains(&"include/util.h".to_string()));
+        assert!(!compile.contains(&"notes.txt".to_string()));
     }
 
     #[test]

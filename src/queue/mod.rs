@@ -13,12 +13,17 @@
 //! - `job:<id>:events` — stream of the job's events (live output; later).
 //! - `worker:<wid>:processing` — list of the ids a worker has claimed.
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
+//! - `worker:<wid>:languages` — the language ids the worker has images of
+//!   (comma-separated), refreshed with its heartbeat and expiring with it.
 //! - `idem:<api key name>:<idempotency key>` — hash: job id and body hash.
 //! - `apikey:<name>:active` — set of the key's queued and running job ids.
 //! - `jobs:dead` — dead-letter list: jobs whose workers kept dying before
 //!   they started (the newest 10 000).
 //! - `jobs:recent` — list of the newest submitted job ids (the newest
 //!   [`RECENT_JOBS_KEPT`]), for the dashboard.
+//! - `compat:<id>` — what a compatible API (Judge0) needs beside the job to
+//!   answer about it (its language id, expected output, limits as given);
+//!   JSON, expiring a day after the job's result would.
 //! - `config:token_secret` — the secret attach tokens are signed with, when
 //!   none is configured (shared by every API replica).
 //! - `capacity:schedule` — hash: id → a warm capacity entry (JSON), the
@@ -87,6 +92,9 @@ impl Keys {
     pub fn heartbeat(&self, worker: &str) -> String {
         format!("{}worker:{worker}:hb", self.prefix)
     }
+    pub fn languages(&self, worker: &str) -> String {
+        format!("{}worker:{worker}:languages", self.prefix)
+    }
     pub fn workers(&self) -> String {
         format!("{}workers", self.prefix)
     }
@@ -98,6 +106,9 @@ impl Keys {
     }
     pub fn recent(&self) -> String {
         format!("{}jobs:recent", self.prefix)
+    }
+    pub fn compat(&self, id: &str) -> String {
+        format!("{}compat:{id}", self.prefix)
     }
     pub fn token_secret(&self) -> String {
         format!("{}config:token_secret", self.prefix)
@@ -621,6 +632,67 @@ impl Queue {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
+    }
+
+    /// Stores what a compatible API needs beside job `id` (written before
+    /// the job is submitted). It outlives the job's own keys by a day, so a
+    /// job that waited long in the queue still has it.
+    pub async fn put_compat_record(&self, id: &str, json: &str) -> Result<(), QueueError> {
+        let ttl = self.result_ttl.as_secs().max(1) * 2 + 86_400;
+        let mut conn = self.conn().await?;
+        let _: () = conn.set_ex(self.keys.compat(id), json, ttl).await?;
+        Ok(())
+    }
+
+    /// The compat records of `ids`, in order (`None` where there is none).
+    pub async fn compat_records(&self, ids: &[String]) -> Result<Vec<Option<String>>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = ids.iter().map(|id| self.keys.compat(id)).collect();
+        let mut conn = self.conn().await?;
+        Ok(redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?)
+    }
+
+    /// Says which languages `worker` can run (it has their images), for as
+    /// long as its heartbeat lives.
+    pub async fn advertise_languages(
+        &self,
+        worker: &str,
+        languages: &[&str],
+        ttl: Duration,
+    ) -> Result<(), QueueError> {
+        let mut conn = self.conn().await?;
+        let _: () = conn
+            .pset_ex(
+                self.keys.languages(worker),
+                languages.join(","),
+                (ttl.as_millis() as u64).max(1),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The languages the live workers can run: the union of what each
+    /// advertised, or `None` when no live worker has said.
+    pub async fn advertised_languages(
+        &self,
+    ) -> Result<Option<std::collections::BTreeSet<String>>, QueueError> {
+        let mut conn = self.conn().await?;
+        let workers: Vec<String> = conn.smembers(self.keys.workers()).await?;
+        if workers.is_empty() {
+            return Ok(None);
+        }
+        let keys: Vec<String> = workers.iter().map(|w| self.keys.languages(w)).collect();
+        let lists: Vec<Option<String>> =
+            redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+        let mut any = false;
+        let mut languages = std::collections::BTreeSet::new();
+        for list in lists.into_iter().flatten() {
+            any = true;
+            languages.extend(list.split(',').filter(|l| !l.is_empty()).map(String::from));
+        }
+        Ok(any.then_some(languages))
     }
 
     /// Removes a worker's heartbeat at a clean shutdown.

@@ -56,6 +56,13 @@ impl Shared {
         );
         self.queue
             .heartbeat(&self.config.id, &value, self.config.heartbeat_ttl)
+            .await?;
+        self.queue
+            .advertise_languages(
+                &self.config.id,
+                &self.catalog.ids(),
+                self.config.heartbeat_ttl,
+            )
             .await
     }
 

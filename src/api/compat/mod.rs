@@ -1,0 +1,225 @@
+//! APIs compatible with Piston v2 ([`piston`]) and Judge0 CE ([`judge0`]):
+//! thin adapters that turn the other product's request into an ordinary
+//! [`JobSpec`], submit it through the same path as `POST /v1/jobs`
+//! (`prepare`, then one atomic `Queue::submit` with the queue-depth and
+//! per-key admission checks), wait with the same `wait_for_end`, and turn the
+//! job's result into the other product's answer. Jobs submitted here are
+//! ordinary jobs: queued, limited, metered (`code_runner_jobs_total`, the
+//! rejection counter) and visible in `GET /v1/jobs/{id}` to the same key.
+//!
+//! Each adapter answers in its original's shapes, errors included; what
+//! differs from the original is written in `docs/migrating.md`.
+
+mod judge0;
+mod piston;
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::HeaderMap;
+use axum::http::request::Parts;
+
+use super::ApiState;
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::job::{JobSpec, PreparedJob, prepare};
+use crate::languages::LanguageCatalog;
+use crate::queue::{NewJob, SubmitOutcome};
+
+/// Where the compatible APIs are served (`None`: not served), and Piston's
+/// keyless mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompatConfig {
+    pub piston_prefix: Option<String>,
+    /// A key name: Piston requests without a key from a loopback address are
+    /// served as this key.
+    pub piston_loopback_key: Option<String>,
+    pub judge0_prefix: Option<String>,
+}
+
+impl Default for CompatConfig {
+    fn default() -> Self {
+        Self {
+            piston_prefix: Some("/api/v2".into()),
+            piston_loopback_key: None,
+            judge0_prefix: Some("/judge0".into()),
+        }
+    }
+}
+
+/// The routes of the enabled compatible APIs, under their prefixes.
+pub(super) fn router(config: &CompatConfig) -> Router<ApiState> {
+    let mut router = Router::new();
+    if let Some(prefix) = &config.piston_prefix {
+        router = router.nest(prefix, piston::router());
+    }
+    if let Some(prefix) = &config.judge0_prefix {
+        router = router.nest(prefix, judge0::router());
+    }
+    router
+}
+
+/// A key presented as `Authorization: Bearer <key>` or `Authorization:
+/// <key>`, or in `header` (Judge0's `X-Auth-Token`).
+fn presented_key<'a>(headers: &'a HeaderMap, header: Option<&str>) -> Option<&'a str> {
+    if let Some(value) = header.and_then(|h| headers.get(h))
+        && let Ok(text) = value.to_str()
+    {
+        return Some(text.trim());
+    }
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    let value = value.trim();
+    Some(
+        value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .unwrap_or(value)
+            .trim(),
+    )
+}
+
+/// Whether the request came from a loopback address (only known when the
+/// server was started with connection info, as `serve` does).
+fn from_loopback(parts: &Parts) -> bool {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
+}
+
+/// Who a compat request is: a configured key, or (Piston, loopback only)
+/// the configured keyless caller. `None`: refuse with 401.
+fn compat_caller(
+    state: &ApiState,
+    parts: &Parts,
+    header: Option<&str>,
+    keyless: bool,
+) -> Option<Caller> {
+    match presented_key(&parts.headers, header) {
+        Some(key) if !key.is_empty() => state.keys().check(key),
+        _ if keyless && from_loopback(parts) => state
+            .compat
+            .piston_loopback_key
+            .as_deref()
+            .and_then(|name| state.keys().caller(name)),
+        _ => None,
+    }
+}
+
+/// A new job id.
+fn new_job_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// An accepted job.
+struct Submitted {
+    id: String,
+    prepared: PreparedJob,
+}
+
+/// Submits `spec` as `caller` under the new job id `id`, like `POST /v1/jobs` does: refused while the
+/// server drains, validated by `prepare` against `catalog` (the languages on
+/// offer), then admitted and queued in one atomic `Queue::submit`. Every
+/// refusal is counted in `code_runner_submissions_rejected_total`.
+async fn submit(
+    state: &ApiState,
+    caller: &Caller,
+    id: String,
+    spec: &JobSpec,
+    catalog: &LanguageCatalog,
+) -> Result<Submitted, ApiError> {
+    let submitted = submit_uncounted(state, caller, id, spec, catalog).await;
+    if let Err(error) = &submitted
+        && let Some(reason) = error.rejection_reason()
+    {
+        state
+            .inner
+            .metrics
+            .submissions_rejected
+            .with_label_values(&[reason])
+            .inc();
+    }
+    submitted
+}
+
+async fn submit_uncounted(
+    state: &ApiState,
+    caller: &Caller,
+    id: String,
+    spec: &JobSpec,
+    catalog: &LanguageCatalog,
+) -> Result<Submitted, ApiError> {
+    let config = &state.inner;
+    if config.draining.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    let prepared = prepare(spec, catalog, &config.policy)?;
+    let outcome = config
+        .queue
+        .submit(NewJob {
+            id: &id,
+            spec,
+            api_key: &caller.name,
+            language: &prepared.language.id,
+            idempotency: None,
+            max_queue_depth: config.max_queue_depth,
+            key_limit: caller.max_active,
+        })
+        .await?;
+    match outcome {
+        SubmitOutcome::Accepted => {
+            tracing::info!(
+                job.id = %id,
+                language = %prepared.language.id,
+                api_key = %caller.name,
+                via = spec.metadata.get("via").and_then(|v| v.as_str()).unwrap_or(""),
+                "Job accepted."
+            );
+            Ok(Submitted { id, prepared })
+        }
+        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
+        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        // No idempotency key was given: these cannot happen.
+        SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
+            Err(ApiError::IdempotencyConflict)
+        }
+    }
+}
+
+/// A version as `major.minor.patch`, as Piston's clients compare them: `3.11`
+/// is `3.11.0`, `17` is `17.0.0`.
+fn semver3(version: &str) -> String {
+    let mut parts: Vec<&str> = version.split('.').take(3).collect();
+    while parts.len() < 3 {
+        parts.push("0");
+    }
+    parts.join(".")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_come_from_bearer_raw_or_the_named_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(presented_key(&headers, None), None);
+        headers.insert("authorization", "Bearer abc".parse().unwrap());
+        assert_eq!(presented_key(&headers, None), Some("abc"));
+        headers.insert("authorization", "rawkey".parse().unwrap());
+        assert_eq!(presented_key(&headers, None), Some("rawkey"));
+        headers.insert("x-auth-token", "judge".parse().unwrap());
+        assert_eq!(presented_key(&headers, Some("x-auth-token")), Some("judge"));
+    }
+
+    #[test]
+    fn versions_get_three_parts() {
+        assert_eq!(semver3("3.11"), "3.11.0");
+        assert_eq!(semver3("17"), "17.0.0");
+        assert_eq!(semver3("1.2.3"), "1.2.3");
+    }
+}

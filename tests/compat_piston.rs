@@ -1,0 +1,496 @@
+//! The Piston v2 API (`/api/v2/…`) driven by the unmodified npm package
+//! `piston-client` (runtimes, execute) and, for the interactive
+//! `/api/v2/connect`, by Python's `websockets`: a real `code-runner serve`,
+//! a real redis-server, real sandboxes. The clients are installed by
+//! `scripts/compat-clients`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::compat::piston_client;
+use common::daemon::{self, Daemon, DaemonBuilder, KEY_A, Role, metric};
+use common::redis_server::RedisServer;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+/// A catalog with every language plus one whose image no worker has.
+fn catalog_with_a_missing_image(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
+    )
+    .unwrap();
+    text.push_str(
+        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
+         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
+    );
+    let path = dir.join("languages.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+struct Piston {
+    daemon: Daemon,
+    _redis: RedisServer,
+    _dir: tempfile::TempDir,
+}
+
+impl Piston {
+    /// `serve` with keyless loopback Piston requests served as key `a`
+    /// (`a` may have at most `max_active` jobs at once).
+    async fn start(max_active: Option<u32>) -> Self {
+        let redis = RedisServer::start();
+        let dir = tempfile::tempdir().unwrap();
+        let keys = match max_active {
+            Some(n) => format!("a:{KEY_A}:{n},b:{}", daemon::KEY_B),
+            None => format!("a:{KEY_A},b:{}", daemon::KEY_B),
+        };
+        let daemon = DaemonBuilder::new(Role::Serve, &redis)
+            .env("CODE_RUNNER_API_KEYS", keys)
+            .env("CODE_RUNNER_PISTON_LOOPBACK_KEY", "a")
+            .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
+            .env(
+                "CODE_RUNNER_LANGUAGES_FILE",
+                catalog_with_a_missing_image(dir.path()).display(),
+            )
+            .start()
+            .await;
+        Self {
+            daemon,
+            _redis: redis,
+            _dir: dir,
+        }
+    }
+
+    fn execute(&self, language: &str, code: &str, config: Value) -> Value {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), code).unwrap();
+        piston_client(
+            &self.daemon.url,
+            &[
+                "execute",
+                language,
+                file.path().to_str().unwrap(),
+                &config.to_string(),
+            ],
+        )
+    }
+
+    async fn post(&self, path: &str, body: &Value, key: Option<&str>) -> (StatusCode, Value) {
+        let mut request = self
+            .daemon
+            .http
+            .post(format!("{}/api/v2{path}", self.daemon.url))
+            .body(body.to_string());
+        if let Some(key) = key {
+            request = request.header("authorization", key);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+#[tokio::test]
+async fn runtimes_list_the_installed_languages_by_pistons_names() {
+    let piston = Piston::start(None).await;
+    let runtimes = piston_client(&piston.daemon.url, &["runtimes"]);
+    let runtimes = runtimes.as_array().expect("an array of runtimes");
+    let find = |name: &str| {
+        runtimes
+            .iter()
+            .find(|r| r["language"] == name)
+            .unwrap_or_else(|| panic!("{name} in {runtimes:#?}"))
+    };
+    assert_eq!(
+        find("python"),
+        &json!({"language": "python", "version": "3.11.0", "aliases": ["py", "python3"]})
+    );
+    let cpp = find("c++");
+    assert_eq!(cpp["version"], "12.0.0");
+    assert_eq!(cpp["runtime"], "gcc");
+    assert!(cpp["aliases"].as_array().unwrap().contains(&json!("cpp")));
+    assert_eq!(find("javascript")["runtime"], "node");
+    assert_eq!(find("rscript")["aliases"][0], "r");
+    assert_eq!(find("sqlite3")["language"], "sqlite3");
+    // COBOL is in the catalog but no worker has its image.
+    assert!(
+        runtimes.iter().all(|r| r["language"] != "cobol"),
+        "{runtimes:#?}"
+    );
+    let ours = piston.daemon.get("/v1/languages", None).await;
+    let ids: Vec<&str> = ours.body["languages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["id"].as_str().unwrap())
+        .collect();
+    assert!(
+        ids.contains(&"python") && !ids.contains(&"cobol"),
+        "{ids:?}"
+    );
+    assert_eq!(ids.len(), runtimes.len());
+}
+
+#[tokio::test]
+async fn execute_runs_each_language_family() {
+    let piston = Piston::start(None).await;
+    // (language as a Piston user names it, code, expected stdout, compiled)
+    let cases = [
+        (
+            "python",
+            "import sys\nprint('py', sys.argv[1:], repr(input()))",
+            "py ['1', '2', '3'] 'ada'\n",
+            false,
+        ),
+        (
+            "javascript",
+            "console.log('js', process.argv.slice(2).join(','))",
+            "js 1,2,3\n",
+            false,
+        ),
+        (
+            "c++",
+            "#include <iostream>\n#include <string>\nint main(int c, char** v){std::string s; std::cin >> s; std::cout << \"cpp \" << s << ' ' << c - 1 << std::endl;}",
+            "cpp ada 3\n",
+            true,
+        ),
+        (
+            "java",
+            "public class Hello {\n  public static void main(String[] a) {\n    System.out.println(\"java \" + a.length + \" \" + new java.util.Scanner(System.in).next());\n  }\n}\n",
+            "java 3 ada\n",
+            true,
+        ),
+        (
+            "csharp",
+            "class P { static void Main(string[] a) { System.Console.WriteLine(\"cs \" + a.Length + \" \" + System.Console.ReadLine()); } }",
+            "cs 3 ada\n",
+            true,
+        ),
+        (
+            "rust",
+            "fn main() { let mut s = String::new(); std::io::stdin().read_line(&mut s).unwrap(); println!(\"rs {} {}\", std::env::args().count() - 1, s.trim()); }",
+            "rs 3 ada\n",
+            true,
+        ),
+        (
+            "haskell",
+            "main :: IO ()\nmain = getLine >>= \\s -> putStrLn (\"hs \" ++ s)\n",
+            "hs ada\n",
+            true,
+        ),
+    ];
+    for (language, code, expected, compiled) in cases {
+        let answer = piston.execute(
+            language,
+            code,
+            json!({"stdin": "ada", "compileTimeout": 60000}),
+        );
+        assert_eq!(answer["run"]["stdout"], expected, "{language}: {answer:#}");
+        assert_eq!(answer["run"]["code"], 0, "{language}: {answer:#}");
+        assert_eq!(answer["run"]["signal"], Value::Null);
+        assert_eq!(answer["run"]["status"], Value::Null);
+        assert_eq!(answer["run"]["output"], expected, "{language}");
+        assert!(answer["run"]["wall_time"].as_u64().is_some(), "{answer:#}");
+        assert_eq!(
+            answer["compile"].is_object(),
+            compiled,
+            "{language}: {answer:#}"
+        );
+        if compiled {
+            assert_eq!(answer["compile"]["code"], 0, "{language}: {answer:#}");
+        }
+        let name = answer["language"].as_str().unwrap();
+        assert_eq!(name, language, "{answer:#}");
+    }
+    // Ordinary jobs: counted like any other.
+    let metrics = piston.daemon.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "code_runner_jobs_total{language=\"python\",status=\"succeeded\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "code_runner_jobs_total{language=\"java\",status=\"succeeded\"}"
+        ),
+        Some(1.0)
+    );
+}
+
+#[tokio::test]
+async fn compile_errors_timeouts_and_output_limits_in_pistons_shape() {
+    let piston = Piston::start(None).await;
+
+    let answer = piston.execute("c", "int main(void) { return nope; }", json!({}));
+    assert_eq!(answer["language"], "c");
+    assert_eq!(answer["version"], "12.0.0");
+    let compile = &answer["compile"];
+    assert_eq!(compile["code"], 1, "{answer:#}");
+    assert_eq!(compile["status"], "RE");
+    assert_eq!(compile["message"], "Exited with error status 1");
+    assert!(
+        compile["stderr"].as_str().unwrap().contains("nope"),
+        "{answer:#}"
+    );
+    // Piston: when the run stage never started, `run` is the compile stage.
+    assert_eq!(answer["run"], answer["compile"]);
+
+    let answer = piston.execute("python", "while True: pass", json!({"runTimeout": 500}));
+    let run = &answer["run"];
+    assert_eq!(run["status"], "TO", "{answer:#}");
+    assert_eq!(run["signal"], "SIGKILL");
+    assert_eq!(run["code"], Value::Null);
+    assert_eq!(run["message"], "Time limit exceeded (wall clock)");
+    assert!(run["wall_time"].as_u64().unwrap() >= 500, "{answer:#}");
+
+    let answer = piston.execute(
+        "python",
+        "import sys\nsys.stdout.write('x' * (3 << 20))\nprint('never')",
+        json!({}),
+    );
+    let run = &answer["run"];
+    assert_eq!(run["status"], "OL", "{}", run["message"]);
+    assert_eq!(run["message"], "stdout length exceeded");
+    assert_eq!(run["signal"], "SIGKILL");
+    assert_eq!(run["stdout"].as_str().unwrap().len(), 1 << 20);
+    assert!(run["stdout"].as_str().unwrap().bytes().all(|b| b == b'x'));
+
+    let answer = piston.execute(
+        "python",
+        "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(3)",
+        json!({}),
+    );
+    let run = &answer["run"];
+    assert_eq!(
+        (run["code"].as_i64(), run["status"].as_str()),
+        (Some(3), Some("RE"))
+    );
+    assert_eq!(run["stdout"], "to stdout\n");
+    assert_eq!(run["stderr"], "to stderr\n");
+    assert_eq!(run["output"], "to stdout\nto stderr\n");
+}
+
+#[tokio::test]
+async fn errors_are_pistons_messages() {
+    let piston = Piston::start(None).await;
+    // piston-client sends no version for a language runtimes does not list.
+    let answer = piston.execute("cobol", "DISPLAY 'x'.", json!({}));
+    assert_eq!(
+        answer,
+        json!({"message": "version is required as a string"})
+    );
+
+    let job = |extra: Value| {
+        let mut body =
+            json!({"language": "python", "version": "*", "files": [{"content": "print(1)"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let cases = [
+        (json!({"language": "cobol"}), "cobol-* runtime is unknown"),
+        (json!({"version": "2.7"}), "python-2.7 runtime is unknown"),
+        (json!({"files": "x"}), "files is required as an array"),
+        (
+            json!({"files": [{"name": "a.py"}]}),
+            "files[0].content is required as a string",
+        ),
+        (
+            json!({"run_timeout": "soon"}),
+            "If specified, run_timeout must be a number",
+        ),
+        (
+            json!({"run_timeout": 999_999_999}),
+            "run_timeout cannot exceed the configured limit of 300000",
+        ),
+        (
+            json!({"compile_cpu_time": -5}),
+            "compile_cpu_time must be non-negative",
+        ),
+        (
+            json!({"files": [{"content": "eA==", "encoding": "base64"}]}),
+            "files must include at least one utf8 encoded file",
+        ),
+    ];
+    for (extra, message) in cases {
+        let (status, body) = piston.post("/execute", &job(extra.clone()), None).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {body}");
+        assert_eq!(body, json!({"message": message}), "{extra}");
+    }
+    // A key that is not configured is refused even from loopback.
+    let (status, body) = piston
+        .post("/execute", &job(json!({})), Some("not-a-key-0123456789"))
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        body["message"].as_str().unwrap().contains("API key"),
+        "{body}"
+    );
+    // The key itself works, raw or as a bearer token.
+    let (status, body) = piston.post("/execute", &job(json!({})), Some(KEY_A)).await;
+    assert_eq!(
+        (status, &body["run"]["stdout"]),
+        (StatusCode::OK, &json!("1\n")),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn a_key_over_its_limit_gets_429() {
+    let piston = Piston::start(Some(1)).await;
+    let url = format!("{}/api/v2/execute", piston.daemon.url);
+    let http = piston.daemon.http.clone();
+    // The first job holds key a's only slot for a few seconds.
+    let first = tokio::spawn(async move {
+        let body = json!({"language": "bash", "version": "*", "files": [{"content": "sleep 4; echo done"}]});
+        let response = http.post(url).body(body.to_string()).send().await.unwrap();
+        (response.status(), response.json::<Value>().await.unwrap())
+    });
+    piston
+        .daemon
+        .wait_metric("code_runner_slots_used", 1.0, Duration::from_secs(20))
+        .await;
+    let body = json!({"language": "bash", "version": "*", "files": [{"content": "echo second"}]});
+    let response = piston
+        .daemon
+        .http
+        .post(format!("{}/api/v2/execute", piston.daemon.url))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        body,
+        json!({"message": "this api key already has 1 queued or running jobs, its limit"})
+    );
+    // piston-client hands the same answer to its caller.
+    let answer = piston.execute("bash", "echo third", json!({}));
+    assert_eq!(answer, body);
+    let (status, first) = first.await.unwrap();
+    assert_eq!(
+        (status, &first["run"]["stdout"]),
+        (StatusCode::OK, &json!("done\n"))
+    );
+    let metrics = piston.daemon.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "code_runner_submissions_rejected_total{reason=\"key_limit\"}"
+        ),
+        Some(2.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn connect_runs_an_interactive_program_over_the_websocket() {
+    let piston = Piston::start(None).await;
+    let url = piston.daemon.url.replace("http://", "ws://") + "/api/v2/connect";
+    let script = r#"
+import asyncio, json, sys
+import websockets
+
+async def main(url):
+    async with websockets.connect(url) as ws:
+        await ws.send(json.dumps({"type": "init", "language": "python", "version": "*",
+            "files": [{"content": "name = input()\nprint('hello', name, flush=True)\nprint(input()[::-1])"}]}))
+        seen = []
+        sent = 0
+        try:
+            while True:
+                message = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                seen.append(message)
+                if message["type"] == "stage" and message["stage"] == "run":
+                    await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "ada\n"}))
+                    sent += 1
+                if message["type"] == "data" and "hello" in message["data"]:
+                    await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "olleh\n"}))
+                    sent += 1
+        except websockets.exceptions.ConnectionClosed as closed:
+            print(json.dumps({"seen": seen, "code": closed.code, "reason": closed.reason}))
+
+asyncio.run(main(sys.argv[1]))
+"#;
+    let output = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script, &url])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    assert_eq!(report["code"], 4999, "{report:#}");
+    assert_eq!(report["reason"], "Job Completed");
+    let seen = report["seen"].as_array().unwrap();
+    assert_eq!(
+        seen[0],
+        json!({"type": "runtime", "language": "python", "version": "3.11.0"})
+    );
+    assert_eq!(seen[1], json!({"type": "stage", "stage": "run"}));
+    let stdout: String = seen
+        .iter()
+        .filter(|m| m["type"] == "data" && m["stream"] == "stdout")
+        .map(|m| m["data"].as_str().unwrap())
+        .collect();
+    assert_eq!(stdout, "hello ada\nhello\n");
+    assert_eq!(
+        seen.last().unwrap(),
+        &json!({"type": "exit", "stage": "run", "code": 0, "signal": null})
+    );
+
+    // Protocol errors close with Piston's codes.
+    let script = r#"
+import asyncio, json, sys
+import websockets
+
+async def closed_with(url, messages):
+    async with websockets.connect(url) as ws:
+        for m in messages:
+            await ws.send(m)
+        try:
+            while True:
+                await asyncio.wait_for(ws.recv(), 10)
+        except websockets.exceptions.ConnectionClosed as closed:
+            return [closed.code, closed.reason]
+
+async def main(url):
+    print(json.dumps([
+        await closed_with(url, []),
+        await closed_with(url, [json.dumps({"type": "data", "stream": "stdin", "data": "x"})]),
+        await closed_with(url, [json.dumps({"type": "init", "language": "cobol", "version": "*", "files": []})]),
+    ]))
+
+asyncio.run(main(sys.argv[1]))
+"#;
+    let output = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script, &url])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let closes: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(
+        closes,
+        json!([
+            [4001, "Initialization Timeout"],
+            [4003, "Not yet initialized"],
+            [4002, "Notified Error"]
+        ])
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+}
