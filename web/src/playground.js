@@ -27,6 +27,10 @@ import { perl } from "@codemirror/legacy-modes/mode/perl";
 import { lua } from "@codemirror/legacy-modes/mode/lua";
 import { haskell } from "@codemirror/legacy-modes/mode/haskell";
 import { csharp, kotlin, scala } from "@codemirror/legacy-modes/mode/clike";
+import { r } from "@codemirror/legacy-modes/mode/r";
+import { sqlite } from "@codemirror/legacy-modes/mode/sql";
+import { pascal } from "@codemirror/legacy-modes/mode/pascal";
+import { fortran } from "@codemirror/legacy-modes/mode/fortran";
 import { Terminal } from "@xterm/xterm";
 import { FitAddon } from "@xterm/addon-fit";
 import "@xterm/xterm/css/xterm.css";
@@ -46,13 +50,17 @@ const TEMPLATES = {
   go: ["main.go", 'package main\n\nimport "fmt"\n\nfunc main() {\n\tfmt.Println("Hello, world!")\n}\n'],
   java: ["Main.java", 'public class Main {\n    public static void main(String[] args) {\n        System.out.println("Hello, world!");\n    }\n}\n'],
   rust: ["main.rs", 'fn main() {\n    println!("Hello, world!");\n}\n'],
-  kotlin: ["Main.kt", 'fun main() {\n    println("Hello, world!")\n}\n'],
-  csharp: ["Program.cs", 'System.Console.WriteLine("Hello, world!");\n'],
+  kotlin: ["main.kt", 'fun main() {\n    println("Hello, world!")\n}\n'],
+  csharp: ["main.cs", 'class Program {\n    static void Main() {\n        System.Console.WriteLine("Hello, world!");\n    }\n}\n'],
   scala: ["Main.scala", '@main def hello(): Unit =\n  println("Hello, world!")\n'],
   php: ["main.php", '<?php\necho "Hello, world!\\n";\n'],
   perl: ["main.pl", 'print "Hello, world!\\n";\n'],
   lua: ["main.lua", 'print("Hello, world!")\n'],
-  haskell: ["Main.hs", 'main :: IO ()\nmain = putStrLn "Hello, world!"\n'],
+  haskell: ["main.hs", 'main :: IO ()\nmain = putStrLn "Hello, world!"\n'],
+  r: ["main.r", 'cat("Hello, world!\\n")\n'],
+  sql: ["main.sql", "SELECT 'Hello, world!';\n"],
+  pascal: ["main.pas", "program main;\nbegin\n  writeln('Hello, world!');\nend.\n"],
+  fortran: ["main.f90", "program main\n  print '(a)', 'Hello, world!'\nend program main\n"],
 };
 
 /** Syntax highlighting per language id. */
@@ -73,6 +81,10 @@ const MODES = {
   kotlin: () => StreamLanguage.define(kotlin),
   csharp: () => StreamLanguage.define(csharp),
   scala: () => StreamLanguage.define(scala),
+  r: () => StreamLanguage.define(r),
+  sql: () => StreamLanguage.define(sqlite),
+  pascal: () => StreamLanguage.define(pascal),
+  fortran: () => StreamLanguage.define(fortran),
 };
 
 /** The entry of `TEMPLATES`/`MODES` for a catalog language: by id, then aliases. */
