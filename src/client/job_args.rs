@@ -4,7 +4,7 @@
 //! into a [`JobSpec`].
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -78,6 +78,37 @@ fn encode(bytes: Vec<u8>) -> (String, Encoding) {
     }
 }
 
+/// A source file as the job carries it: its base name and its content.
+pub(crate) fn read_source(path: &Path) -> Result<FileSpec, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{} has no usable file name", path.display()))?
+        .to_string();
+    let (content, encoding) = encode(bytes);
+    Ok(FileSpec {
+        name,
+        content,
+        encoding,
+    })
+}
+
+/// The language asked for, or the one the entry file's extension selects.
+pub(crate) fn language_for(
+    catalog: &LanguageCatalog,
+    language: Option<&str>,
+    first_file: &str,
+) -> Result<String, String> {
+    match language {
+        Some(language) => Ok(language.to_string()),
+        None => catalog
+            .for_file_name(first_file)
+            .map(|l| l.id.clone())
+            .ok_or_else(|| format!("cannot tell the language of {first_file}; pass --language")),
+    }
+}
+
 impl JobArgs {
     /// Reads the files (and stdin for `--stdin -`) and builds the job. The
     /// catalog is only used to guess the language from the first file's
@@ -88,35 +119,13 @@ impl JobArgs {
         catalog: &LanguageCatalog,
         interactive: bool,
     ) -> Result<JobSpec, String> {
-        let mut files = Vec::new();
-        for path in &self.files {
-            let bytes =
-                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| format!("{} has no usable file name", path.display()))?
-                .to_string();
-            let (content, encoding) = encode(bytes);
-            files.push(FileSpec {
-                name,
-                content,
-                encoding,
-            });
-        }
+        let files = self
+            .files
+            .iter()
+            .map(|path| read_source(path))
+            .collect::<Result<Vec<_>, _>>()?;
         let first = files.first().ok_or("at least one file is required")?;
-        let language = match &self.language {
-            Some(language) => language.clone(),
-            None => catalog
-                .for_file_name(&first.name)
-                .map(|l| l.id.clone())
-                .ok_or_else(|| {
-                    format!(
-                        "cannot tell the language of {}; pass --language",
-                        first.name
-                    )
-                })?,
-        };
+        let language = language_for(catalog, self.language.as_deref(), &first.name)?;
         let stdin = match self.stdin.as_deref() {
             None => Vec::new(),
             Some("-") => {
