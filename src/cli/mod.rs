@@ -43,6 +43,9 @@ pub enum Command {
     /// Submit files to a running API, print the output, exit with the
     /// program's exit code.
     Run(Box<crate::client::RunArgs>),
+    /// Measure a server (or, with --engine, the sandbox engine alone):
+    /// latency percentiles, jobs/s, warm/cold starts, interactive round trips.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -159,6 +162,7 @@ pub async fn main() -> ExitCode {
             crate::app::run(&args.sandbox, &args.redis, None, None, Some(&args.reaper)).await
         }
         Command::Run(args) => crate::client::run(*args).await,
+        Command::Bench(args) => crate::bench::run(*args).await,
     };
     ExitCode::from(code)
 }
