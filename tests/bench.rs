@@ -69,6 +69,7 @@ fn assert_all_succeeded(out: &Output, report: &Value, jobs: u64) {
     assert_eq!(count(report, "/counts/errors"), 0, "{report:#}");
     assert_eq!(report["statuses"], serde_json::json!({"succeeded": jobs}));
     assert_eq!(report["errors"], serde_json::json!([]));
+    assert_eq!(report["failures"], serde_json::json!([]));
     // Every job that ran started warm, cold, or without saying which.
     let starts = count(report, "/start/warm")
         + count(report, "/start/cold")
@@ -238,7 +239,10 @@ async fn jobs_that_fail_are_counted_by_status_and_the_exit_code_says_so() {
         stdout.contains("jobs         0 succeeded, 2 failed, 0 errors"),
         "{stdout}"
     );
-    assert!(stdout.contains("not succeeded: failed 2"), "{stdout}");
+    assert!(
+        stdout.contains("failed       2 × failed: exit code 3\n"),
+        "{stdout}"
+    );
     assert!(
         stdout.starts_with(&format!(
             "2 python jobs ({program}) through the sandbox engine (runc, no Redis, no API), 2 at a time\n"

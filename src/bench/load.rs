@@ -26,7 +26,8 @@ use super::echo::{Echo, EchoFrame};
 use super::report::Progress;
 use crate::client::stream::{EventSink, Followed, Follower, NoInterrupts, Outgoing};
 use crate::client::{Api, ClientError, job_id};
-use crate::job::{PreparedJob, Status};
+use crate::exit;
+use crate::job::{JobResult, PreparedJob, Status};
 use crate::sandbox::{JobInput, JobIo, SandboxEngine, SandboxEvent};
 
 /// Where the jobs go.
@@ -66,10 +67,37 @@ impl Start {
 /// How one job ended for the benchmark.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Outcome {
-    /// It ran to a terminal status, which the result says.
-    Finished { status: Status, start: Start },
+    /// It ran to a terminal status, which the result says; `failure` says
+    /// why it did not succeed.
+    Finished {
+        status: Status,
+        start: Start,
+        failure: Option<String>,
+    },
     /// No result reached the benchmark: what went wrong.
     Error(String),
+}
+
+impl Outcome {
+    /// A job that ran, from its result.
+    fn ran(result: &JobResult, start: Start) -> Self {
+        let failure = match exit::for_result(result) {
+            (0, _) => None,
+            (_, Some(message)) => Some(message),
+            (code, None) => Some(format!("exit code {code}")),
+        };
+        Outcome::Finished {
+            status: result.status,
+            start,
+            failure,
+        }
+    }
+}
+
+/// How a result says it started: read from its JSON, so a field this
+/// client's `JobResult` does not know yet is still seen.
+fn start_of(result: &JobResult) -> Start {
+    Start::of(serde_json::to_value(result).ok().as_ref())
 }
 
 /// What one job gave.
@@ -203,16 +231,23 @@ async fn through_wait(api: &Api, body: &[u8]) -> Result<Sample, ClientError> {
         .get("status")
         .cloned()
         .and_then(|s| serde_json::from_value::<Status>(s).ok());
-    let outcome = match status {
-        Some(status) if status.is_terminal() => Outcome::Finished {
+    let result = accepted.answer.get("result").filter(|r| !r.is_null());
+    let parsed = result.and_then(|r| serde_json::from_value::<JobResult>(r.clone()).ok());
+    let outcome = match (status, parsed) {
+        (Some(status), Some(parsed)) if status.is_terminal() => {
+            Outcome::ran(&parsed, Start::of(result))
+        }
+        (Some(status), None) if status.is_terminal() => Outcome::Finished {
             status,
-            start: Start::of(accepted.answer.get("result")),
+            start: Start::Unknown,
+            failure: (status != Status::Succeeded)
+                .then(|| format!("the job ended {} without a result", status.as_str())),
         },
-        Some(status) => Outcome::Error(format!(
+        (Some(status), _) => Outcome::Error(format!(
             "?wait=true answered before the job ended (status {})",
             status.as_str()
         )),
-        None => Outcome::Error(format!(
+        (None, _) => Outcome::Error(format!(
             "the ?wait=true answer has no status: {}",
             accepted.answer
         )),
@@ -305,11 +340,7 @@ async fn through_websocket(
         .echo
         .map_or((0, Vec::new()), |e| (e.sent(), e.into_round_trips()));
     let outcome = match followed {
-        Followed::Exit(result) => Outcome::Finished {
-            status: result.status,
-            // Through the JSON: `start` is read as the server wrote it.
-            start: Start::of(serde_json::to_value(&result).ok().as_ref()),
-        },
+        Followed::Exit(result) => Outcome::ran(&result, start_of(&result)),
         Followed::Failed(error) if is_fatal(&error) => return Err(error),
         Followed::Failed(error) => Outcome::Error(format!("job {id}: {error}")),
         Followed::Fallback(why) => {
@@ -373,10 +404,7 @@ async fn through_engine(
     let (lines_sent, round_trips) =
         echo.map_or((0, Vec::new()), |e| (e.sent(), e.into_round_trips()));
     Sample {
-        outcome: Outcome::Finished {
-            status: result.status,
-            start: Start::of(serde_json::to_value(&result).ok().as_ref()),
-        },
+        outcome: Outcome::ran(&result, start_of(&result)),
         first_output: first_output.map(|t| t.duration_since(submitted)),
         result: Some(ended.duration_since(submitted)),
         ended,

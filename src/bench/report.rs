@@ -105,6 +105,9 @@ pub(super) struct Report {
     pub(super) counts: Counts,
     /// Jobs that ran, by the status their result gave.
     pub(super) statuses: BTreeMap<&'static str, u32>,
+    /// Why the jobs counted in `counts.failed` did not succeed, most
+    /// frequent first.
+    pub(super) failures: Vec<Failure>,
     /// Jobs that ran, by how they started (`unknown`: the result does not say).
     pub(super) start: StartCounts,
     /// From the first submission to the last result.
@@ -151,6 +154,14 @@ pub(super) struct RoundTrips {
     pub(super) sent: u32,
     pub(super) echoed: u32,
     pub(super) ms: Option<Summary>,
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct Failure {
+    pub(super) status: &'static str,
+    /// What the result says (the platform's error, the limit hit, the exit code).
+    pub(super) reason: String,
+    pub(super) count: u32,
 }
 
 #[derive(Debug, Serialize)]
@@ -201,6 +212,7 @@ impl Report {
         let mut statuses = BTreeMap::new();
         let mut start = StartCounts::default();
         let mut errors: BTreeMap<&str, u32> = BTreeMap::new();
+        let mut failures: BTreeMap<(&'static str, &str), u32> = BTreeMap::new();
         let mut first_output = Vec::new();
         let mut result = Vec::new();
         let mut trips = Vec::new();
@@ -210,11 +222,17 @@ impl Report {
             counts.busy_retries += sample.busy;
             last = last.max(sample.ended);
             match &sample.outcome {
-                Outcome::Finished { status, start: how } => {
+                Outcome::Finished {
+                    status,
+                    start: how,
+                    failure,
+                } => {
                     if *status == Status::Succeeded {
                         counts.succeeded += 1;
                     } else {
                         counts.failed += 1;
+                        let reason = failure.as_deref().unwrap_or("the result does not say");
+                        *failures.entry((status.as_str(), reason)).or_insert(0) += 1;
                     }
                     *statuses.entry(status.as_str()).or_insert(0) += 1;
                     *match how {
@@ -241,6 +259,15 @@ impl Report {
             })
             .collect();
         errors.sort_by_key(|e| std::cmp::Reverse(e.count));
+        let mut failures: Vec<Failure> = failures
+            .into_iter()
+            .map(|((status, reason), count)| Failure {
+                status,
+                reason: reason.to_string(),
+                count,
+            })
+            .collect();
+        failures.sort_by_key(|f| std::cmp::Reverse(f.count));
         let elapsed = last.duration_since(started);
         let ran = counts.succeeded + counts.failed;
         Self {
@@ -254,6 +281,7 @@ impl Report {
             concurrency: setup.concurrency,
             counts,
             statuses,
+            failures,
             start,
             elapsed_ms: (elapsed.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0,
             jobs_per_sec: if elapsed.is_zero() {
@@ -313,14 +341,12 @@ impl Report {
             "jobs         {} succeeded, {} failed, {} errors; {} answers 429 retried",
             c.succeeded, c.failed, c.errors, c.busy_retries
         );
-        if c.failed > 0 {
-            let statuses: Vec<String> = self
-                .statuses
-                .iter()
-                .filter(|(status, _)| **status != "succeeded")
-                .map(|(status, n)| format!("{status} {n}"))
-                .collect();
-            let _ = writeln!(out, "             not succeeded: {}", statuses.join(", "));
+        for failure in &self.failures {
+            let _ = writeln!(
+                out,
+                "failed       {} × {}: {}",
+                failure.count, failure.status, failure.reason
+            );
         }
         for error in &self.errors {
             let _ = writeln!(out, "error        {} × {}", error.count, error.message);
@@ -422,11 +448,22 @@ mod tests {
     #[test]
     fn counts_add_up_and_errors_are_listed() {
         let started = Instant::now();
-        let finished = |status, start| Outcome::Finished { status, start };
+        let finished = |status, start, failure: Option<&str>| Outcome::Finished {
+            status,
+            start,
+            failure: failure.map(str::to_string),
+        };
         let samples = vec![
-            sample(finished(Status::Succeeded, Start::Warm), Some(10)),
-            sample(finished(Status::Succeeded, Start::Cold), Some(30)),
-            sample(finished(Status::TimedOut, Start::Unknown), Some(20)),
+            sample(finished(Status::Succeeded, Start::Warm, None), Some(10)),
+            sample(finished(Status::Succeeded, Start::Cold, None), Some(30)),
+            sample(
+                finished(
+                    Status::TimedOut,
+                    Start::Unknown,
+                    Some("program exceeded its wall time limit"),
+                ),
+                Some(20),
+            ),
             sample(Outcome::Error("cannot reach it".into()), None),
             sample(Outcome::Error("cannot reach it".into()), None),
         ];
@@ -441,6 +478,12 @@ mod tests {
             (1, 1, 1)
         );
         assert_eq!(report.statuses.get("timed_out"), Some(&1));
+        assert_eq!(report.failures.len(), 1);
+        assert_eq!(report.failures[0].status, "timed_out");
+        assert_eq!(
+            report.failures[0].reason,
+            "program exceeded its wall time limit"
+        );
         assert_eq!(report.errors.len(), 1);
         assert_eq!(report.errors[0].message, "cannot reach it");
         assert_eq!(report.errors[0].count, 2);
@@ -451,6 +494,10 @@ mod tests {
         assert!(text.contains("2 succeeded, 1 failed, 2 errors"), "{text}");
         assert!(text.contains("error        2 × cannot reach it"), "{text}");
         assert!(text.contains("1 warm, 1 cold, 1 unknown"), "{text}");
+        assert!(
+            text.contains("failed       1 × timed_out: program exceeded its wall time limit"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -459,6 +506,7 @@ mod tests {
             Outcome::Finished {
                 status: Status::Succeeded,
                 start: Start::Unknown,
+                failure: None,
             },
             Some(5),
         );
