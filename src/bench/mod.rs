@@ -88,9 +88,9 @@ pub struct BenchArgs {
     #[arg(short, long, default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
-    /// Interactive jobs: time the stdin → stdout round trip over the
-    /// WebSocket. The program must print a line when it is ready, then write
-    /// back each line it reads.
+    /// Interactive jobs: time the stdin → stdout round trip (over the
+    /// WebSocket; with --engine, in the engine). The program must print a
+    /// line when it is ready, then write back each line it reads.
     #[arg(short, long)]
     pub interactive: bool,
     /// Round trips per interactive job.
