@@ -349,3 +349,51 @@ async fn every_built_in_program_runs_and_echoes() {
     }
     cli.assert_clean().await;
 }
+
+#[tokio::test]
+async fn ctrl_c_stops_the_run_removes_its_sandboxes_and_reports_what_ran() {
+    let cli = CliHarness::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let program = source(dir.path(), "slow.py", "import time\ntime.sleep(60)\n");
+    let mut child = daemon::ChildGuard(
+        common::code_runner()
+            .args(["bench", "--engine", "--jobs", "5", "-c", "2", "--json"])
+            .arg("--program")
+            .arg(&program)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the code-runner binary starts"),
+    );
+    let stdout = common::drain(child.0.stdout.take());
+    let stderr = common::drain(child.0.stderr.take());
+    // Both lanes have a sandbox running.
+    common::wait_for(
+        "two sandboxes of the benchmark",
+        std::time::Duration::from_secs(30),
+        async || (cli.leftovers().await.len() == 2).then_some(()),
+    )
+    .await;
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bench did not end within 30 s of Ctrl-C"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let stdout = stdout.join().unwrap();
+    let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(stderr, "code-runner: interrupted after 2 of 5 jobs\n");
+    let report: Value = serde_json::from_slice(&stdout).expect("the report is JSON");
+    assert_eq!(report["interrupted_of"], 5, "{report:#}");
+    assert_eq!(count(&report, "/counts/submitted"), 2, "{report:#}");
+    assert_eq!(report["statuses"], serde_json::json!({"cancelled": 2}));
+    cli.assert_clean().await;
+}

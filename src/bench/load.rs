@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::echo::{Echo, EchoFrame};
 use super::report::Progress;
@@ -156,19 +157,27 @@ fn is_fatal(error: &ClientError) -> bool {
     )
 }
 
-/// Runs the plan against the target; `progress` hears of every job.
-pub(super) async fn run(target: &Target<'_>, plan: Plan, progress: &Progress) -> Run {
+/// Runs the plan against the target; `progress` hears of every job. Once
+/// `stop` is cancelled (Ctrl-C) no further job starts; jobs in the engine
+/// are cancelled (their containers removed), jobs on a server are followed
+/// to their end.
+pub(super) async fn run(
+    target: &Target<'_>,
+    plan: Plan,
+    progress: &Progress,
+    stop: &CancellationToken,
+) -> Run {
     let next = AtomicU32::new(0);
     let aborted = OnceLock::new();
     let started = Instant::now();
     let lanes = (0..plan.concurrency.min(plan.jobs)).map(|_| async {
         let mut samples = Vec::new();
-        while aborted.get().is_none() {
+        while aborted.get().is_none() && !stop.is_cancelled() {
             let index = next.fetch_add(1, Ordering::Relaxed);
             if index >= plan.jobs {
                 break;
             }
-            match one_job(target, index, plan.round_trips).await {
+            match one_job(target, index, plan.round_trips, stop).await {
                 Ok(sample) => {
                     progress.record(&sample);
                     samples.push(sample);
@@ -199,6 +208,7 @@ async fn one_job(
     target: &Target<'_>,
     index: u32,
     round_trips: Option<u32>,
+    stop: &CancellationToken,
 ) -> Result<Sample, ClientError> {
     match target {
         Target::Api {
@@ -211,7 +221,9 @@ async fn one_job(
             body,
             wait: false,
         } => through_websocket(api, body, index, round_trips).await,
-        Target::Engine { engine, job } => Ok(through_engine(engine, job, index, round_trips).await),
+        Target::Engine { engine, job } => {
+            Ok(through_engine(engine, job, index, round_trips, stop.child_token()).await)
+        }
     }
 }
 
@@ -366,6 +378,7 @@ async fn through_engine(
     job: &PreparedJob,
     index: u32,
     round_trips: Option<u32>,
+    cancel: CancellationToken,
 ) -> Sample {
     let (events_tx, mut events) = mpsc::channel(256);
     let (input_tx, input_rx) = mpsc::channel(4);
@@ -373,7 +386,7 @@ async fn through_engine(
     let io = JobIo {
         events: Some(events_tx),
         input: echo.is_some().then_some(input_rx),
-        ..Default::default()
+        cancel,
     };
     let job_id = uuid::Uuid::new_v4().to_string();
     let submitted = Instant::now();

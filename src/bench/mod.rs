@@ -12,9 +12,10 @@
 //! - [`programs`]: the built-in hello world and echo program per language.
 //!
 //! Exit codes: 0 when every job succeeded (and every line came back), 1 when
-//! the run completed but some did not (the report says which and why), 64
-//! for bad flags, a refused key or a job the API rejects, 69 when Docker
-//! (`--engine`) cannot be reached.
+//! the run completed but some did not (the report says which and why), 130
+//! after Ctrl-C (the report covers the jobs that ran), 64 for bad flags, a
+//! refused key or a job the API rejects, 69 when Docker (`--engine`) cannot
+//! be reached.
 
 mod echo;
 mod load;
@@ -26,6 +27,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
 
 use crate::client::{ApiTarget, language_for, read_source};
 use crate::config::SandboxSettings;
@@ -265,14 +267,39 @@ async fn on_engine(args: &BenchArgs, plan: Plan) -> u8 {
 /// Runs the plan, prints the report, and says how it went.
 async fn measure(target: &Target<'_>, plan: Plan, setup: Setup, json: bool) -> u8 {
     let progress = Progress::new(plan.jobs);
-    let run = load::run(target, plan, &progress).await;
+    // Ctrl-C stops the run: no new job starts, the report covers the jobs
+    // that ran. A second Ctrl-C ends it without a report.
+    let stop = CancellationToken::new();
+    let first = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.cancel();
+            }
+        })
+    };
+    let second = async {
+        stop.cancelled().await;
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let run = tokio::select! {
+        run = load::run(target, plan, &progress, &stop) => run,
+        () = second => return fail(exit::CANCELLED, "interrupted twice; stopped without a report"),
+    };
+    first.abort();
     if let Some(error) = run.aborted {
         return fail(
             error.exit_code(),
             format!("{error}; stopped after {} jobs", run.samples.len()),
         );
     }
-    let report = Report::new(setup, &run.samples, run.started);
+    let interrupted = stop.is_cancelled();
+    let report = Report::new(
+        setup,
+        &run.samples,
+        run.started,
+        interrupted.then_some(plan.jobs),
+    );
     if json {
         match serde_json::to_string_pretty(&report) {
             Ok(text) => println!("{text}"),
@@ -280,6 +307,15 @@ async fn measure(target: &Target<'_>, plan: Plan, setup: Setup, json: bool) -> u
         }
     } else {
         print!("{}", report.text());
+    }
+    if interrupted {
+        return fail(
+            exit::CANCELLED,
+            format!(
+                "interrupted after {} of {} jobs",
+                report.counts.submitted, plan.jobs
+            ),
+        );
     }
     if report.all_succeeded() {
         return 0;

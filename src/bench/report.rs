@@ -102,6 +102,9 @@ pub(super) struct Report {
     pub(super) program: String,
     pub(super) interactive: bool,
     pub(super) concurrency: u32,
+    /// Ctrl-C stopped the run: the jobs asked for (`counts` covers those
+    /// that ran); `null` when the run was complete.
+    pub(super) interrupted_of: Option<u32>,
     pub(super) counts: Counts,
     /// Jobs that ran, by the status their result gave.
     pub(super) statuses: BTreeMap<&'static str, u32>,
@@ -204,7 +207,12 @@ pub(super) struct Setup {
 impl Report {
     /// The report of a run's samples; `started` is when the first job was
     /// submitted.
-    pub(super) fn new(setup: Setup, samples: &[Sample], started: Instant) -> Self {
+    pub(super) fn new(
+        setup: Setup,
+        samples: &[Sample],
+        started: Instant,
+        interrupted_of: Option<u32>,
+    ) -> Self {
         let mut counts = Counts {
             submitted: u32::try_from(samples.len()).unwrap_or(u32::MAX),
             ..Default::default()
@@ -279,6 +287,7 @@ impl Report {
             program: setup.program,
             interactive: setup.interactive,
             concurrency: setup.concurrency,
+            interrupted_of,
             counts,
             statuses,
             failures,
@@ -336,6 +345,13 @@ impl Report {
             self.counts.submitted, self.language, self.program, self.concurrency
         );
         let c = &self.counts;
+        if let Some(asked) = self.interrupted_of {
+            let _ = writeln!(
+                out,
+                "interrupted  by Ctrl-C after {} of {asked} jobs",
+                c.submitted
+            );
+        }
         let _ = writeln!(
             out,
             "jobs         {} succeeded, {} failed, {} errors; {} answers 429 retried",
@@ -467,7 +483,7 @@ mod tests {
             sample(Outcome::Error("cannot reach it".into()), None),
             sample(Outcome::Error("cannot reach it".into()), None),
         ];
-        let report = Report::new(setup(), &samples, started);
+        let report = Report::new(setup(), &samples, started, None);
         let c = &report.counts;
         assert_eq!(
             (c.submitted, c.succeeded, c.failed, c.errors, c.busy_retries),
@@ -514,7 +530,7 @@ mod tests {
         one.round_trips = vec![Duration::from_millis(1), Duration::from_millis(2)];
         let mut interactive = setup();
         interactive.round_trips = Some(3);
-        let report = Report::new(interactive, &[one], Instant::now());
+        let report = Report::new(interactive, &[one], Instant::now(), None);
         let trips = report.round_trips.as_ref().unwrap();
         assert_eq!((trips.sent, trips.echoed), (3, 2));
         assert!(!report.all_succeeded());
