@@ -18,10 +18,15 @@ use serde_json::Value;
 
 /// `code-runner bench ARGS… --json` to its end; the report it printed.
 fn bench_json(args: &[&str]) -> (Output, Value) {
+    bench_json_with(args, &[])
+}
+
+/// The same with environment variables.
+fn bench_json_with(args: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
     let mut all = vec!["bench"];
     all.extend_from_slice(args);
     all.push("--json");
-    let out = run_to_end(&all, &[]);
+    let out = run_to_end(&all, env);
     let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "bench --json printed no JSON ({e}): {out:?}\nstderr: {}",
@@ -193,29 +198,22 @@ async fn the_engine_alone_needs_no_redis_and_no_api() {
     // Nothing listens at this Redis URL; --engine never looks.
     let nowhere = format!("redis://127.0.0.1:{}", free_port());
     let env = [("CODE_RUNNER_REDIS_URL", nowhere.as_str())];
-    let args = ["bench", "--engine", "--jobs", "3", "-c", "2", "--json"];
-    let out = run_to_end(&args, &env);
-    let report: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {out:?}"));
+    let (out, report) = bench_json_with(&["--engine", "--jobs", "3", "-c", "2"], &env);
     assert_all_succeeded(&out, &report, 3);
     assert_eq!(report["target"], "engine");
     assert_eq!(report["runtime"], "runc");
     assert!(report["url"].is_null());
     assert_summary(&report, "/first_output_ms", 3);
 
-    let args = [
-        "bench",
+    let interactive = [
         "--engine",
         "--interactive",
         "--round-trips",
         "4",
         "--jobs",
         "2",
-        "--json",
     ];
-    let out = run_to_end(&args, &env);
-    let report: Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("no JSON ({e}): {out:?}"));
+    let (out, report) = bench_json_with(&interactive, &env);
     assert_all_succeeded(&out, &report, 2);
     assert_eq!(count(&report, "/round_trips/sent"), 8, "{report:#}");
     assert_eq!(count(&report, "/round_trips/echoed"), 8, "{report:#}");
@@ -331,18 +329,14 @@ async fn a_refused_key_or_bad_flags_stop_at_once_with_exit_64() {
 async fn every_built_in_program_runs_and_echoes() {
     let cli = CliHarness::new().await;
     for language in ["python", "javascript", "c", "cpp", "bash", "ruby", "go"] {
-        let args = ["bench", "--engine", "--language", language, "--jobs", "1"];
-        let out = run_to_end(&[&args[..], &["--json"]].concat(), &[]);
-        let report: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{language}: no JSON ({e}): {out:?}"));
+        let args = ["--engine", "--language", language, "--jobs", "1"];
+        let (out, report) = bench_json(&args);
         assert_all_succeeded(&out, &report, 1);
         assert_eq!(report["language"], language);
         assert_eq!(report["program"], "built-in hello world");
 
-        let interactive = ["--interactive", "--round-trips", "2", "--json"];
-        let out = run_to_end(&[&args[..], &interactive].concat(), &[]);
-        let report: Value = serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{language}: no JSON ({e}): {out:?}"));
+        let interactive = ["--interactive", "--round-trips", "2"];
+        let (out, report) = bench_json(&[&args[..], &interactive].concat());
         assert_all_succeeded(&out, &report, 1);
         assert_eq!(count(&report, "/round_trips/sent"), 2, "{report:#}");
         assert_eq!(count(&report, "/round_trips/echoed"), 2, "{report:#}");

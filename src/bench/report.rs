@@ -90,18 +90,8 @@ impl Progress {
 /// What was measured and how, as `--json` writes it.
 #[derive(Debug, Serialize)]
 pub(super) struct Report {
-    /// `api` or `engine`.
-    pub(super) target: &'static str,
-    /// Through the API: `ws` or `wait`.
-    pub(super) via: Option<&'static str>,
-    pub(super) url: Option<String>,
-    /// The engine's OCI runtime (`runc` or `runsc`).
-    pub(super) runtime: Option<String>,
-    pub(super) language: String,
-    /// `built-in` or the file given with `--program`.
-    pub(super) program: String,
-    pub(super) interactive: bool,
-    pub(super) concurrency: u32,
+    #[serde(flatten)]
+    pub(super) setup: Setup,
     /// Ctrl-C stopped the run: the jobs asked for (`counts` covers those
     /// that ran); `null` when the run was complete.
     pub(super) interrupted_of: Option<u32>,
@@ -190,17 +180,27 @@ fn parse_load_average(text: &str) -> Option<[f64; 3]> {
     Some([fields.next()??, fields.next()??, fields.next()??])
 }
 
-/// How the run was set up, for the report.
+/// How the run was set up: the first fields of the report.
+#[derive(Debug, Serialize)]
 pub(super) struct Setup {
+    /// `api` or `engine`.
     pub(super) target: &'static str,
+    /// Through the API: `ws` or `wait`.
     pub(super) via: Option<&'static str>,
     pub(super) url: Option<String>,
+    /// The engine's OCI runtime (`runc` or `runsc`).
     pub(super) runtime: Option<String>,
     pub(super) language: String,
+    /// `built-in …` or the file given with `--program`.
     pub(super) program: String,
     pub(super) interactive: bool,
+    /// Jobs in flight at once.
     pub(super) concurrency: u32,
+    /// Round trips per interactive job (reported under `round_trips`).
+    #[serde(skip)]
     pub(super) round_trips: Option<u32>,
+    /// Reported under `host`.
+    #[serde(skip)]
     pub(super) load_before: Option<[f64; 3]>,
 }
 
@@ -278,15 +278,10 @@ impl Report {
         failures.sort_by_key(|f| std::cmp::Reverse(f.count));
         let elapsed = last.duration_since(started);
         let ran = counts.succeeded + counts.failed;
+        let load_before = setup.load_before;
+        let per_job = setup.round_trips;
         Self {
-            target: setup.target,
-            via: setup.via,
-            url: setup.url,
-            runtime: setup.runtime,
-            language: setup.language,
-            program: setup.program,
-            interactive: setup.interactive,
-            concurrency: setup.concurrency,
+            setup,
             interrupted_of,
             counts,
             statuses,
@@ -300,7 +295,7 @@ impl Report {
             },
             first_output_ms: Summary::of(first_output),
             result_ms: Summary::of(result),
-            round_trips: setup.round_trips.map(|per_job| RoundTrips {
+            round_trips: per_job.map(|per_job| RoundTrips {
                 per_job,
                 sent,
                 echoed: u32::try_from(trips.len()).unwrap_or(u32::MAX),
@@ -309,7 +304,7 @@ impl Report {
             errors,
             host: Host {
                 cpus: std::thread::available_parallelism().map_or(0, usize::from),
-                load_before: setup.load_before,
+                load_before,
                 load_after: load_average(),
             },
         }
@@ -324,25 +319,30 @@ impl Report {
     /// The report for people.
     pub(super) fn text(&self) -> String {
         let mut out = String::new();
-        let path = match (self.target, self.via) {
+        let setup = &self.setup;
+        let path = match (setup.target, setup.via) {
             ("engine", _) => format!(
                 "the sandbox engine ({}, no Redis, no API)",
-                self.runtime.as_deref().unwrap_or("runc")
+                setup.runtime.as_deref().unwrap_or("runc")
             ),
             (_, Some("wait")) => format!(
                 "{} (POST /v1/jobs?wait=true)",
-                self.url.as_deref().unwrap_or("")
+                setup.url.as_deref().unwrap_or("")
             ),
             _ => format!(
                 "{} (POST /v1/jobs + WebSocket)",
-                self.url.as_deref().unwrap_or("")
+                setup.url.as_deref().unwrap_or("")
             ),
         };
-        let kind = if self.interactive { "interactive " } else { "" };
+        let kind = if setup.interactive {
+            "interactive "
+        } else {
+            ""
+        };
         let _ = writeln!(
             out,
             "{} {kind}{} jobs ({}) through {path}, {} at a time",
-            self.counts.submitted, self.language, self.program, self.concurrency
+            self.counts.submitted, setup.language, setup.program, setup.concurrency
         );
         let c = &self.counts;
         if let Some(asked) = self.interrupted_of {
@@ -399,7 +399,7 @@ impl Report {
                 None => writeln!(out, "{name:<13}{none}"),
             };
         };
-        let no_output = if self.via == Some("wait") {
+        let no_output = if setup.via == Some("wait") {
             "     not measured with --via wait (one request; use --via ws)"
         } else {
             "     no stdout seen"
