@@ -57,7 +57,7 @@ const FIRST_POLL: Duration = Duration::from_millis(25);
 const MAX_POLL: Duration = Duration::from_secs(1);
 /// Connecting to the API, and one whole request.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long cancelling on Ctrl-C may take.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 
