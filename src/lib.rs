@@ -18,12 +18,15 @@
 //! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root
 //!   cancellation token; [`metrics`]: every Prometheus metric.
 //! - [`client`]: the `run` command, a client of a running API.
+//! - [`bench`]: the `bench` command, a load generator for a running API or
+//!   the sandbox engine alone.
 //! - [`config`]: settings shared by every role, validated before use.
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
 
 pub mod api;
 pub mod app;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;

@@ -46,6 +46,9 @@ pub enum Command {
     /// The fleet's warm capacity schedule (pre-warming for a known burst);
     /// needs an API key with the admin scope.
     Capacity(Box<crate::client::capacity::CapacityArgs>),
+    /// Measure a server (or, with --engine, the sandbox engine alone):
+    /// latency percentiles, jobs/s, warm/cold starts, interactive round trips.
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -163,6 +166,7 @@ pub async fn main() -> ExitCode {
         }
         Command::Run(args) => crate::client::run(*args).await,
         Command::Capacity(args) => crate::client::capacity::run(*args).await,
+        Command::Bench(args) => crate::bench::run(*args).await,
     };
     ExitCode::from(code)
 }

@@ -121,6 +121,42 @@ fn encode(bytes: Vec<u8>) -> (String, Encoding) {
     }
 }
 
+/// A source file as the job carries it: its base name and its content.
+pub(crate) fn read_source(path: &Path) -> Result<FileSpec, String> {
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(|| format!("{} has no usable file name", path.display()))?
+        .to_string();
+    read_source_named(path, name)
+}
+
+/// The file at `path` as a job file named `name` in the workspace.
+fn read_source_named(path: &Path, name: String) -> Result<FileSpec, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let (content, encoding) = encode(bytes);
+    Ok(FileSpec {
+        name,
+        content,
+        encoding,
+    })
+}
+
+/// The language asked for, or the one the entry file's extension selects.
+pub(crate) fn language_for(
+    catalog: &LanguageCatalog,
+    language: Option<&str>,
+    first_file: &str,
+) -> Result<String, String> {
+    match language {
+        Some(language) => Ok(language.to_string()),
+        None => catalog
+            .for_file_name(first_file)
+            .map(|l| l.id.clone())
+            .ok_or_else(|| format!("cannot tell the language of {first_file}; pass --language")),
+    }
+}
+
 impl JobArgs {
     /// Reads the files (and stdin for `--stdin -`) and builds the job. The
     /// catalog is only used to guess the language from the first file's
@@ -133,31 +169,13 @@ impl JobArgs {
     ) -> Result<JobSpec, String> {
         let cwd = std::env::current_dir()
             .map_err(|e| format!("cannot read the current directory: {e}"))?;
-        let mut files = Vec::new();
-        for path in &self.files {
-            let bytes =
-                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-            let name = workspace_name(path, &cwd)?;
-            let (content, encoding) = encode(bytes);
-            files.push(FileSpec {
-                name,
-                content,
-                encoding,
-            });
-        }
+        let files = self
+            .files
+            .iter()
+            .map(|path| read_source_named(path, workspace_name(path, &cwd)?))
+            .collect::<Result<Vec<_>, _>>()?;
         let first = files.first().ok_or("at least one file is required")?;
-        let language = match &self.language {
-            Some(language) => language.clone(),
-            None => catalog
-                .for_file_name(&first.name)
-                .map(|l| l.id.clone())
-                .ok_or_else(|| {
-                    format!(
-                        "cannot tell the language of {}; pass --language",
-                        first.name
-                    )
-                })?,
-        };
+        let language = language_for(catalog, self.language.as_deref(), &first.name)?;
         let stdin = match self.stdin.as_deref() {
             None => Vec::new(),
             Some("-") => {

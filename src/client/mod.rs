@@ -26,7 +26,7 @@
 pub mod capacity;
 mod job_args;
 mod printer;
-mod stream;
+pub(crate) mod stream;
 
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};
@@ -41,6 +41,7 @@ use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 
 pub use job_args::JobArgs;
+pub(crate) use job_args::{language_for, read_source};
 use printer::Printer;
 use stream::{Followed, Follower};
 
@@ -73,17 +74,55 @@ pub struct RunArgs {
     /// program's output.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub api: ApiTarget,
+}
+
+/// Which API a client talks to, and with which key (`run`, `bench`).
+#[derive(Debug, Clone, Args)]
+pub struct ApiTarget {
     /// URL of the code-runner API.
     #[arg(long, env = "CODE_RUNNER_URL", default_value = "http://127.0.0.1:8080")]
     pub url: String,
     /// API key (sent as `Authorization: Bearer`); `scripts/up` prints one.
-    #[arg(long, env = "CODE_RUNNER_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        visible_alias = "key",
+        env = "CODE_RUNNER_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
+}
+
+impl ApiTarget {
+    /// The client for this API, each request bounded by `request_timeout`;
+    /// a missing key or a URL that is not `http://` is the user's mistake
+    /// (exit 64), the rest the platform's.
+    pub(crate) fn api(&self, request_timeout: Duration) -> Result<Api, ClientError> {
+        let Some(key) = self.api_key.clone().filter(|k| !k.is_empty()) else {
+            return Err(ClientError::Setting(
+                "CODE_RUNNER_API_KEY is not set: it is the API key to submit with (scripts/up prints one)"
+                    .to_string(),
+            ));
+        };
+        let base = self.url.trim_end_matches('/').to_string();
+        if !base.starts_with("http://") {
+            return Err(ClientError::Setting(format!(
+                "CODE_RUNNER_URL {:?} is not an http:// URL",
+                self.url
+            )));
+        }
+        Api::new(base, key, request_timeout).map_err(|e| ClientError::Setup(root_cause(&e)))
+    }
 }
 
 /// Why the client gave up; each maps to an exit code and one line.
 #[derive(Debug, thiserror::Error)]
-enum ClientError {
+pub(crate) enum ClientError {
+    #[error("{0}")]
+    Setting(String),
+    #[error("cannot set up the HTTP client: {0}")]
+    Setup(String),
     #[error("cannot reach {url}: {cause}")]
     Unreachable { url: String, cause: String },
     #[error("the API refused the key")]
@@ -101,13 +140,17 @@ enum ClientError {
 }
 
 impl ClientError {
-    fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            ClientError::Unauthorized | ClientError::Invalid(_) => exit::USAGE,
+            ClientError::Setting(_) | ClientError::Unauthorized | ClientError::Invalid(_) => {
+                exit::USAGE
+            }
             ClientError::Unreachable { .. }
             | ClientError::Busy { .. }
             | ClientError::Unavailable(_) => exit::UNAVAILABLE,
-            ClientError::Gone(_) | ClientError::Protocol(_) => exit::PLATFORM_ERROR,
+            ClientError::Setup(_) | ClientError::Gone(_) | ClientError::Protocol(_) => {
+                exit::PLATFORM_ERROR
+            }
         }
     }
 
@@ -126,19 +169,10 @@ fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
 }
 
 pub async fn run(args: RunArgs) -> u8 {
-    let Some(key) = args.api_key.clone().filter(|k| !k.is_empty()) else {
-        return fail(
-            exit::USAGE,
-            "CODE_RUNNER_API_KEY is not set: it is the API key to submit with (scripts/up prints one)",
-        );
+    let api = match args.api.api(REQUEST_TIMEOUT) {
+        Ok(api) => api,
+        Err(error) => return fail(error.exit_code(), error),
     };
-    let base = args.url.trim_end_matches('/').to_string();
-    if !base.starts_with("http://") {
-        return fail(
-            exit::USAGE,
-            format!("CODE_RUNNER_URL {:?} is not an http:// URL", args.url),
-        );
-    }
     let catalog = match LanguageCatalog::embedded() {
         Ok(catalog) => catalog,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
@@ -151,10 +185,6 @@ pub async fn run(args: RunArgs) -> u8 {
         Ok(body) => body,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
     };
-    let api = match Api::new(base, key) {
-        Ok(api) => api,
-        Err(error) => return fail(exit::PLATFORM_ERROR, error),
-    };
     // From here on Ctrl-C cancels the job (interrupts it, once an
     // interactive job is submitted) instead of ending the process.
     let mut interrupt = match signal(SignalKind::interrupt()) {
@@ -163,20 +193,31 @@ pub async fn run(args: RunArgs) -> u8 {
     };
     let idempotency_key = uuid::Uuid::new_v4().to_string();
 
+    let mut told = false;
+    let on_busy = |message: &str| {
+        if !told && std::io::stderr().is_terminal() {
+            eprintln!("code-runner: the API is busy ({message}); retrying");
+            told = true;
+        }
+    };
     let id = tokio::select! {
-        submitted = api.submit(&body, &idempotency_key) => match submitted {
-            Ok(id) => id,
-            Err(error) => return fail(error.exit_code(), error),
-        },
+        submitted = api.submit(&body, Some(&idempotency_key), false, on_busy) => {
+            match submitted.and_then(|accepted| job_id(&accepted.answer)) {
+                Ok(id) => id,
+                Err(error) => return fail(error.exit_code(), error),
+            }
+        }
         _ = interrupt.recv() => {
             // The submission may have arrived: the same Idempotency-Key and
             // body name the same job, so ask once more and cancel what it names.
             let again = tokio::time::timeout(
                 CANCEL_TIMEOUT,
-                api.submit_once(&body, &idempotency_key),
+                api.submit_once(&body, Some(&idempotency_key), false),
             )
             .await;
-            if let Ok(Ok(Submitted::Job(id))) = again {
+            if let Ok(Ok(Submitted::Accepted(answer))) = again
+                && let Ok(id) = job_id(&answer)
+            {
                 return cancel(&api, &id).await;
             }
             return fail(exit::CANCELLED, "interrupted before the job was submitted");
@@ -186,7 +227,7 @@ pub async fn run(args: RunArgs) -> u8 {
     let input = args.interactive.then(stream::read_terminal);
     let mut follower = Follower::new(&api.base, &id, &api.key, Printer::new(args.json), input);
     let why = match follower.follow(&mut interrupt).await {
-        Followed::Exit(result) if !args.json => return finish(&mut follower.printer, &result),
+        Followed::Exit(result) if !args.json => return finish(&mut follower.sink, &result),
         // `--json` prints the job view: the exit event says it is terminal.
         Followed::Exit(_) => None,
         Followed::Interrupted => return cancel(&api, &id).await,
@@ -209,7 +250,7 @@ pub async fn run(args: RunArgs) -> u8 {
         },
         _ = interrupt.recv() => return cancel(&api, &id).await,
     };
-    report(&view, args.json, &mut follower.printer)
+    report(&view, args.json, &mut follower.sink)
 }
 
 /// Cancels the job after Ctrl-C; always exits 130.
@@ -310,8 +351,10 @@ impl ErrorDetail {
 }
 
 /// What one submission attempt gave.
-enum Submitted {
-    Job(String),
+pub(crate) enum Submitted {
+    /// The API took the job; its answer (`{id, status, token, urls}`, or with
+    /// `?wait=true` the job with its result).
+    Accepted(serde_json::Value),
     /// 429: try again after this long.
     Busy {
         retry_after: Duration,
@@ -319,17 +362,34 @@ enum Submitted {
     },
 }
 
-struct Api {
+/// A submission the API took.
+pub(crate) struct Accepted {
+    pub(crate) answer: serde_json::Value,
+    /// When the attempt the API took was sent (earlier ones got 429).
+    pub(crate) sent: Instant,
+}
+
+/// The job id in a submit answer.
+pub(crate) fn job_id(answer: &serde_json::Value) -> Result<String, ClientError> {
+    answer
+        .get("id")
+        .and_then(|id| id.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| ClientError::Protocol(format!("the submit answer has no id: {answer}")))
+}
+
+pub(crate) struct Api {
     http: reqwest::Client,
-    base: String,
-    key: String,
+    /// `http://host:port`, no trailing slash.
+    pub(crate) base: String,
+    pub(crate) key: String,
 }
 
 impl Api {
-    fn new(base: String, key: String) -> Result<Self, reqwest::Error> {
+    fn new(base: String, key: String, request_timeout: Duration) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(request_timeout)
             .user_agent(concat!("code-runner/", env!("CARGO_PKG_VERSION")))
             .build()?;
         Ok(Self { http, base, key })
@@ -368,17 +428,25 @@ impl Api {
         }
     }
 
-    /// Submits, retrying while the API answers 429 (for up to [`BUSY_BUDGET`]).
-    async fn submit(&self, body: &[u8], idempotency_key: &str) -> Result<String, ClientError> {
+    /// Submits (with `?wait=true` when `wait`), retrying while the API
+    /// answers 429 (for up to [`BUSY_BUDGET`]); `on_busy` hears of each 429.
+    pub(crate) async fn submit(
+        &self,
+        body: &[u8],
+        idempotency_key: Option<&str>,
+        wait: bool,
+        mut on_busy: impl FnMut(&str),
+    ) -> Result<Accepted, ClientError> {
         let started = Instant::now();
-        let mut told = false;
         loop {
-            match self.submit_once(body, idempotency_key).await? {
-                Submitted::Job(id) => return Ok(id),
+            let sent = Instant::now();
+            match self.submit_once(body, idempotency_key, wait).await? {
+                Submitted::Accepted(answer) => return Ok(Accepted { answer, sent }),
                 Submitted::Busy {
                     retry_after,
                     message,
                 } => {
+                    on_busy(&message);
                     let waited = started.elapsed();
                     if waited + retry_after > BUSY_BUDGET {
                         return Err(ClientError::Busy {
@@ -386,31 +454,33 @@ impl Api {
                             waited_secs: waited.as_secs(),
                         });
                     }
-                    if !told && std::io::stderr().is_terminal() {
-                        eprintln!("code-runner: the API is busy ({message}); retrying");
-                        told = true;
-                    }
                     tokio::time::sleep(retry_after).await;
                 }
             }
         }
     }
 
-    async fn submit_once(
+    pub(crate) async fn submit_once(
         &self,
         body: &[u8],
-        idempotency_key: &str,
+        idempotency_key: Option<&str>,
+        wait: bool,
     ) -> Result<Submitted, ClientError> {
-        let response = self
+        let url = if wait {
+            format!("{}/v1/jobs?wait=true", self.base)
+        } else {
+            format!("{}/v1/jobs", self.base)
+        };
+        let mut request = self
             .http
-            .post(format!("{}/v1/jobs", self.base))
+            .post(url)
             .bearer_auth(&self.key)
-            .header("Idempotency-Key", idempotency_key)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.to_vec())
-            .send()
-            .await
-            .map_err(|e| self.transport(e))?;
+            .body(body.to_vec());
+        if let Some(key) = idempotency_key {
+            request = request.header("Idempotency-Key", key);
+        }
+        let response = request.send().await.map_err(|e| self.transport(e))?;
         let status = response.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
             let retry_after = response
@@ -433,14 +503,11 @@ impl Api {
         if !status.is_success() {
             return Err(self.refusal(response).await);
         }
-        let view: serde_json::Value = response
+        let answer = response
             .json()
             .await
             .map_err(|e| ClientError::Protocol(format!("the submit answer: {e}")))?;
-        view.get("id")
-            .and_then(|id| id.as_str())
-            .map(|id| Submitted::Job(id.to_string()))
-            .ok_or_else(|| ClientError::Protocol(format!("the submit answer has no id: {view}")))
+        Ok(Submitted::Accepted(answer))
     }
 
     async fn get(&self, id: &str) -> Result<serde_json::Value, ClientError> {

@@ -13,6 +13,7 @@
 
 use std::io::Write as _;
 
+use super::stream::EventSink;
 use crate::job::JobResult;
 
 /// The bytes of one stage seen on the stream, per stream.
@@ -42,13 +43,31 @@ impl Printer {
         }
     }
 
-    /// A `stage` start event.
-    pub(super) fn stage_started(&mut self, stage: &str) {
+    /// Writes what the result has that the stream did not deliver: the run
+    /// stage's rest, or (compilation failed) the compiler's output.
+    pub(super) fn finish(&mut self, result: &JobResult) {
+        if self.quiet {
+            return;
+        }
+        if let Some(run) = &result.run {
+            rest(run.stdout.as_bytes(), self.run.stdout, false);
+            rest(run.stderr.as_bytes(), self.run.stderr, true);
+        } else if let Some(compile) = &result.compile {
+            for (stderr, bytes) in std::mem::take(&mut self.held) {
+                write(stderr, &bytes);
+            }
+            rest(compile.stdout.as_bytes(), self.compile.stdout, false);
+            rest(compile.stderr.as_bytes(), self.compile.stderr, true);
+        }
+    }
+}
+
+impl EventSink for Printer {
+    fn stage_started(&mut self, stage: &str) {
         self.compiling = stage == "compile";
     }
 
-    /// A `stdout` (`stderr` = false) or `stderr` event.
-    pub(super) fn output(&mut self, stderr: bool, bytes: Vec<u8>) {
+    fn output(&mut self, stderr: bool, bytes: Vec<u8>) {
         if self.compiling {
             let seen = &mut self.compile;
             *if stderr {
@@ -67,24 +86,6 @@ impl Printer {
         } += bytes.len();
         if !self.quiet {
             write(stderr, &bytes);
-        }
-    }
-
-    /// Writes what the result has that the stream did not deliver: the run
-    /// stage's rest, or (compilation failed) the compiler's output.
-    pub(super) fn finish(&mut self, result: &JobResult) {
-        if self.quiet {
-            return;
-        }
-        if let Some(run) = &result.run {
-            rest(run.stdout.as_bytes(), self.run.stdout, false);
-            rest(run.stderr.as_bytes(), self.run.stderr, true);
-        } else if let Some(compile) = &result.compile {
-            for (stderr, bytes) in std::mem::take(&mut self.held) {
-                write(stderr, &bytes);
-            }
-            rest(compile.stdout.as_bytes(), self.compile.stdout, false);
-            rest(compile.stderr.as_bytes(), self.compile.stderr, true);
         }
     }
 }

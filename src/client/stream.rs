@@ -8,6 +8,10 @@
 //! written twice. After [`RECONNECTS`] failed attempts in a row (or at once,
 //! when the API has no stream for the job: any 4xx but 401/403), the caller
 //! falls back to polling.
+//!
+//! What the events mean to the caller is an [`EventSink`]'s business (the
+//! `run` command's [`Printer`] writes them; `bench` times them), and where
+//! Ctrl-C comes from is an [`Interrupts`]'.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -22,7 +26,6 @@ use tokio_tungstenite::tungstenite::http::{HeaderValue, header};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::printer::Printer;
 use super::{CONNECT_TIMEOUT, ClientError};
 use crate::job::JobResult;
 use crate::job::events::JobEvent;
@@ -40,9 +43,41 @@ const CLOSE_TIMEOUT: Duration = Duration::from_millis(500);
 
 type Socket = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// What a [`Follower`] does with the events it receives, in order.
+pub(crate) trait EventSink {
+    /// A `stage` start event.
+    fn stage_started(&mut self, stage: &str);
+    /// A `stdout` (`stderr` = false) or `stderr` event.
+    fn output(&mut self, stderr: bool, bytes: Vec<u8>);
+    /// The `exit` event arrived (before the connection is closed).
+    fn exited(&mut self) {}
+}
+
+/// Where a [`Follower`] hears Ctrl-C.
+pub(crate) trait Interrupts {
+    /// Resolves at the next interrupt.
+    async fn recv(&mut self) -> Option<()>;
+}
+
+impl Interrupts for tokio::signal::unix::Signal {
+    async fn recv(&mut self) -> Option<()> {
+        tokio::signal::unix::Signal::recv(self).await
+    }
+}
+
+/// No interrupts: for a caller that leaves Ctrl-C to its default (ending
+/// the process).
+pub(crate) struct NoInterrupts;
+
+impl Interrupts for NoInterrupts {
+    async fn recv(&mut self) -> Option<()> {
+        std::future::pending().await
+    }
+}
+
 /// A frame for the job.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Outgoing {
+pub(crate) enum Outgoing {
     Stdin(Vec<u8>),
     StdinClose,
     Signal(&'static str),
@@ -50,7 +85,7 @@ pub(super) enum Outgoing {
 
 impl Outgoing {
     /// The frame's JSON: text as UTF-8 when it is, base64 otherwise.
-    pub(super) fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         let value = match self {
             Outgoing::Stdin(bytes) => match std::str::from_utf8(bytes) {
                 Ok(text) => serde_json::json!({"type": "stdin", "data": text}),
@@ -68,7 +103,7 @@ impl Outgoing {
 }
 
 /// How following the stream ended.
-pub(super) enum Followed {
+pub(crate) enum Followed {
     /// The `exit` event.
     Exit(Box<JobResult>),
     /// Ctrl-C in a non-interactive run: the caller cancels the job.
@@ -96,12 +131,12 @@ enum ConnectError {
     Fatal(ClientError),
 }
 
-pub(super) struct Follower<'a> {
+pub(crate) struct Follower<'a, S: EventSink> {
     /// `ws://host:port/v1/jobs/<id>/ws`.
     url: String,
     key: &'a str,
     interactive: bool,
-    pub(super) printer: Printer,
+    pub(crate) sink: S,
     /// The last `seq` seen; 0 before the first event.
     last_seq: u64,
     /// Frames read from `input` that are not sent yet (in order).
@@ -111,12 +146,12 @@ pub(super) struct Follower<'a> {
     last_interrupt: Option<Instant>,
 }
 
-impl<'a> Follower<'a> {
-    pub(super) fn new(
+impl<'a, S: EventSink> Follower<'a, S> {
+    pub(crate) fn new(
         base: &str,
         id: &str,
         key: &'a str,
-        printer: Printer,
+        sink: S,
         input: Option<mpsc::Receiver<Outgoing>>,
     ) -> Self {
         let host = base.strip_prefix("http://").unwrap_or(base);
@@ -124,7 +159,7 @@ impl<'a> Follower<'a> {
             url: format!("ws://{host}/v1/jobs/{id}/ws"),
             key,
             interactive: input.is_some(),
-            printer,
+            sink,
             last_seq: 0,
             pending: VecDeque::new(),
             input,
@@ -133,7 +168,7 @@ impl<'a> Follower<'a> {
     }
 
     /// Follows the job to its `exit` event, reconnecting as needed.
-    pub(super) async fn follow(&mut self, interrupt: &mut tokio::signal::unix::Signal) -> Followed {
+    pub(crate) async fn follow(&mut self, interrupt: &mut impl Interrupts) -> Followed {
         let mut failures = 0u32;
         let mut backoff = FIRST_BACKOFF;
         loop {
@@ -229,11 +264,7 @@ impl<'a> Follower<'a> {
     }
 
     /// One connection: events in, frames out, until `exit` or the end.
-    async fn session(
-        &mut self,
-        mut socket: Socket,
-        interrupt: &mut tokio::signal::unix::Signal,
-    ) -> Session {
+    async fn session(&mut self, mut socket: Socket, interrupt: &mut impl Interrupts) -> Session {
         loop {
             while let Some(frame) = self.pending.front() {
                 if let Err(error) = socket.send(Message::text(frame.to_json())).await {
@@ -299,10 +330,13 @@ impl<'a> Follower<'a> {
             Err(_) => return Ok(None),
         };
         match event {
-            JobEvent::Exit { result, .. } => return Ok(Some(result)),
+            JobEvent::Exit { result, .. } => {
+                self.sink.exited();
+                return Ok(Some(result));
+            }
             JobEvent::Stage { stage, state, .. } => {
                 if state == crate::job::events::StageState::Start {
-                    self.printer.stage_started(&stage);
+                    self.sink.stage_started(&stage);
                 }
             }
             JobEvent::Stdout { .. } | JobEvent::Stderr { .. } => {
@@ -310,7 +344,7 @@ impl<'a> Follower<'a> {
                 let bytes = event.output_bytes().ok_or_else(|| {
                     ClientError::Protocol(format!("an output event does not decode: {text}"))
                 })?;
-                self.printer.output(stderr, bytes);
+                self.sink.output(stderr, bytes);
             }
             JobEvent::Error { message } => {
                 eprintln!("code-runner: the API refused a frame: {message}");
@@ -354,6 +388,7 @@ pub(super) fn read_terminal() -> mpsc::Receiver<Outgoing> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::printer::Printer;
 
     #[test]
     fn frames_are_the_documented_json() {

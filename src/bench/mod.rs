@@ -1,0 +1,338 @@
+//! `code-runner bench`: a load generator a user points at their own server
+//! (or, with `--engine`, at the sandbox engine alone) to measure submit →
+//! first output, submit → result, jobs/s, the warm/cold split and, with
+//! `--interactive`, the stdin → stdout round trip (DESIGN §8).
+//!
+//! - [`load`]: the lanes that submit and follow the jobs, one path each for
+//!   the WebSocket, `?wait=true` and the engine; reuses the `run` command's
+//!   HTTP client and WebSocket follower.
+//! - [`echo`]: the interactive round trip, as pure state.
+//! - [`stats`]: nearest-rank percentiles.
+//! - [`report`]: the progress line, the text report and `--json`.
+//! - [`programs`]: the built-in hello world and echo program per language.
+//!
+//! Exit codes: 0 when every job succeeded (and every line came back), 1 when
+//! the run completed but some did not (the report says which and why), 130
+//! after Ctrl-C (the report covers the jobs that ran), 64 for bad flags, a
+//! refused key or a job the API rejects, 69 when Docker (`--engine`) cannot
+//! be reached.
+
+mod echo;
+mod load;
+mod programs;
+mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use tokio_util::sync::CancellationToken;
+
+use crate::client::{ApiTarget, language_for, read_source};
+use crate::config::SandboxSettings;
+use crate::exit;
+use crate::job::{Encoding, FileSpec, JobSpec, prepare};
+use crate::languages::LanguageCatalog;
+use crate::sandbox::SandboxEngine;
+use load::{Plan, Target};
+use report::{Progress, Report, Setup};
+
+/// Exit code of a run in which some job did not succeed.
+const SOME_JOBS_DID_NOT_SUCCEED: u8 = 1;
+/// Longest a single request may take (a `?wait=true` lasts as long as its job).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How submit → result is measured through the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Via {
+    /// `POST /v1/jobs`, then the job's WebSocket: the first `stdout` event is
+    /// the first output, the `exit` event the result.
+    Ws,
+    /// One `POST /v1/jobs?wait=true`: its answer is the result (no
+    /// first-output figure).
+    Wait,
+}
+
+impl Via {
+    fn name(self) -> &'static str {
+        match self {
+            Via::Ws => "ws",
+            Via::Wait => "wait",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub api: ApiTarget,
+    /// Run the jobs straight through the sandbox engine in this process: no
+    /// Redis, no API (the sandbox settings below apply only then).
+    #[arg(long)]
+    pub engine: bool,
+    /// How submit → result is measured through the API: `ws` (POST /v1/jobs,
+    /// then the job's WebSocket) or `wait` (one POST /v1/jobs?wait=true).
+    #[arg(long, value_enum, default_value_t = Via::Ws)]
+    pub via: Via,
+    /// Language id or alias (default: python, or the program's extension).
+    #[arg(short, long)]
+    pub language: Option<String>,
+    /// The program to run (default: a built-in hello world printing 42, or
+    /// with --interactive an echo program).
+    #[arg(long)]
+    pub program: Option<PathBuf>,
+    /// How many jobs to run.
+    #[arg(short = 'n', long, default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub jobs: u32,
+    /// How many jobs are in flight at once.
+    #[arg(short, long, default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Interactive jobs: time the stdin → stdout round trip (over the
+    /// WebSocket; with --engine, in the engine). The program must print a
+    /// line when it is ready, then write back each line it reads.
+    #[arg(short, long)]
+    pub interactive: bool,
+    /// Round trips per interactive job.
+    #[arg(long, default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub round_trips: u32,
+    /// Write the report as one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub sandbox: SandboxSettings,
+}
+
+fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
+    eprintln!("code-runner: {message}");
+    code
+}
+
+/// The job every run of the benchmark submits, and how to name its program.
+fn job_spec(args: &BenchArgs, catalog: &LanguageCatalog) -> Result<(JobSpec, String), String> {
+    let (language, file, program) = match &args.program {
+        Some(path) => {
+            let file = read_source(path)?;
+            let language = language_for(catalog, args.language.as_deref(), &file.name)?;
+            (language, file, path.display().to_string())
+        }
+        None => {
+            let asked = args.language.as_deref().unwrap_or("python");
+            let language = catalog.find(asked).ok_or_else(|| {
+                format!(
+                    "unknown language {asked:?} (known: {})",
+                    catalog.ids().join(", ")
+                )
+            })?;
+            let source = programs::built_in(&language.id, args.interactive).ok_or_else(|| {
+                format!(
+                    "there is no built-in program for {} (there is for {}); pass --program FILE",
+                    language.id,
+                    programs::languages().join(", ")
+                )
+            })?;
+            let file = FileSpec {
+                name: language.source_file.clone(),
+                content: source.to_string(),
+                encoding: Encoding::Utf8,
+            };
+            let what = if args.interactive {
+                "built-in echo"
+            } else {
+                "built-in hello world"
+            };
+            (language.id.clone(), file, what.to_string())
+        }
+    };
+    let spec = JobSpec {
+        language,
+        files: vec![file],
+        interactive: args.interactive,
+        ..Default::default()
+    };
+    Ok((spec, program))
+}
+
+pub async fn run(args: BenchArgs) -> u8 {
+    if args.engine && args.via == Via::Wait {
+        return fail(
+            exit::USAGE,
+            "--via wait measures through the API; it does not go with --engine",
+        );
+    }
+    if args.interactive && args.via == Via::Wait {
+        return fail(
+            exit::USAGE,
+            "--interactive sends stdin over the WebSocket; it needs --via ws",
+        );
+    }
+    let plan = Plan {
+        jobs: args.jobs,
+        concurrency: args.concurrency,
+        round_trips: args.interactive.then_some(args.round_trips),
+    };
+    if args.engine {
+        on_engine(&args, plan).await
+    } else {
+        through_api(&args, plan).await
+    }
+}
+
+async fn through_api(args: &BenchArgs, plan: Plan) -> u8 {
+    let api = match args.api.api(REQUEST_TIMEOUT) {
+        Ok(api) => api,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    // As `run` does: the catalog built into this binary guesses the language
+    // of a file; the server decides whether it offers it.
+    let catalog = match LanguageCatalog::embedded() {
+        Ok(catalog) => catalog,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    let (spec, program) = match job_spec(args, &catalog) {
+        Ok(job) => job,
+        Err(message) => return fail(exit::USAGE, message),
+    };
+    let body = match serde_json::to_vec(&spec) {
+        Ok(body) => body,
+        Err(error) => return fail(exit::PLATFORM_ERROR, error),
+    };
+    let setup = Setup {
+        target: "api",
+        via: Some(args.via.name()),
+        url: Some(api.base.clone()),
+        runtime: None,
+        language: spec.language.clone(),
+        program,
+        interactive: args.interactive,
+        concurrency: plan.concurrency.min(plan.jobs),
+        round_trips: plan.round_trips,
+        load_before: report::load_average(),
+    };
+    let target = Target::Api {
+        api: &api,
+        body: &body,
+        wait: args.via == Via::Wait,
+    };
+    measure(&target, plan, setup, args.json).await
+}
+
+async fn on_engine(args: &BenchArgs, plan: Plan) -> u8 {
+    // A CLI's worker id, as `sandbox run` has: its containers are labelled
+    // with it and removed after each job.
+    let worker_id = format!("cli-{}", uuid::Uuid::new_v4());
+    let setup = match args.sandbox.build(&worker_id) {
+        Ok(setup) => setup,
+        Err(error) => return fail(exit::USAGE, error),
+    };
+    let (spec, program) = match job_spec(args, &setup.catalog) {
+        Ok(job) => job,
+        Err(message) => return fail(exit::USAGE, message),
+    };
+    let job = match prepare(&spec, &setup.catalog, &setup.policy) {
+        Ok(job) => job,
+        Err(error) => return fail(exit::USAGE, format!("invalid job: {error}")),
+    };
+    let runtime = setup
+        .sandbox
+        .runtime
+        .clone()
+        .unwrap_or_else(|| "runc".to_string());
+    let engine = match SandboxEngine::connect(setup.sandbox).await {
+        Ok(engine) => engine,
+        Err(error) => return fail(exit::UNAVAILABLE, error),
+    };
+    let report_setup = Setup {
+        target: "engine",
+        via: None,
+        url: None,
+        runtime: Some(runtime),
+        language: job.language.id.clone(),
+        program,
+        interactive: args.interactive,
+        concurrency: plan.concurrency.min(plan.jobs),
+        round_trips: plan.round_trips,
+        load_before: report::load_average(),
+    };
+    let target = Target::Engine {
+        engine: &engine,
+        job: &job,
+    };
+    measure(&target, plan, report_setup, args.json).await
+}
+
+/// Runs the plan, prints the report, and says how it went.
+async fn measure(target: &Target<'_>, plan: Plan, setup: Setup, json: bool) -> u8 {
+    let progress = Progress::new(plan.jobs);
+    // Ctrl-C stops the run: no new job starts, the report covers the jobs
+    // that ran. A second Ctrl-C ends it without a report.
+    let stop = CancellationToken::new();
+    let first = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.cancel();
+            }
+        })
+    };
+    let second = async {
+        stop.cancelled().await;
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let run = tokio::select! {
+        run = load::run(target, plan, &progress, &stop) => run,
+        () = second => return fail(exit::CANCELLED, "interrupted twice; stopped without a report"),
+    };
+    first.abort();
+    if let Some(error) = run.aborted {
+        return fail(
+            error.exit_code(),
+            format!("{error}; stopped after {} jobs", run.samples.len()),
+        );
+    }
+    let interrupted = stop.is_cancelled();
+    let report = Report::new(
+        setup,
+        &run.samples,
+        run.started,
+        interrupted.then_some(plan.jobs),
+    );
+    if json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => return fail(exit::PLATFORM_ERROR, error),
+        }
+    } else {
+        print!("{}", report.text());
+    }
+    if interrupted {
+        return fail(
+            exit::CANCELLED,
+            format!(
+                "interrupted after {} of {} jobs",
+                report.counts.submitted, plan.jobs
+            ),
+        );
+    }
+    if report.all_succeeded() {
+        return 0;
+    }
+    let c = &report.counts;
+    let lost = report
+        .round_trips
+        .as_ref()
+        .map_or(0, |r| r.sent.saturating_sub(r.echoed));
+    fail(
+        SOME_JOBS_DID_NOT_SUCCEED,
+        format!(
+            "{} of {} jobs did not succeed ({} failed, {} errors); {lost} lines not echoed",
+            c.submitted - c.succeeded,
+            c.submitted,
+            c.failed,
+            c.errors
+        ),
+    )
+}

@@ -1,0 +1,393 @@
+//! `code-runner bench` against a real `code-runner serve` (its own
+//! redis-server, the real dockerd) and against the sandbox engine alone: the
+//! report parses, its counts add up, its percentiles are ordered, every
+//! round trip sent is accounted for, and what went wrong is counted, never
+//! hidden. A benchmark measures; these tests assert what it reports, never
+//! how fast anything was.
+
+mod common;
+
+use std::process::Output;
+
+use common::containers::docker;
+use common::daemon::{self, DaemonBuilder, KEY_A, Role, run_to_end};
+use common::redis_server::{RedisServer, free_port};
+use common::{CliHarness, source};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+/// `code-runner bench ARGS… --json` to its end; the report it printed.
+fn bench_json(args: &[&str]) -> (Output, Value) {
+    bench_json_with(args, &[])
+}
+
+/// The same with environment variables.
+fn bench_json_with(args: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = run_to_end(&all, env);
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench --json printed no JSON ({e}): {out:?}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, report)
+}
+
+fn count(report: &Value, pointer: &str) -> u64 {
+    report
+        .pointer(pointer)
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("no count at {pointer} in {report:#}"))
+}
+
+/// Asserts a latency summary: `samples` samples, min ≤ p50 ≤ p95 ≤ p99 ≤ max.
+fn assert_summary(report: &Value, pointer: &str, samples: u64) {
+    let summary = report
+        .pointer(pointer)
+        .unwrap_or_else(|| panic!("no {pointer} in {report:#}"));
+    assert_eq!(summary["samples"], samples, "{pointer}: {report:#}");
+    let at = |name: &str| {
+        summary[name]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {pointer}/{name} in {report:#}"))
+    };
+    let ordered = [at("min"), at("p50"), at("p95"), at("p99"), at("max")];
+    assert!(
+        ordered.windows(2).all(|w| w[0] <= w[1]) && ordered[0] >= 0.0,
+        "{pointer} is not ordered: {report:#}"
+    );
+    assert!(
+        at("min") <= at("mean") && at("mean") <= at("max"),
+        "{report:#}"
+    );
+}
+
+/// Every job of `jobs` succeeded, and the report's counts say so.
+fn assert_all_succeeded(out: &Output, report: &Value, jobs: u64) {
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(count(report, "/counts/submitted"), jobs, "{report:#}");
+    assert_eq!(count(report, "/counts/succeeded"), jobs, "{report:#}");
+    assert_eq!(count(report, "/counts/failed"), 0, "{report:#}");
+    assert_eq!(count(report, "/counts/errors"), 0, "{report:#}");
+    assert_eq!(report["statuses"], serde_json::json!({"succeeded": jobs}));
+    assert_eq!(report["errors"], serde_json::json!([]));
+    assert_eq!(report["failures"], serde_json::json!([]));
+    // Every job that ran started warm, cold, or without saying which.
+    let starts = count(report, "/start/warm")
+        + count(report, "/start/cold")
+        + count(report, "/start/unknown");
+    assert_eq!(starts, jobs, "{report:#}");
+    assert_summary(report, "/result_ms", jobs);
+    assert!(report["jobs_per_sec"].as_f64().unwrap() > 0.0, "{report:#}");
+    assert!(report["elapsed_ms"].as_f64().unwrap() > 0.0, "{report:#}");
+    // No progress line: stderr is not a terminal.
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{report:#}");
+}
+
+#[tokio::test]
+async fn through_the_api_by_websocket_and_by_wait_every_job_is_counted_and_timed() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let url = daemon.url.clone();
+
+    let (out, report) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || {
+            bench_json(&[
+                "--url",
+                &url,
+                "--key",
+                KEY_A,
+                "--jobs",
+                "6",
+                "--concurrency",
+                "3",
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert_all_succeeded(&out, &report, 6);
+    assert_eq!(report["target"], "api");
+    assert_eq!(report["via"], "ws");
+    assert_eq!(report["language"], "python");
+    assert_eq!(report["concurrency"], 3);
+    // Every job printed 42: each has a first output, before its result.
+    assert_summary(&report, "/first_output_ms", 6);
+    assert!(report["first_output_ms"]["min"].as_f64() <= report["result_ms"]["max"].as_f64());
+    assert_eq!(count(&report, "/counts/busy_retries"), 0);
+    assert!(report["round_trips"].is_null(), "{report:#}");
+
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&[
+            "--url", &url, "--key", KEY_A, "--via", "wait", "--jobs", "4", "-c", "2",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_all_succeeded(&out, &report, 4);
+    assert_eq!(report["via"], "wait");
+    // One request per job: no first output to time.
+    assert!(report["first_output_ms"].is_null(), "{report:#}");
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn interactive_jobs_report_every_round_trip_they_sent() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let url = daemon.url.clone();
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&[
+            "--url",
+            &url,
+            "--key",
+            KEY_A,
+            "--interactive",
+            "--round-trips",
+            "5",
+            "--jobs",
+            "2",
+            "--concurrency",
+            "2",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_all_succeeded(&out, &report, 2);
+    assert_eq!(report["interactive"], true);
+    assert_eq!(report["program"], "built-in echo");
+    assert_eq!(count(&report, "/round_trips/per_job"), 5);
+    assert_eq!(count(&report, "/round_trips/sent"), 10, "{report:#}");
+    assert_eq!(count(&report, "/round_trips/echoed"), 10, "{report:#}");
+    assert_summary(&report, "/round_trips/ms", 10);
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn answers_429_are_waited_out_and_counted() {
+    let redis = RedisServer::start();
+    // Key a may have one job at a time.
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A}:1"))
+        .start()
+        .await;
+    let busy = daemon.submit(&daemon::sleeper(2.0)).await;
+    assert_eq!(busy.status, StatusCode::ACCEPTED, "{busy:#?}");
+    let url = daemon.url.clone();
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&[
+            "--url", &url, "--key", KEY_A, "--via", "wait", "--jobs", "2", "-c", "1",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_all_succeeded(&out, &report, 2);
+    // The first submission met the sleeper's job at least once.
+    assert!(count(&report, "/counts/busy_retries") >= 1, "{report:#}");
+    assert_eq!(daemon.job(&busy.id()).await["status"], "succeeded");
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn the_engine_alone_needs_no_redis_and_no_api() {
+    let cli = CliHarness::new().await;
+    // Nothing listens at this Redis URL; --engine never looks.
+    let nowhere = format!("redis://127.0.0.1:{}", free_port());
+    let env = [("CODE_RUNNER_REDIS_URL", nowhere.as_str())];
+    let (out, report) = bench_json_with(&["--engine", "--jobs", "3", "-c", "2"], &env);
+    assert_all_succeeded(&out, &report, 3);
+    assert_eq!(report["target"], "engine");
+    assert_eq!(report["runtime"], "runc");
+    assert!(report["url"].is_null());
+    assert_summary(&report, "/first_output_ms", 3);
+
+    let interactive = [
+        "--engine",
+        "--interactive",
+        "--round-trips",
+        "4",
+        "--jobs",
+        "2",
+    ];
+    let (out, report) = bench_json_with(&interactive, &env);
+    assert_all_succeeded(&out, &report, 2);
+    assert_eq!(count(&report, "/round_trips/sent"), 8, "{report:#}");
+    assert_eq!(count(&report, "/round_trips/echoed"), 8, "{report:#}");
+    cli.assert_clean().await;
+}
+
+#[tokio::test]
+async fn jobs_that_fail_are_counted_by_status_and_the_exit_code_says_so() {
+    let cli = CliHarness::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let program = source(dir.path(), "fails.py", "raise SystemExit(3)\n");
+    let program = program.to_str().unwrap();
+    let out = run_to_end(
+        &["bench", "--engine", "--program", program, "--jobs", "2"],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("jobs         0 succeeded, 2 failed, 0 errors"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("failed       2 × failed: exit code 3\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.starts_with(&format!(
+            "2 python jobs ({program}) through the sandbox engine (runc, no Redis, no API), 2 at a time\n"
+        )),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr,
+        "code-runner: 2 of 2 jobs did not succeed (2 failed, 0 errors); 0 lines not echoed\n"
+    );
+    cli.assert_clean().await;
+}
+
+#[tokio::test]
+async fn an_api_that_cannot_be_reached_is_an_error_per_job() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&["--url", &url, "--key", KEY_A, "--jobs", "3", "-c", "2"])
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    assert_eq!(count(&report, "/counts/submitted"), 3);
+    assert_eq!(count(&report, "/counts/errors"), 3);
+    assert_eq!(count(&report, "/counts/succeeded"), 0);
+    assert_eq!(report["errors"][0]["count"], 3, "{report:#}");
+    let message = report["errors"][0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("cannot reach http://127.0.0.1:"),
+        "{message}"
+    );
+    assert!(report["result_ms"].is_null());
+}
+
+#[tokio::test]
+async fn a_refused_key_or_bad_flags_stop_at_once_with_exit_64() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let url = daemon.url.clone();
+    let out = tokio::task::spawn_blocking(move || {
+        run_to_end(
+            &["bench", "--url", &url, "--key", "not-a-key", "--jobs", "50"],
+            &[],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "code-runner: the API refused the key; stopped after 0 jobs\n"
+    );
+    assert!(out.stdout.is_empty());
+
+    let usage = |args: &[&str], line: &str| {
+        let out = run_to_end(args, &[]);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), line, "{args:?}");
+    };
+    usage(
+        &["bench", "--key", KEY_A, "--via", "wait", "--interactive"],
+        "code-runner: --interactive sends stdin over the WebSocket; it needs --via ws\n",
+    );
+    usage(
+        &["bench", "--engine", "--via", "wait"],
+        "code-runner: --via wait measures through the API; it does not go with --engine\n",
+    );
+    usage(
+        &["bench", "--key", KEY_A, "--language", "cobol"],
+        "code-runner: unknown language \"cobol\" (known: python, javascript, c, cpp, bash, ruby, go)\n",
+    );
+    usage(
+        &["bench"],
+        "code-runner: CODE_RUNNER_API_KEY is not set: it is the API key to submit with (scripts/up prints one)\n",
+    );
+    let out = run_to_end(&["bench", "--key", KEY_A, "--jobs", "0"], &[]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--jobs <JOBS>"),
+        "{out:?}"
+    );
+    daemon.assert_no_containers(&docker().await).await;
+}
+
+#[tokio::test]
+async fn every_built_in_program_runs_and_echoes() {
+    let cli = CliHarness::new().await;
+    for language in ["python", "javascript", "c", "cpp", "bash", "ruby", "go"] {
+        let args = ["--engine", "--language", language, "--jobs", "1"];
+        let (out, report) = bench_json(&args);
+        assert_all_succeeded(&out, &report, 1);
+        assert_eq!(report["language"], language);
+        assert_eq!(report["program"], "built-in hello world");
+
+        let interactive = ["--interactive", "--round-trips", "2"];
+        let (out, report) = bench_json(&[&args[..], &interactive].concat());
+        assert_all_succeeded(&out, &report, 1);
+        assert_eq!(count(&report, "/round_trips/sent"), 2, "{report:#}");
+        assert_eq!(count(&report, "/round_trips/echoed"), 2, "{report:#}");
+    }
+    cli.assert_clean().await;
+}
+
+#[tokio::test]
+async fn ctrl_c_stops_the_run_removes_its_sandboxes_and_reports_what_ran() {
+    let cli = CliHarness::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let program = source(dir.path(), "slow.py", "import time\ntime.sleep(60)\n");
+    let mut child = daemon::ChildGuard(
+        common::code_runner()
+            .args(["bench", "--engine", "--jobs", "5", "-c", "2", "--json"])
+            .arg("--program")
+            .arg(&program)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the code-runner binary starts"),
+    );
+    let stdout = common::drain(child.0.stdout.take());
+    let stderr = common::drain(child.0.stderr.take());
+    // Both lanes have a sandbox running.
+    common::wait_for(
+        "two sandboxes of the benchmark",
+        std::time::Duration::from_secs(30),
+        async || (cli.leftovers().await.len() == 2).then_some(()),
+    )
+    .await;
+    let pid = nix::unistd::Pid::from_raw(child.0.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "bench did not end within 30 s of Ctrl-C"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let stdout = stdout.join().unwrap();
+    let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(stderr, "code-runner: interrupted after 2 of 5 jobs\n");
+    let report: Value = serde_json::from_slice(&stdout).expect("the report is JSON");
+    assert_eq!(report["interrupted_of"], 5, "{report:#}");
+    assert_eq!(count(&report, "/counts/submitted"), 2, "{report:#}");
+    assert_eq!(report["statuses"], serde_json::json!({"cancelled": 2}));
+    cli.assert_clean().await;
+}
