@@ -446,6 +446,7 @@ fn build_stages(
                 fsize_bytes,
                 nofile,
                 nproc: None,
+                cpu_quota_millis: None,
             },
         });
     }
@@ -465,6 +466,7 @@ fn build_stages(
             fsize_bytes,
             nofile,
             nproc: None,
+            cpu_quota_millis: None,
         },
     });
     stages

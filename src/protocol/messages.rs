@@ -76,6 +76,12 @@ pub struct StageLimits {
     /// include every sandbox on the host, and the pids cgroup does the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nproc: Option<u64>,
+    /// The container's CPU quota in thousandths of a CPU. Only set under
+    /// gVisor, whose kernel shows the supervisor every host CPU and not the
+    /// quota; it caps the CPU time the supervisor believes (gVisor counts
+    /// time spent waiting for the quota as CPU time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_millis: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,6 +299,7 @@ mod tests {
             fsize_bytes: 1024,
             nofile: 64,
             nproc: None,
+            cpu_quota_millis: None,
         }
     }
 
