@@ -8,7 +8,7 @@ use clap::Args;
 
 use crate::job::limits::{CompileLimitsRequest, LimitPolicy, LimitsRequest, parse_limit_list};
 use crate::languages::LanguageCatalog;
-use crate::sandbox::{SandboxConfig, SeccompProfile};
+use crate::sandbox::{Door, SandboxConfig, SeccompProfile};
 
 /// A setting that failed validation.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,12 @@ pub struct SandboxSettings {
     /// seccomp/profile.json when unset.
     #[arg(long, env = "CODE_RUNNER_SECCOMP_PROFILE")]
     pub seccomp_profile: Option<PathBuf>,
+
+    /// Kernel doors the seccomp profile may re-open, comma-separated:
+    /// socket-families, compat-abi, modify_ldt. A profile that re-opens one
+    /// not listed here is refused.
+    #[arg(long, env = "CODE_RUNNER_SECCOMP_ALLOW")]
+    pub seccomp_allow: Option<String>,
 
     /// Language catalog (languages.toml); the built-in copy when unset.
     #[arg(long, env = "CODE_RUNNER_LANGUAGES_FILE")]
@@ -106,7 +112,9 @@ impl SandboxSettings {
                 format!("{} is not between 0 and 64", self.sandbox_cpus),
             ));
         }
-        let seccomp = SeccompProfile::load(self.seccomp_profile.as_deref())
+        let doors = Door::parse_list(self.seccomp_allow.as_deref().unwrap_or(""))
+            .map_err(|message| ConfigError::new("CODE_RUNNER_SECCOMP_ALLOW", message))?;
+        let seccomp = SeccompProfile::load_allowing(self.seccomp_profile.as_deref(), &doors)
             .map_err(|e| ConfigError::new("CODE_RUNNER_SECCOMP_PROFILE", e.to_string()))?;
         let catalog = LanguageCatalog::load(self.languages_file.as_deref())
             .map_err(|e| ConfigError::new("CODE_RUNNER_LANGUAGES_FILE", e.to_string()))?;

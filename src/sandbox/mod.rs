@@ -19,7 +19,7 @@ pub use container::{
     ContainerGuard, KEPT_CAPABILITIES, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE,
     LABEL_WORKER, SandboxContainer, container_config, container_name, force_remove, list_sandboxes,
 };
-pub use seccomp::{EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
+pub use seccomp::{Door, EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
 
 use crate::job::{JobResult, PreparedJob, StageResult};
 use crate::protocol::SignalKind;

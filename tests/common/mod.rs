@@ -34,6 +34,7 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
     SandboxSettings {
         runtime: Some(runtime.unwrap_or("runc").to_string()),
         seccomp_profile: None,
+        seccomp_allow: None,
         languages_file: None,
         sandbox_cpus: 1.0,
         default_limits: None,
