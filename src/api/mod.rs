@@ -47,7 +47,7 @@ use crate::queue::Queue;
 
 pub use auth::{ApiKeys, Caller};
 pub use error::ApiError;
-pub use tokens::{TokenError, TokenSigner};
+pub use tokens::{AttachTokens, Scope, TokenError, TokenSigner};
 
 /// Everything the API needs, validated by the caller.
 pub struct ApiConfig {
