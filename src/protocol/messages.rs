@@ -310,6 +310,25 @@ mod tests {
     }
 
     #[test]
+    fn stage_limits_stay_compatible_both_ways() {
+        // Without the optional fields the JSON is the first version's, and
+        // the first version's JSON decodes with them unset.
+        let json = serde_json::to_value(limits()).unwrap();
+        assert!(json.get("nproc").is_none() && json.get("cpu_quota_millis").is_none());
+        let decoded: StageLimits = serde_json::from_value(json).unwrap();
+        assert_eq!(decoded, limits());
+        // A field a newer worker adds is ignored by this supervisor.
+        let mut newer = serde_json::to_value(StageLimits {
+            cpu_quota_millis: Some(1500),
+            ..limits()
+        })
+        .unwrap();
+        newer["a_later_field"] = serde_json::json!(7);
+        let decoded: StageLimits = serde_json::from_value(newer).unwrap();
+        assert_eq!(decoded.cpu_quota_millis, Some(1500));
+    }
+
+    #[test]
     fn host_messages_roundtrip() {
         let bundle = HostMessage::Bundle(Box::new(Bundle {
             workspace: "/workspace".into(),
