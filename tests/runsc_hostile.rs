@@ -10,15 +10,7 @@ mod common;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobSpec, Status};
 use code_runner::protocol::Reason;
-use common::{Harness, job_with_limits, runsc_enabled};
-
-async fn runsc_harness(test: &str) -> Option<Harness> {
-    if !runsc_enabled() {
-        println!("{test}: runsc tests are skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
-        return None;
-    }
-    Some(Harness::with_runtime(Some("runsc")).await)
-}
+use common::{Harness, job_with_limits, runsc_harness};
 
 fn runs() -> usize {
     std::env::var("CODE_RUNNER_GVISOR_BOMB_RUNS")

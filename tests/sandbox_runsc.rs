@@ -8,17 +8,7 @@ mod common;
 use code_runner::job::Status;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::protocol::Reason;
-use common::{Harness, job, job_with_limits, python, runsc_enabled, stdout, stdout_lines};
-
-/// A harness on runsc, or `None` (with a line saying so) when runsc tests
-/// are not enabled.
-async fn runsc_harness(test: &str) -> Option<Harness> {
-    if !runsc_enabled() {
-        println!("{test}: runsc tests are skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
-        return None;
-    }
-    Some(Harness::with_runtime(Some("runsc")).await)
-}
+use common::{job, job_with_limits, python, runsc_harness, stdout, stdout_lines};
 
 #[tokio::test]
 async fn hello_world_runs_under_gvisor() {

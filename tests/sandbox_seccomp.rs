@@ -12,17 +12,7 @@ use std::process::{Command, Stdio};
 use code_runner::job::{JobSpec, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::EMBEDDED_PROFILE;
-use common::{CliHarness, Harness, job, python, runsc_enabled, stdout_lines};
-
-async fn harnesses(test: &str) -> Vec<(&'static str, Harness)> {
-    let mut list = vec![("runc", Harness::new().await)];
-    if runsc_enabled() {
-        list.push(("runsc", Harness::with_runtime(Some("runsc")).await));
-    } else {
-        println!("{test}: runsc part skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
-    }
-    list
-}
+use common::{CliHarness, Harness, harness_per_runtime, job, python, stdout_lines};
 
 /// Runs `spec`, which must succeed, and returns its stdout lines.
 async fn run_ok(runtime: &str, harness: &Harness, spec: &JobSpec) -> Vec<String> {
@@ -61,7 +51,9 @@ probe("socketpair(AF_NETLINK)", lambda: socket.socketpair(16, socket.SOCK_RAW))
 
 #[tokio::test]
 async fn sockets_only_of_the_unix_and_internet_families() {
-    for (runtime, harness) in harnesses("sockets_only_of_the_unix_and_internet_families").await {
+    for (runtime, harness) in
+        harness_per_runtime("sockets_only_of_the_unix_and_internet_families").await
+    {
         let lines = run_ok(runtime, &harness, &python(SOCKET_PROBE)).await;
         let expected: &[&str] = if runtime == "runc" {
             // The profile answers EAFNOSUPPORT, as a kernel without the
@@ -163,7 +155,9 @@ int main(void) {
 
 #[tokio::test]
 async fn compat_system_calls_and_modify_ldt_are_refused() {
-    for (runtime, harness) in harnesses("compat_system_calls_and_modify_ldt_are_refused").await {
+    for (runtime, harness) in
+        harness_per_runtime("compat_system_calls_and_modify_ldt_are_refused").await
+    {
         let lines = run_ok(runtime, &harness, &job("c", "main.c", COMPAT_PROBE)).await;
         let expected: &[&str] = if runtime == "runc" {
             // A system call of an architecture the filter does not list is
