@@ -65,6 +65,10 @@ pub async fn run(
         Ok(floors) => floors.unwrap_or_default(),
         Err(error) => return config_error(error),
     };
+    let token_secret = match api.map(ApiSettings::token_secret).transpose() {
+        Ok(secret) => secret.flatten(),
+        Err(error) => return config_error(error),
+    };
     let keys = match api.map(|a| ApiKeys::parse(a.api_keys.as_deref().unwrap_or(""))) {
         Some(Err(message)) => {
             return config_error(ConfigError {
@@ -195,7 +199,8 @@ pub async fn run(
     let served = match (api, keys) {
         (Some(settings), Some(keys)) => {
             let tokens = match TokenSigner::from_config(
-                settings.token_secret.as_deref(),
+                token_secret,
+                &keys,
                 &queue,
                 Duration::from_secs(settings.token_ttl_secs),
             )

@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use crate::api::tokens::MIN_SECRET_BYTES;
 use crate::job::limits::{CompileLimitsRequest, LimitPolicy, LimitsRequest, parse_limit_list};
 use crate::languages::LanguageCatalog;
-use crate::sandbox::{SandboxConfig, SeccompProfile};
+use crate::sandbox::{Door, SandboxConfig, SeccompProfile};
 
 /// A setting that failed validation.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +39,12 @@ pub struct SandboxSettings {
     /// seccomp/profile.json when unset.
     #[arg(long, env = "CODE_RUNNER_SECCOMP_PROFILE")]
     pub seccomp_profile: Option<PathBuf>,
+
+    /// Kernel doors the seccomp profile may re-open, comma-separated:
+    /// socket-families, compat-abi, modify_ldt. A profile that re-opens one
+    /// not listed here is refused.
+    #[arg(long, env = "CODE_RUNNER_SECCOMP_ALLOW")]
+    pub seccomp_allow: Option<String>,
 
     /// Language catalog (languages.toml); the built-in copy when unset.
     #[arg(long, env = "CODE_RUNNER_LANGUAGES_FILE")]
@@ -115,7 +122,9 @@ impl SandboxSettings {
                 format!("{} is not between 0 and 64", self.sandbox_cpus),
             ));
         }
-        let seccomp = SeccompProfile::load(self.seccomp_profile.as_deref())
+        let doors = Door::parse_list(self.seccomp_allow.as_deref().unwrap_or(""))
+            .map_err(|message| ConfigError::new("CODE_RUNNER_SECCOMP_ALLOW", message))?;
+        let seccomp = SeccompProfile::load_allowing(self.seccomp_profile.as_deref(), &doors)
             .map_err(|e| ConfigError::new("CODE_RUNNER_SECCOMP_PROFILE", e.to_string()))?;
         let catalog = LanguageCatalog::load(self.languages_file.as_deref())
             .map_err(|e| ConfigError::new("CODE_RUNNER_LANGUAGES_FILE", e.to_string()))?;
@@ -197,11 +206,13 @@ impl SandboxSettings {
 /// Where the shared state lives.
 #[derive(Debug, Clone, Args)]
 pub struct RedisSettings {
-    /// Redis URL.
+    /// Redis URL (it may hold a password, so `--help` never shows the
+    /// environment's value).
     #[arg(
         long,
         env = "CODE_RUNNER_REDIS_URL",
-        default_value = "redis://127.0.0.1:6379"
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
     )]
     pub redis_url: String,
 
@@ -415,7 +426,7 @@ pub struct ApiSettings {
     /// API keys: `name:key[:max_active][:admin]` separated by commas;
     /// max_active caps the key's queued + running jobs; admin is the scope
     /// fleet-wide settings (the warm capacity schedule) need.
-    #[arg(long, env = "CODE_RUNNER_API_KEYS")]
+    #[arg(long, env = "CODE_RUNNER_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
 
     /// Submissions are refused (429) once this many jobs are queued.
@@ -431,8 +442,9 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_MAX_WAIT_MS", default_value_t = 60000)]
     pub max_wait_ms: u64,
 
-    /// Secret for signing job attach tokens (shared by every API replica);
-    /// when unset, one is generated and shared through Redis.
+    /// Secret for signing job attach tokens (shared by every API replica),
+    /// at least 32 bytes; when unset, replicas derive one from a salt they
+    /// share through Redis and their API keys.
     #[arg(long, env = "CODE_RUNNER_TOKEN_SECRET", hide_env_values = true)]
     pub token_secret: Option<String>,
 
@@ -581,6 +593,37 @@ impl CompatSettings {
         })
     }
 }
+
+impl ApiSettings {
+    /// The configured token secret: `None` when unset or empty, an error
+    /// (naming the setting, never showing the value) when shorter than
+    /// [`MIN_SECRET_BYTES`]; also checks the token lifetime.
+    pub fn token_secret(&self) -> Result<Option<&str>, ConfigError> {
+        if self.token_ttl_secs == 0 || self.token_ttl_secs > MAX_TOKEN_TTL_SECS {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_TOKEN_TTL_SECS",
+                format!(
+                    "{} is not between 1 and {MAX_TOKEN_TTL_SECS}",
+                    self.token_ttl_secs
+                ),
+            ));
+        }
+        match self.token_secret.as_deref().filter(|s| !s.is_empty()) {
+            None => Ok(None),
+            Some(secret) if secret.len() < MIN_SECRET_BYTES => Err(ConfigError::new(
+                "CODE_RUNNER_TOKEN_SECRET",
+                format!(
+                    "must be at least {MIN_SECRET_BYTES} bytes, it is {} (for example: openssl rand -hex 32)",
+                    secret.len()
+                ),
+            )),
+            Some(secret) => Ok(Some(secret)),
+        }
+    }
+}
+
+/// The longest an attach token may be valid: a day.
+pub const MAX_TOKEN_TTL_SECS: u64 = 86_400;
 
 /// The orphan reaper (every worker process runs it; `code-runner reaper`
 /// runs only it).

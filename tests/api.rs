@@ -11,7 +11,7 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use code_runner::api::{ApiConfig, ApiKeys, ApiState, TokenSigner};
+use code_runner::api::{ApiConfig, ApiKeys, ApiState, Scope, TokenSigner};
 use code_runner::job::limits::LimitPolicy;
 use code_runner::job::{JobResult, Status, Timings};
 use code_runner::languages::LanguageCatalog;
@@ -67,14 +67,15 @@ impl Api {
         let redis = RedisServer::start();
         let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
         let queue = Queue::new(&redis.url(), &prefix, Duration::from_secs(60), 4).unwrap();
-        let tokens = TokenSigner::from_config(None, &queue, Duration::from_secs(600))
+        let keys = ApiKeys::parse(KEYS).unwrap();
+        let tokens = TokenSigner::from_config(None, &keys, &queue, Duration::from_secs(600))
             .await
             .unwrap();
         let state = ApiState::new(ApiConfig {
             queue: queue.clone(),
             catalog: options.catalog,
             policy: LimitPolicy::default(),
-            keys: ApiKeys::parse(KEYS).unwrap(),
+            keys,
             metrics: Metrics::new().unwrap(),
             max_queue_depth: options.max_queue_depth,
             max_body_bytes: options.max_body_bytes,
@@ -382,7 +383,10 @@ async fn submit_show_and_cancel_a_queued_job() {
         })
     );
     let token = body["token"].as_str().unwrap();
-    assert_eq!(api.state.tokens().verify(&id, token), Ok(()));
+    assert_eq!(api.state.tokens().verify(&id, token), Ok(Scope::Control));
+    assert_eq!(body["tokens"]["control"], token);
+    let read = body["tokens"]["read"].as_str().unwrap();
+    assert_eq!(api.state.tokens().verify(&id, read), Ok(Scope::Read));
     assert!(
         api.state
             .tokens()
@@ -927,14 +931,23 @@ fn check_with_promtool(metrics: &str) {
 
 #[tokio::test]
 async fn every_replica_shares_the_token_secret_through_redis() {
+    // Replicas with the same keys (in any order) and no configured secret
+    // derive the same secret from the salt in Redis.
     let api = Api::start(Options::default()).await;
-    let other = TokenSigner::from_config(None, &api.queue, Duration::from_secs(60))
+    let same_keys = ApiKeys::parse(&KEYS.split(',').rev().collect::<Vec<_>>().join(",")).unwrap();
+    let other = TokenSigner::from_config(None, &same_keys, &api.queue, Duration::from_secs(60))
         .await
         .unwrap();
     let id = uuid::Uuid::new_v4().to_string();
-    assert_eq!(api.state.tokens().verify(&id, &other.sign(&id)), Ok(()));
+    assert_eq!(
+        api.state
+            .tokens()
+            .verify(&id, &other.sign(&id, Scope::Read)),
+        Ok(Scope::Read)
+    );
     let configured = TokenSigner::from_config(
-        Some("a configured secret"),
+        Some("a configured secret of at least 32 bytes"),
+        &same_keys,
         &api.queue,
         Duration::from_secs(60),
     )
@@ -943,7 +956,7 @@ async fn every_replica_shares_the_token_secret_through_redis() {
     assert!(
         api.state
             .tokens()
-            .verify(&id, &configured.sign(&id))
+            .verify(&id, &configured.sign(&id, Scope::Control))
             .is_err()
     );
 }

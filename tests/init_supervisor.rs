@@ -1,12 +1,12 @@
 //! Integration tests of `code-runner-init`, the in-sandbox supervisor, run
 //! directly on the host (no container): the tests run as root, give each
-//! job its own otherwise-unused uid (the kill helper kills every process of
+//! job its own otherwise-unused uid (the supervisor kills every process of
 //! that uid, so it must be one no host process runs as) and a tempdir
 //! workspace, drive the binary with frames on stdin and parse its stdout.
 //!
 //! Every wait has a deadline; on failure the supervisor is killed by its pid
-//! and whatever is left of the job's uid is killed by the supervisor's own
-//! helper running as that uid.
+//! and whatever is left of the job's uid is killed by a `kill -9 -1` run as
+//! that uid.
 
 #[path = "init_supervisor/harness.rs"]
 mod harness;

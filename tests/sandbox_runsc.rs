@@ -8,17 +8,7 @@ mod common;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{StartKind, Status};
 use code_runner::protocol::Reason;
-use common::{Harness, job, job_with_limits, python, runsc_enabled, stdout, stdout_lines};
-
-/// A harness on runsc, or `None` (with a line saying so) when runsc tests
-/// are not enabled.
-async fn runsc_harness(test: &str) -> Option<Harness> {
-    if !runsc_enabled() {
-        println!("{test}: runsc tests are skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
-        return None;
-    }
-    Some(Harness::with_runtime(Some("runsc")).await)
-}
+use common::{Harness, job, job_with_limits, python, runsc_harness, stdout, stdout_lines};
 
 async fn hello_world_runs_under_gvisor(harness: Harness) {
     assert_eq!(harness.engine.config().runtime.as_deref(), Some("runsc"));
@@ -133,10 +123,7 @@ async fn fork_bomb_is_contained_under_gvisor(harness: Harness) {
     // Under runsc the job's process count is held inside gVisor (the pids
     // cgroup also counts gVisor's own host threads): the bomb fails to fork,
     // and the job runs into its wall limit with the sandbox still reporting.
-    // Known limit: with the default 64 pids, about one bomb in five makes
-    // gVisor's sentry itself exit (code 2) and the job ends as a platform
-    // error instead; the bomb is contained either way. The low limits here
-    // are reliable.
+    // The default limits are proven over many runs in runsc_hostile.rs.
     for pids in [Some(16), Some(24)] {
         let spec = job_with_limits(
             "bash",

@@ -195,6 +195,19 @@ impl ApiKeys {
         })
     }
 
+    /// A digest of the set of configured keys (not of their names or
+    /// limits): the same for every replica configured with the same keys,
+    /// in any order; see [`super::tokens`].
+    pub fn fingerprint(&self) -> [u8; 32] {
+        let mut digests: Vec<[u8; 32]> = self.keys.iter().map(|k| k.digest).collect();
+        digests.sort_unstable();
+        let mut hasher = Sha256::new();
+        for digest in &digests {
+            hasher.update(digest);
+        }
+        hasher.finalize().into()
+    }
+
     /// The names of the configured keys.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.keys.iter().map(|k| k.name.as_str())

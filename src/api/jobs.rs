@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
+use super::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
 use crate::queue::{CancelOutcome, JobRecord, NewJob, SubmitOutcome};
@@ -69,9 +70,12 @@ pub(super) struct JobView {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     cancel_requested: bool,
     urls: JobUrls,
-    /// The attach token, in answers to a submit.
+    /// The attach tokens, in answers to a submit: `token` is the control
+    /// token (the only one answers carried at first).
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tokens: Option<AttachTokens>,
 }
 
 impl JobView {
@@ -91,11 +95,13 @@ impl JobView {
             result: if terminal { record.result } else { None },
             cancel_requested: false,
             token: None,
+            tokens: None,
         }
     }
 
-    fn with_token(mut self, token: String) -> Self {
-        self.token = Some(token);
+    fn with_tokens(mut self, tokens: AttachTokens) -> Self {
+        self.token = Some(tokens.control.clone());
+        self.tokens = Some(tokens);
         self
     }
 }
@@ -105,7 +111,9 @@ impl JobView {
 struct Accepted {
     id: String,
     status: Status,
+    /// The control token (also in `tokens`).
     token: String,
+    tokens: AttachTokens,
     urls: JobUrls,
 }
 
@@ -311,7 +319,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
                 api_key = %caller.name,
                 "Job accepted."
             );
-            let token = config.tokens.sign(&new_id);
+            let tokens = config.tokens.sign_both(&new_id);
             if wait {
                 match wait_for_end(state, &new_id, wait_budget).await {
                     Ok(Some(record)) => {
@@ -321,7 +329,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
                             StatusCode::ACCEPTED
                         };
                         return Ok(
-                            (code, Json(JobView::new(record).with_token(token))).into_response()
+                            (code, Json(JobView::new(record).with_tokens(tokens))).into_response()
                         );
                     }
                     // The job is in; say so even if it cannot be read now,
@@ -340,7 +348,8 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
                     urls: JobUrls::new(&new_id),
                     id: new_id,
                     status: Status::Queued,
-                    token,
+                    token: tokens.control.clone(),
+                    tokens,
                 }),
             )
                 .into_response())
@@ -353,8 +362,12 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
                 config.queue.get(&id).await?
             };
             let record = record.ok_or(ApiError::IdempotencyExpired)?;
-            let token = config.tokens.sign(&id);
-            Ok((StatusCode::OK, Json(JobView::new(record).with_token(token))).into_response())
+            let tokens = config.tokens.sign_both(&id);
+            Ok((
+                StatusCode::OK,
+                Json(JobView::new(record).with_tokens(tokens)),
+            )
+                .into_response())
         }
         SubmitOutcome::Conflict(_) => Err(ApiError::IdempotencyConflict),
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),

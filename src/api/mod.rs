@@ -66,7 +66,7 @@ pub use auth::{ApiKeys, Caller};
 pub use compat::CompatConfig;
 pub use error::ApiError;
 pub use playground::PlaygroundKey;
-pub use tokens::{TokenError, TokenSigner};
+pub use tokens::{AttachTokens, Scope, TokenError, TokenSigner};
 pub use web::{WebUi, page_path};
 
 /// Everything the API needs, validated by the caller.

@@ -9,12 +9,15 @@
 //! leaves. Each event goes out as [`StoredEvent::wire`], `seq` first.
 //!
 //! Authentication: the API key (`Authorization: Bearer`; the job must be
-//! that key's, else 404) or the job's attach token, as `?token=` or, on the
-//! WebSocket, as the subprotocol `token.<token>` offered next to
-//! `code-runner` (the server selects `code-runner` and never echoes the
-//! token). No credentials, a forged or an expired token: 401; a genuine
-//! token of another job: 403; a job that does not exist (any more): 404,
-//! before any upgrade.
+//! that key's, else 404) or one of the job's attach tokens (see
+//! [`super::tokens`]): on the WebSocket as the subprotocol `token.<token>`
+//! offered next to `code-runner` (the server selects `code-runner` and never
+//! echoes the token) — the form browsers should use — or as `?token=`, which
+//! `EventSource` needs (it cannot set headers) but which proxies log. No
+//! credentials, a forged or an expired token, or a token of a cancelled job
+//! (revoked): 401; a genuine token of another job: 403; a job that does not
+//! exist (any more): 404, before any upgrade. A `read` token follows the
+//! events only: its client frames get an error event.
 //!
 //! Client frames (WebSocket text frames, JSON): `stdin` (`data`, `encoding`
 //! `utf8` (default) or `base64`), `stdin_close`, `signal` (`interrupt` |
@@ -43,9 +46,9 @@ use tokio_util::sync::CancellationToken;
 use super::ApiState;
 use super::error::ApiError;
 use super::jobs::{job_id, owned_job};
-use super::tokens::TokenError;
-use crate::job::Encoding;
+use super::tokens::{Scope, TokenError};
 use crate::job::events::{JobEvent, StoredEvent};
+use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
 use crate::queue::{BLOCK_TIMEOUT, Control, InputOutcome, JobRecord, Queue, QueueError};
 
@@ -106,23 +109,42 @@ fn subprotocol_token(headers: &HeaderMap) -> Option<String> {
         .map(str::to_string)
 }
 
+/// How a stream was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// With the API key the job was submitted with.
+    Key,
+    /// With one of the job's attach tokens.
+    Token(Scope),
+}
+
+impl Access {
+    /// Whether stdin and signals may be sent.
+    fn may_control(self) -> bool {
+        matches!(self, Access::Key | Access::Token(Scope::Control))
+    }
+}
+
+const REVOKED: &str = "the attach token was revoked: the job was cancelled";
+
 /// Who may open the job's streams: the API key it was submitted with, or its
-/// attach token. The key wins when both are given.
+/// attach token while the job is not cancelled. The key wins when both are
+/// given.
 async fn authorize(
     state: &ApiState,
     headers: &HeaderMap,
     id: &str,
     token: Option<&str>,
-) -> Result<JobRecord, ApiError> {
+) -> Result<(JobRecord, Access), ApiError> {
     if headers.contains_key(header::AUTHORIZATION) {
         let caller = state.keys().authenticate_headers(headers)?;
-        return owned_job(state, &caller, id).await;
+        return Ok((owned_job(state, &caller, id).await?, Access::Key));
     }
     let token = token.ok_or(ApiError::Unauthorized(
         "give the api key (Authorization: Bearer) or the job's attach token",
     ))?;
-    match state.tokens().verify(id, token) {
-        Ok(()) => {}
+    let scope = match state.tokens().verify(id, token) {
+        Ok(scope) => scope,
         Err(TokenError::Expired) => {
             return Err(ApiError::Unauthorized("the attach token has expired"));
         }
@@ -132,13 +154,16 @@ async fn authorize(
         Err(TokenError::OtherJob) => {
             return Err(ApiError::Forbidden("the attach token is for another job"));
         }
-    }
-    state
-        .inner
-        .queue
+    };
+    let queue = &state.inner.queue;
+    let record = queue
         .get(id)
         .await?
-        .ok_or(ApiError::NotFound("job not found"))
+        .ok_or(ApiError::NotFound("job not found"))?;
+    if record.status == Status::Cancelled || queue.cancel_requested(id).await? {
+        return Err(ApiError::Unauthorized(REVOKED));
+    }
+    Ok((record, Access::Token(scope)))
 }
 
 // ---------------------------------------------------------------------------
@@ -282,7 +307,7 @@ pub(super) async fn websocket(
     let Query(query) = query.map_err(query_error)?;
     let after = parse_after(query.after.as_deref(), "after")?;
     let token = query.token.clone().or_else(|| subprotocol_token(&headers));
-    authorize(&state, &headers, &id, token.as_deref()).await?;
+    let (_, access) = authorize(&state, &headers, &id, token.as_deref()).await?;
     let upgrade = upgrade.map_err(|rejection| ApiError::InvalidRequest {
         field: "upgrade",
         message: rejection.body_text().to_lowercase(),
@@ -296,7 +321,7 @@ pub(super) async fn websocket(
         .on_failed_upgrade(|error| {
             tracing::debug!(error = %error, "A WebSocket upgrade failed.");
         })
-        .on_upgrade(move |socket| sessions.track_future(session(socket, state, id, after))))
+        .on_upgrade(move |socket| sessions.track_future(session(socket, state, id, after, access))))
 }
 
 fn close(code: u16, reason: &'static str) -> Message {
@@ -313,7 +338,7 @@ fn error_frame(message: impl Into<String>) -> Message {
 /// One WebSocket: a writer task owns the sending half; a follower task feeds
 /// it the events; this task reads the client's frames and acts on them in
 /// order.
-async fn session(socket: WebSocket, state: ApiState, id: String, after: u64) {
+async fn session(socket: WebSocket, state: ApiState, id: String, after: u64, access: Access) {
     let (sink, mut incoming) = socket.split();
     let (outbox, frames) = mpsc::channel::<Message>(OUTBOX);
     let closed = CancellationToken::new();
@@ -338,9 +363,14 @@ async fn session(socket: WebSocket, state: ApiState, id: String, after: u64) {
                  {\"type\":\"stdin\",\"data\":…,\"encoding\":\"base64\"})"
                     .to_string(),
             ),
-            Some(Ok(Message::Text(text))) => {
-                handle_frame(&state.inner.queue, &id, text.as_str(), max_stdin).await
-            }
+            Some(Ok(Message::Text(_))) if !access.may_control() => Some(
+                "this connection has the job's read token: stdin and signals need its control token"
+                    .to_string(),
+            ),
+            Some(Ok(Message::Text(text))) => match revoked(&state, &id, access).await {
+                Some(message) => Some(message),
+                None => handle_frame(&state.inner.queue, &id, text.as_str(), max_stdin).await,
+            },
             Some(Err(error)) => {
                 tracing::debug!(job.id = %id, error = %error, "A WebSocket read failed.");
                 let _ = outbox
@@ -364,6 +394,20 @@ async fn session(socket: WebSocket, state: ApiState, id: String, after: u64) {
         tracing::debug!(job.id = %id, "A WebSocket writer did not finish in time.");
     }
     tracing::debug!(job.id = %id, "WebSocket stream closed.");
+}
+
+/// Why a client frame of a token-holder may not be acted on any more: the
+/// job was cancelled since the connection opened (one HGET per frame).
+async fn revoked(state: &ApiState, id: &str, access: Access) -> Option<String> {
+    if access == Access::Key {
+        return None;
+    }
+    match state.inner.queue.cancel_requested(id).await {
+        Ok(false) => None,
+        Ok(true) => Some(REVOKED.to_string()),
+        // The frame's own append reports an unavailable store.
+        Err(_) => None,
+    }
 }
 
 /// Writes frames until a close frame went out, the client is gone or every
@@ -522,7 +566,7 @@ pub(super) async fn events(
         )?,
         None => parse_after(query.after.as_deref(), "after")?,
     };
-    let record = authorize(&state, &headers, &id, query.token.as_deref()).await?;
+    let (record, _) = authorize(&state, &headers, &id, query.token.as_deref()).await?;
     let mut follower = Follower::new(&state, &id, after).await?;
     // A finished job with nothing after `after`: 204, which tells an
     // EventSource to stop reconnecting.

@@ -88,26 +88,35 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
     Some((state, ticks))
 }
 
-/// How many CPUs the job's processes can run on at once: the supervisor's
-/// CPU affinity, which they inherit (and which covers every CPU of the
-/// container unless something pinned it); `u64::MAX` (no ceiling) if it
-/// cannot be read.
-pub(crate) fn usable_cpus() -> u64 {
+/// How much CPU the job's processes can get at once, in thousandths of a
+/// CPU: the supervisor's CPU affinity, which they inherit (and which covers
+/// every CPU of the container unless something pinned it), and the
+/// container's CPU quota when the worker sent it (`quota_millis`, gVisor);
+/// `u64::MAX` (no ceiling) if neither is known.
+pub(crate) fn usable_cpu_millis(quota_millis: Option<u64>) -> u64 {
     use nix::sched::{CpuSet, sched_getaffinity};
     use nix::unistd::Pid;
-    match sched_getaffinity(Pid::from_raw(0)) {
+    let affinity = match sched_getaffinity(Pid::from_raw(0)) {
         Ok(set) => {
             let count = (0..CpuSet::count())
                 .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
                 .count();
-            u64::try_from(count).unwrap_or(u64::MAX).max(1)
+            u64::try_from(count)
+                .unwrap_or(u64::MAX)
+                .max(1)
+                .saturating_mul(1000)
         }
         Err(_) => u64::MAX,
+    };
+    match quota_millis {
+        Some(quota) => affinity.min(quota.max(1)),
+        None => affinity,
     }
 }
 
 /// The most CPU time the job can really have used `elapsed` after its stage
-/// started, on `cpus` CPUs: figures above it are not CPU time.
+/// started, with `cpu_millis` thousandths of a CPU: figures above it are
+/// not CPU time.
 ///
 /// gVisor (runsc) needs this. Its kernel charges a task CPU time for as long
 /// as the task is marked running in the sentry, whether or not a host CPU
@@ -119,10 +128,12 @@ pub(crate) fn usable_cpus() -> u64 {
 /// `cpu_timeout` well before their wall limit. Under runc the figures are
 /// real and stay under the ceiling; a real busy loop (and the CPU of
 /// grandchildren and orphans) still counts in full under both runtimes.
-pub(crate) fn cpu_ceiling_ms(elapsed: Duration, cpus: u64) -> u64 {
-    u64::try_from(elapsed.as_millis())
-        .unwrap_or(u64::MAX)
-        .saturating_mul(cpus)
+pub(crate) fn cpu_ceiling_ms(elapsed: Duration, cpu_millis: u64) -> u64 {
+    if cpu_millis == u64::MAX {
+        return u64::MAX;
+    }
+    let elapsed = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+    u64::try_from(u128::from(elapsed) * u128::from(cpu_millis) / 1000).unwrap_or(u64::MAX)
 }
 
 /// The memory cgroup counters that show an OOM kill.
@@ -264,9 +275,18 @@ mod tests {
 
     #[test]
     fn cpu_ceiling_is_wall_time_times_cpus() {
-        assert_eq!(cpu_ceiling_ms(Duration::from_millis(1500), 2), 3000);
+        assert_eq!(cpu_ceiling_ms(Duration::from_millis(1500), 2000), 3000);
+        assert_eq!(cpu_ceiling_ms(Duration::from_millis(1500), 500), 750);
         assert_eq!(cpu_ceiling_ms(Duration::from_secs(1), u64::MAX), u64::MAX);
-        assert!(usable_cpus() >= 1);
+        assert!(usable_cpu_millis(None) >= 1000);
+    }
+
+    #[test]
+    fn the_quota_caps_the_usable_cpus() {
+        let host = usable_cpu_millis(None);
+        assert_eq!(usable_cpu_millis(Some(500)), 500.min(host));
+        assert_eq!(usable_cpu_millis(Some(u64::MAX / 2)), host);
+        assert_eq!(usable_cpu_millis(Some(0)), 1);
     }
 
     #[test]

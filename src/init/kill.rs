@@ -1,106 +1,82 @@
-//! Signalling the job's processes without `CAP_KILL`.
+//! Signalling the job's processes without `CAP_KILL`, in a way the job
+//! cannot dodge.
 //!
 //! The supervisor runs as uid 0 but holds only `CAP_SETUID`/`CAP_SETGID`, so
-//! the kernel refuses its signals to the job's processes (another uid). It
-//! signals them as their own uid instead:
+//! the kernel refuses its signals to the job's processes (another uid). Every
+//! signal is sent by **the signaller**: a thread of the supervisor, started
+//! at start-up (when it is needed, a fork bomb may have filled the pids
+//! cgroup), that per request switches *its own* credentials (Linux and gVisor
+//! keep credentials per thread; see [`super::creds`]), sends the signal and
+//! switches back to root. The main thread, whose credentials govern signals
+//! aimed at the process, stays root throughout.
 //!
-//! 1. **The helper** (the normal way): this same binary, started with the
-//!    job's uid and gid and a hidden argument, `--signal-all SIGNO` or
-//!    `--signal-group PGID SIGNO`. It calls `kill(-1, SIGNO)` — which, from
-//!    uid U, reaches every process of uid U but itself: the stage and
-//!    anything it forked, `setsid`ed or daemonised — or `kill(-PGID, SIGNO)`,
-//!    and exits. The supervisor reaps it like any other child.
-//! 2. **The signaller thread** (the fallback, when no process can be
-//!    started, e.g. a fork bomb filled the pids cgroup): a thread created at
-//!    start-up that, per request, switches *its own* credentials to the job's
-//!    uid with the raw `setresuid` system call (Linux keeps credentials per
-//!    thread; glibc's wrapper would switch every thread), sends the signal,
-//!    and switches back to root through the saved uid 0. The main thread,
-//!    whose credentials govern signals aimed at the process, stays root.
+//! Which credentials the thread takes decides who can reach it meanwhile.
+//! The kernel lets A signal B when A's real or effective uid equals B's real
+//! or saved uid:
 //!
-//! Both refuse to run `kill(-1)` as root: from uid 0 it would hit every
-//! process of the machine when the supervisor is not in a container.
+//! - **As PID 1** (in a sandbox, always): real 0, effective *job uid*, saved
+//!   0. The thread can signal the job (effective = the job's real uid), but
+//!   no job process can signal the thread (its real and saved uids are 0),
+//!   trace it or open its `/proc/1/task/<tid>/…` (ptrace access needs every
+//!   uid of the target to match). The kill is `kill(-1)`: from PID 1 of the
+//!   container's pid namespace it reaches every other process in it, which
+//!   are all the job's. Linux delivers it to all of them under one lock, so
+//!   not even a fork bomb can race it (gVisor may leave stragglers, which the
+//!   next round gets).
+//! - **Not PID 1** (the supervisor's own tests on a host): real and
+//!   effective *job uid*, saved 0, as a real uid of 0 would let `kill(-1)`
+//!   reach every root process of the machine. `kill(-1)` then reaches the
+//!   processes of the job's uid only.
+//!
+//! There is no helper process: an earlier design started one as the job's
+//! uid, which a job looping `kill(-1, SIGKILL)` killed before it acted, and
+//! whose inherited stderr the job could open through `/proc`.
+//!
+//! `kill(-1)` is never sent with an effective uid of 0.
 
-use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
-use nix::unistd::{Pid, getuid};
+use nix::unistd::{Pid, geteuid, getpid, getuid};
 
+use super::InitError;
 use super::creds::set_thread_resuid;
-use super::{EXIT_USAGE, InitError};
 
-pub(crate) const SIGNAL_ALL_FLAG: &str = "--signal-all";
-pub(crate) const SIGNAL_GROUP_FLAG: &str = "--signal-group";
-
-/// Which of the uid's processes to signal.
+/// Which of the job's processes to signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Target {
-    /// Every process of the uid (`kill(-1)`).
+    /// Every process of the job (`kill(-1)`).
     All,
     /// One process group (`kill(-pgid)`); the stage's main process leads its own.
     Group(i32),
 }
 
-/// Signals the processes of one uid; see the module docs.
-pub(crate) struct Killer {
-    exe: PathBuf,
-    uid: u32,
-    gid: u32,
-    signaller: Signaller,
+/// The credentials the signaller takes to send a signal; see the module docs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// PID 1 of a pid namespace: real 0, effective the job's uid, saved 0.
+    Init,
+    /// Anywhere else: real and effective the job's uid, saved 0.
+    Process,
 }
 
-impl Killer {
-    pub(crate) fn new(exe: PathBuf, uid: u32, gid: u32, signaller: Signaller) -> Self {
-        Self {
-            exe,
-            uid,
-            gid,
-            signaller,
+impl Identity {
+    /// The identity for the running process.
+    pub(crate) fn current() -> Self {
+        if getpid() == Pid::from_raw(1) {
+            Identity::Init
+        } else {
+            Identity::Process
         }
     }
 
-    /// Sends `signal` to `target`. Returns the pid of the helper process,
-    /// which the caller must reap, or `None` when the signal was sent by the
-    /// signaller thread (already done) or could not be sent at all.
-    pub(crate) fn signal(&self, target: Target, signal: Signal) -> Option<i32> {
-        match self.spawn_helper(target, signal) {
-            Ok(pid) => Some(pid),
-            Err(error) => {
-                eprintln!(
-                    "code-runner-init: cannot start the signal helper ({error}); \
-                     signalling from the signaller thread"
-                );
-                if let Err(error) = self.signaller.signal(self.uid, target, signal) {
-                    eprintln!("code-runner-init: the signaller thread failed too: {error}");
-                }
-                None
-            }
+    /// `(real, effective, saved)` uids to take for signalling as `uid`.
+    pub(crate) fn uids(self, uid: u32) -> (u32, u32, u32) {
+        match self {
+            Identity::Init => (0, uid, 0),
+            Identity::Process => (uid, uid, 0),
         }
-    }
-
-    fn spawn_helper(&self, target: Target, signal: Signal) -> std::io::Result<i32> {
-        let mut command = Command::new(&self.exe);
-        match target {
-            Target::All => command.arg(SIGNAL_ALL_FLAG),
-            Target::Group(pgid) => command.arg(SIGNAL_GROUP_FLAG).arg(pgid.to_string()),
-        };
-        let child = command
-            .arg((signal as i32).to_string())
-            .env_clear()
-            .current_dir("/")
-            .uid(self.uid)
-            .gid(self.gid)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        // Reaped by the supervisor's wait4(-1) loop, never by Child::wait.
-        i32::try_from(child.id()).map_err(std::io::Error::other)
     }
 }
 
@@ -117,45 +93,6 @@ fn send(target: Target, signal: Signal) -> Result<(), Errno> {
     }
 }
 
-/// The helper mode: `code-runner-init --signal-all SIGNO` or
-/// `code-runner-init --signal-group PGID SIGNO`, run as the job's uid.
-pub(crate) fn helper_main(args: &[OsString]) -> i32 {
-    let args: Vec<&str> = args.iter().filter_map(|arg| arg.to_str()).collect();
-    let parsed = match args.as_slice() {
-        [SIGNAL_ALL_FLAG, signo] => parse_signal(signo).map(|signal| (Target::All, signal)),
-        [SIGNAL_GROUP_FLAG, pgid, signo] => pgid
-            .parse::<i32>()
-            .ok()
-            .filter(|pgid| *pgid > 1)
-            .zip(parse_signal(signo))
-            .map(|(pgid, signal)| (Target::Group(pgid), signal)),
-        _ => None,
-    };
-    let Some((target, signal)) = parsed else {
-        eprintln!(
-            "code-runner-init: usage: {SIGNAL_ALL_FLAG} SIGNO | {SIGNAL_GROUP_FLAG} PGID SIGNO"
-        );
-        return EXIT_USAGE;
-    };
-    if getuid().is_root() || nix::unistd::geteuid().is_root() {
-        eprintln!("code-runner-init: refusing to signal as root");
-        return EXIT_USAGE;
-    }
-    match send(target, signal) {
-        Ok(()) => 0,
-        Err(errno) => {
-            eprintln!("code-runner-init: kill failed: {errno}");
-            1
-        }
-    }
-}
-
-fn parse_signal(text: &str) -> Option<Signal> {
-    text.parse::<i32>()
-        .ok()
-        .and_then(|signo| Signal::try_from(signo).ok())
-}
-
 struct SignalRequest {
     uid: u32,
     target: Target,
@@ -163,21 +100,51 @@ struct SignalRequest {
     reply: mpsc::Sender<std::io::Result<()>>,
 }
 
-/// Handle to the signaller thread (the fallback of [`Killer::signal`]).
+/// Signals the processes of one uid from the signaller thread.
+pub(crate) struct Killer {
+    uid: u32,
+    signaller: Signaller,
+}
+
+impl Killer {
+    pub(crate) fn new(uid: u32, signaller: Signaller) -> Self {
+        Self { uid, signaller }
+    }
+
+    /// Sends `signal` to `target` and returns once it is sent; `false` when
+    /// it could not be (written to the supervisor's log). Kills are sent
+    /// again on a timer until the stage is gone.
+    pub(crate) fn signal(&self, target: Target, signal: Signal) -> bool {
+        match self.signaller.signal(self.uid, target, signal) {
+            Ok(()) => true,
+            Err(error) => {
+                eprintln!("code-runner-init: cannot send {signal} to {target:?}: {error}");
+                false
+            }
+        }
+    }
+}
+
+/// Handle to the signaller thread.
 pub(crate) struct Signaller {
     requests: mpsc::Sender<SignalRequest>,
 }
 
 impl Signaller {
-    /// Starts the thread. Done once, early: when it is needed, the pids
-    /// cgroup may have no room left for a new thread.
+    /// Starts the thread with the identity for this process. Done once,
+    /// early: when it is needed, the pids cgroup may have no room left for a
+    /// new thread.
     pub(crate) fn start() -> Result<Self, InitError> {
+        Self::start_as(Identity::current())
+    }
+
+    fn start_as(identity: Identity) -> Result<Self, InitError> {
         let (requests, incoming) = mpsc::channel::<SignalRequest>();
         std::thread::Builder::new()
             .name("signaller".into())
             .spawn(move || {
                 while let Ok(request) = incoming.recv() {
-                    let outcome = signal_as(request.uid, request.target, request.signal);
+                    let outcome = signal_as(identity, request.uid, request.target, request.signal);
                     let fatal = matches!(outcome, Err(SignalAsError::StuckAsUid(_)));
                     let _ = request.reply.send(outcome.map_err(SignalAsError::into_io));
                     if fatal {
@@ -239,13 +206,17 @@ impl SignalAsError {
 }
 
 /// Runs on the signaller thread only.
-fn signal_as(uid: u32, target: Target, signal: Signal) -> Result<(), SignalAsError> {
-    // Real and effective uid become the job's (the kernel lets a sender
-    // signal a process when its real or effective uid matches that process's
-    // real or saved uid); the saved uid stays 0, which keeps the permitted
-    // capabilities and lets the thread return to root below.
-    set_thread_resuid(uid, uid, 0).map_err(SignalAsError::Switch)?;
-    let sent = if getuid().as_raw() == uid && !nix::unistd::geteuid().is_root() {
+fn signal_as(
+    identity: Identity,
+    uid: u32,
+    target: Target,
+    signal: Signal,
+) -> Result<(), SignalAsError> {
+    let (real, effective, saved) = identity.uids(uid);
+    // The saved uid stays 0: it keeps the permitted capabilities and lets
+    // the thread return to root below.
+    set_thread_resuid(real, effective, saved).map_err(SignalAsError::Switch)?;
+    let sent = if getuid().as_raw() == real && geteuid().as_raw() == effective && effective != 0 {
         send(target, signal).map_err(SignalAsError::Kill)
     } else {
         Err(SignalAsError::Switch(std::io::Error::other(
@@ -259,7 +230,8 @@ fn signal_as(uid: u32, target: Target, signal: Signal) -> Result<(), SignalAsErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::process::ExitStatusExt;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::Command;
 
     /// A uid no process on the host runs as, distinct from the integration
     /// tests' range.
@@ -268,14 +240,18 @@ mod tests {
     }
 
     #[test]
-    fn helper_arguments_are_checked() {
-        let args = |list: &[&str]| list.iter().map(OsString::from).collect::<Vec<_>>();
-        assert_eq!(helper_main(&args(&[SIGNAL_ALL_FLAG])), EXIT_USAGE);
-        assert_eq!(helper_main(&args(&[SIGNAL_ALL_FLAG, "99"])), EXIT_USAGE);
-        assert_eq!(
-            helper_main(&args(&[SIGNAL_GROUP_FLAG, "1", "9"])),
-            EXIT_USAGE
-        );
+    fn init_identity_cannot_be_signalled_by_the_job() {
+        // The kernel's rule: A may signal B when A's real or effective uid is
+        // B's real or saved uid.
+        let may_signal = |a: (u32, u32, u32), b: (u32, u32, u32)| {
+            [a.0, a.1].iter().any(|id| *id == b.0 || *id == b.2)
+        };
+        let uid = 65_534;
+        let job = (uid, uid, uid);
+        let init = Identity::Init.uids(uid);
+        assert!(may_signal(init, job));
+        assert!(!may_signal(job, init));
+        assert_eq!(Identity::Process.uids(uid), (uid, uid, 0));
     }
 
     #[test]
@@ -291,6 +267,9 @@ mod tests {
             .gid(uid)
             .spawn()
             .expect("spawn sleep as the test uid");
+        // Not PID 1 here: the `Process` identity (the `Init` one would let
+        // kill(-1) reach every root process of the host).
+        assert_eq!(Identity::current(), Identity::Process);
         let signaller = Signaller::start().expect("start the signaller");
         signaller
             .signal(uid, Target::All, Signal::SIGKILL)
@@ -302,5 +281,31 @@ mod tests {
             .signal(uid, Target::All, Signal::SIGKILL)
             .expect("second signal");
         assert!(signaller.signal(0, Target::All, Signal::SIGKILL).is_err());
+    }
+
+    #[test]
+    fn init_identity_signals_one_group_and_returns_to_root() {
+        if !getuid().is_root() {
+            eprintln!("skipped: needs root");
+            return;
+        }
+        // Only a process group is signalled here: the Init identity's
+        // kill(-1) is for PID 1 of a container.
+        let uid = test_uid() + 1;
+        let mut victim = Command::new("sleep")
+            .arg("100")
+            .uid(uid)
+            .gid(uid)
+            .process_group(0)
+            .spawn()
+            .expect("spawn sleep as the test uid");
+        let pgid = i32::try_from(victim.id()).expect("pid");
+        let signaller = Signaller::start_as(Identity::Init).expect("start the signaller");
+        signaller
+            .signal(uid, Target::Group(pgid), Signal::SIGKILL)
+            .expect("signal the group");
+        let status = victim.wait().expect("wait for sleep");
+        assert_eq!(status.signal(), Some(nix::libc::SIGKILL));
+        assert!(getuid().is_root() && geteuid().is_root());
     }
 }

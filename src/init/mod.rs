@@ -8,9 +8,9 @@
 //! # Privileges
 //!
 //! The supervisor starts as uid 0 with only `CAP_SETUID` and `CAP_SETGID`.
-//! Without `CAP_KILL` it cannot signal the job's processes, so it signals
-//! them through a helper: this same binary started as the job's uid with a
-//! hidden argument (`kill`). Without `CAP_CHOWN` it cannot hand files over,
+//! Without `CAP_KILL` it cannot signal the job's processes, so one thread of
+//! it switches its own effective uid to the job's to send each signal, in a
+//! way no job process can reach (`kill`). Without `CAP_CHOWN` it cannot hand files over,
 //! so it writes them as the job's uid in the first place, from a thread that
 //! alone takes the job's ids (`files`, `creds`).
 //!
@@ -24,7 +24,7 @@
 //! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
 //! - `files`: path checks and writing the bundle's files.
 //! - `creds`: switching the credentials of one thread only.
-//! - `kill`: signalling the job's processes (helper mode and fallback).
+//! - `kill`: signalling the job's processes from the signaller thread.
 //! - `reap`: `wait4(-1)`: reaping every child with its resource usage.
 //! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
 
@@ -56,8 +56,6 @@ pub const EXIT_USAGE: i32 = 64;
 /// Every one of them ends in a `fatal` frame carrying its message.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
-    #[error("cannot resolve the supervisor's own executable: {0}")]
-    OwnExecutable(std::io::Error),
     #[error("cannot mark the supervisor non-dumpable: {0}")]
     NonDumpable(nix::errno::Errno),
     #[error("cannot start the async runtime: {0}")]
@@ -105,6 +103,10 @@ pub enum InitError {
         step: &'static str,
         source: std::io::Error,
     },
+    #[error(
+        "processes of the job survived every kill for {seconds} s after stage {stage:?}; no further stage runs"
+    )]
+    Survivors { stage: String, seconds: u64 },
     #[error("cannot set up the pipes of stage {stage:?}: {source}")]
     StagePipes {
         stage: String,
@@ -114,15 +116,10 @@ pub enum InitError {
 
 /// Entry point of the `code-runner-init` binary; returns its exit status.
 ///
-/// With no argument it is the supervisor. With a hidden helper argument
-/// (`--signal-all SIGNO` or `--signal-group PGID SIGNO`) it signals the
-/// processes of the uid it runs as and exits.
+/// It takes no arguments: it is the supervisor.
 pub fn main(args: Vec<OsString>) -> i32 {
-    match args.get(1).map(|arg| arg.to_str()) {
+    match args.get(1) {
         None => supervisor::run(),
-        Some(Some(kill::SIGNAL_ALL_FLAG | kill::SIGNAL_GROUP_FLAG)) => {
-            kill::helper_main(&args[1..])
-        }
         Some(_) => {
             eprintln!("code-runner-init: takes no arguments; it reads a job bundle from stdin");
             EXIT_USAGE

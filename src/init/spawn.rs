@@ -161,6 +161,7 @@ mod tests {
             fsize_bytes: 4096,
             nofile: 64,
             nproc: None,
+            cpu_quota_millis: None,
         };
         let rlimits = StageRlimits::for_limits(&limits);
         assert_eq!(rlimits.cpu, (3, 4));

@@ -7,17 +7,18 @@
 //!    process of the job's uid. The phase ends when the stage's main process
 //!    is reaped.
 //! 2. **Cleanup**: every leftover process of the uid is killed, and the
-//!    supervisor checks in `/proc` that none is left before the next stage.
+//!    supervisor checks in `/proc` that none is left before the next stage;
+//!    if some survive every kill for [`CLEANUP_TIMEOUT`], the supervisor
+//!    stops with a fatal error rather than run another stage beside them.
 //! 3. **Drain**: the pipes are read to EOF, for at most [`DRAIN_TIMEOUT`].
 
-use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 use tokio::net::unix::pipe;
 
 use super::InitError;
-use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpus};
+use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
 use super::kill::Target;
 use super::reap::{Reaped, Termination, reap_one};
 use super::report::{Facts, classify, not_started};
@@ -33,10 +34,10 @@ const CPU_POLL: Duration = Duration::from_millis(50);
 const KILL_RETRY: Duration = Duration::from_millis(500);
 /// How long to read the pipes after the stage ended.
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
-/// How long to wait for one signal helper to exit.
-const HELPER_TIMEOUT: Duration = Duration::from_secs(1);
-/// Rounds of kill-and-check after a stage before giving up.
-const CLEANUP_ROUNDS: usize = 10;
+/// How long the cleanup kills and checks before it gives up.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(3);
+/// Pause between two cleanup rounds.
+const CLEANUP_PAUSE: Duration = Duration::from_millis(10);
 
 /// Runs one stage and returns its report (not yet sent). An error means the
 /// supervisor cannot go on; the caller sends `fatal`.
@@ -94,13 +95,12 @@ pub(crate) async fn run_stage(
         next_poll: started,
         polled_cpu_ms: 0,
         orphan_cpu_ms: 0,
-        cpus: usable_cpus(),
+        cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
         exit: None,
-        helpers: HashSet::new(),
     };
     run.supervise(ctx).await?;
     run.stdin = None;
-    run.clean_up(ctx).await;
+    run.clean_up(ctx, spec).await?;
     run.drain(ctx).await?;
     Ok(run.report(spec, &memory_before, &ctx.memory.read()))
 }
@@ -136,12 +136,10 @@ struct Run {
     polled_cpu_ms: u64,
     /// CPU time of the job's orphans reaped by the supervisor.
     orphan_cpu_ms: u64,
-    /// CPUs the job can use at once, for [`cpu_ceiling_ms`].
-    cpus: u64,
+    /// Thousandths of a CPU the job can use at once, for [`cpu_ceiling_ms`].
+    cpu_millis: u64,
     /// The main process, once reaped, and when.
     exit: Option<(Reaped, Instant)>,
-    /// Signal helpers not yet reaped.
-    helpers: HashSet<i32>,
 }
 
 /// Resolves when the pipe is readable; never when there is no pipe.
@@ -235,8 +233,8 @@ impl Run {
     fn check_deadlines(&mut self, ctx: &mut Context<'_>, now: Instant) {
         if let Some(sent) = self.kill_sent {
             if now >= sent + KILL_RETRY {
-                // The main process has not died yet (the helper may have been
-                // killed by the job itself): kill again.
+                // The main process has not died yet (a fork bomb under
+                // gVisor can outrun one kill): kill again.
                 self.send_kill_all(ctx);
             }
             return;
@@ -255,7 +253,7 @@ impl Run {
         let total = sample
             .cpu_ms
             .saturating_add(self.orphan_cpu_ms)
-            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpus));
+            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpu_millis));
         self.polled_cpu_ms = self.polled_cpu_ms.max(total);
         if self.polled_cpu_ms > self.limits.cpu_ms {
             self.kill(ctx, Reason::CpuTimeout);
@@ -277,36 +275,23 @@ impl Run {
     }
 
     fn send_kill_all(&mut self, ctx: &mut Context<'_>) {
-        if let Some(helper) = ctx.killer.signal(Target::All, Signal::SIGKILL) {
-            self.helpers.insert(helper);
-        }
+        ctx.killer.signal(Target::All, Signal::SIGKILL);
         self.kill_sent = Some(Instant::now());
     }
 
     fn signal_group(&mut self, ctx: &mut Context<'_>, signal: Signal) {
-        if self.exit.is_none()
-            && let Some(helper) = ctx.killer.signal(Target::Group(self.pid), signal)
-        {
-            self.helpers.insert(helper);
+        if self.exit.is_none() {
+            ctx.killer.signal(Target::Group(self.pid), signal);
         }
     }
 
-    /// Reaps every child that has ended: the main process, helpers, orphans.
+    /// Reaps every child that has ended: the main process and orphans.
     fn reap(&mut self) {
         while let Some(reaped) = reap_one() {
             if reaped.pid == self.pid {
                 self.exit = Some((reaped, Instant::now()));
-            } else if self.helpers.remove(&reaped.pid) {
-                // A helper killed by a later kill-all (it runs as the job's
-                // uid) is expected; a helper that failed is worth a line.
-                if let Termination::Exited(code @ 1..) = reaped.termination {
-                    eprintln!(
-                        "code-runner-init: signal helper {} exited with status {code}",
-                        reaped.pid
-                    );
-                }
             } else {
-                // An orphan of the job (or a helper of an earlier stage).
+                // An orphan of the job.
                 self.orphan_cpu_ms = self.orphan_cpu_ms.saturating_add(reaped.cpu_ms);
             }
         }
@@ -407,32 +392,21 @@ impl Run {
 
     /// Kills whatever is left of the job and checks that nothing survived,
     /// so that no process of this stage runs into the next one.
-    async fn clean_up(&mut self, ctx: &mut Context<'_>) {
-        for _ in 0..CLEANUP_ROUNDS {
-            if let Some(helper) = ctx.killer.signal(Target::All, Signal::SIGKILL) {
-                self.helpers.insert(helper);
-                self.wait_for_helper(ctx, helper).await;
-            }
+    async fn clean_up(&mut self, ctx: &mut Context<'_>, spec: &StageSpec) -> Result<(), InitError> {
+        let deadline = Instant::now() + CLEANUP_TIMEOUT;
+        loop {
+            ctx.killer.signal(Target::All, Signal::SIGKILL);
             self.reap();
             if sample_uid(ctx.uid).live == 0 {
-                return;
+                return Ok(());
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        eprintln!(
-            "code-runner-init: processes of uid {} survived {CLEANUP_ROUNDS} kill rounds",
-            ctx.uid
-        );
-    }
-
-    async fn wait_for_helper(&mut self, ctx: &mut Context<'_>, helper: i32) {
-        let deadline = Instant::now() + HELPER_TIMEOUT;
-        while self.helpers.contains(&helper) && Instant::now() < deadline {
-            tokio::select! {
-                _ = ctx.signals.child.recv() => {}
-                _ = tokio::time::sleep(Duration::from_millis(10)) => {}
+            if Instant::now() >= deadline {
+                return Err(InitError::Survivors {
+                    stage: spec.name.clone(),
+                    seconds: CLEANUP_TIMEOUT.as_secs(),
+                });
             }
-            self.reap();
+            tokio::time::sleep(CLEANUP_PAUSE).await;
         }
     }
 
@@ -489,7 +463,7 @@ impl Run {
         let cpu_ms = main_cpu_ms
             .saturating_add(self.orphan_cpu_ms)
             .max(self.polled_cpu_ms)
-            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpus));
+            .min(cpu_ceiling_ms(self.started.elapsed(), self.cpu_millis));
         let reason = self.reason.unwrap_or_else(|| {
             classify(Facts {
                 exit_code,

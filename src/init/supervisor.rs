@@ -9,8 +9,6 @@
 //! the short-lived thread that writes the files as the job's uid
 //! ([`super::files`]).
 
-use std::path::PathBuf;
-
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::setgroups;
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -30,6 +28,8 @@ use crate::protocol::{
 
 /// Runs the supervisor; returns the process exit status.
 pub(crate) fn run() -> i32 {
+    // Before any thread exists: see `prepare_process`.
+    let prepared = prepare_process();
     let sink = match FrameSink::start() {
         Ok(sink) => sink,
         Err(error) => {
@@ -37,12 +37,12 @@ pub(crate) fn run() -> i32 {
             return EXIT_FATAL;
         }
     };
-    let code = match prepare() {
-        Ok((exe, signaller)) => match tokio::runtime::Builder::new_current_thread()
+    let code = match prepared.and_then(|()| Signaller::start()) {
+        Ok(signaller) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
         {
-            Ok(runtime) => runtime.block_on(supervise(&sink, exe, signaller)),
+            Ok(runtime) => runtime.block_on(supervise(&sink, signaller)),
             Err(error) => report_fatal_blocking(&sink, &InitError::Runtime(error)),
         },
         Err(error) => report_fatal_blocking(&sink, &error),
@@ -51,10 +51,12 @@ pub(crate) fn run() -> i32 {
     code
 }
 
-/// Process-wide set-up before any other thread that could be affected runs.
-fn prepare() -> Result<(PathBuf, Signaller), InitError> {
-    // Resolved now: the helper is this same binary.
-    let exe = std::env::current_exe().map_err(InitError::OwnExecutable)?;
+/// Process-wide set-up, done while the process has a single thread. This
+/// matters for `setgroups`: glibc makes every thread of a process follow a
+/// credential change by signalling them all (`SIGSETXID`), and under gVisor
+/// that broadcast crashed the supervisor with SIGSEGV before its first
+/// frame in about one start in five.
+fn prepare_process() -> Result<(), InitError> {
     nix::sys::prctl::set_dumpable(false).map_err(InitError::NonDumpable)?;
     // As PID 1 every orphan comes to us anyway; outside a container (tests)
     // this makes the job's orphans ours to reap too.
@@ -68,8 +70,7 @@ fn prepare() -> Result<(PathBuf, Signaller), InitError> {
     }
     // Directories are created 0755 (files get an explicit fchmod).
     umask(Mode::from_bits_truncate(0o022));
-    let signaller = Signaller::start()?;
-    Ok((exe, signaller))
+    Ok(())
 }
 
 fn report_fatal_blocking(sink: &FrameSink, error: &InitError) -> i32 {
@@ -179,8 +180,8 @@ impl Context<'_> {
     }
 }
 
-async fn supervise(sink: &FrameSink, exe: PathBuf, signaller: Signaller) -> i32 {
-    match supervise_inner(sink, exe, signaller).await {
+async fn supervise(sink: &FrameSink, signaller: Signaller) -> i32 {
+    match supervise_inner(sink, signaller).await {
         Ok(()) => 0,
         Err(error) => {
             eprintln!("code-runner-init: {error}");
@@ -194,11 +195,7 @@ async fn supervise(sink: &FrameSink, exe: PathBuf, signaller: Signaller) -> i32 
     }
 }
 
-async fn supervise_inner(
-    sink: &FrameSink,
-    exe: PathBuf,
-    signaller: Signaller,
-) -> Result<(), InitError> {
+async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), InitError> {
     let mut signals = Signals::install()?;
     sink.send(&SandboxMessage::Ready(Ready {
         protocol: PROTOCOL_VERSION,
@@ -216,7 +213,7 @@ async fn supervise_inner(
         host_open: true,
         signals,
         stdin: StdinQueue::default(),
-        killer: Killer::new(exe, bundle.uid, bundle.gid, signaller),
+        killer: Killer::new(bundle.uid, signaller),
         memory: MemoryProbe::discover(),
         uid: bundle.uid,
         gid: bundle.gid,

@@ -498,6 +498,7 @@ fn build_stages(
                 fsize_bytes,
                 nofile,
                 nproc: None,
+                cpu_quota_millis: None,
             },
         });
     }
@@ -517,6 +518,7 @@ fn build_stages(
             fsize_bytes,
             nofile,
             nproc: None,
+            cpu_quota_millis: None,
         },
     });
     stages

@@ -76,6 +76,12 @@ pub struct StageLimits {
     /// include every sandbox on the host, and the pids cgroup does the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nproc: Option<u64>,
+    /// The container's CPU quota in thousandths of a CPU. Only set under
+    /// gVisor, whose kernel shows the supervisor every host CPU and not the
+    /// quota; it caps the CPU time the supervisor believes (gVisor counts
+    /// time spent waiting for the quota as CPU time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_millis: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -293,6 +299,7 @@ mod tests {
             fsize_bytes: 1024,
             nofile: 64,
             nproc: None,
+            cpu_quota_millis: None,
         }
     }
 
@@ -300,6 +307,25 @@ mod tests {
         let mut decoder = FrameDecoder::new(crate::protocol::MAX_HOST_FRAME);
         decoder.extend(&message.encode());
         HostMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn stage_limits_stay_compatible_both_ways() {
+        // Without the optional fields the JSON is the first version's, and
+        // the first version's JSON decodes with them unset.
+        let json = serde_json::to_value(limits()).unwrap();
+        assert!(json.get("nproc").is_none() && json.get("cpu_quota_millis").is_none());
+        let decoded: StageLimits = serde_json::from_value(json).unwrap();
+        assert_eq!(decoded, limits());
+        // A field a newer worker adds is ignored by this supervisor.
+        let mut newer = serde_json::to_value(StageLimits {
+            cpu_quota_millis: Some(1500),
+            ..limits()
+        })
+        .unwrap();
+        newer["a_later_field"] = serde_json::json!(7);
+        let decoded: StageLimits = serde_json::from_value(newer).unwrap();
+        assert_eq!(decoded.cpu_quota_millis, Some(1500));
     }
 
     #[test]

@@ -32,13 +32,29 @@ pub const LABEL_UID: &str = "code-runner.uid";
 pub const KEPT_CAPABILITIES: &[&str] = &["SETUID", "SETGID"];
 
 /// Under runsc the pids cgroup counts gVisor's own host threads, not the
-/// sandbox's processes: an idle sandbox uses about 44, and each sandboxed
-/// process about 8 to 13 more. A cgroup limit of the job's `pids` alone kills
-/// the whole sandbox, so under gVisor the container gets this base plus
-/// [`GVISOR_THREADS_PER_PROCESS`] per allowed process, and the job's own
-/// process count is held by RLIMIT_NPROC inside gVisor's kernel instead.
+/// sandbox's processes: an idle sandbox uses about 44, and with gVisor's
+/// ptrace platform each sandboxed process gets one host thread per sentry
+/// thread that ever ran it — up to about one per running task. A fork bomb
+/// held to 64 processes by RLIMIT_NPROC was seen at 2,200-2,900 host
+/// threads; when the cgroup runs out, gVisor's sentry or the supervisor dies
+/// and the job ends as a platform error instead of a verdict. So under
+/// gVisor the job's process count is held by RLIMIT_NPROC inside gVisor's
+/// kernel (threads count too), and the cgroup is only the host's backstop:
+/// see [`gvisor_pids_limit`].
 pub const GVISOR_BASE_THREADS: u64 = 64;
 pub const GVISOR_THREADS_PER_PROCESS: u64 = 16;
+/// The most host threads one gVisor sandbox may have, whatever its `pids`.
+pub const GVISOR_MAX_HOST_THREADS: u64 = 16_384;
+
+/// The pids cgroup limit of a gVisor sandbox whose job may have `pids`
+/// processes: room for every process to be run by every sentry thread
+/// (`pids * (pids + 16)` plus the base: 5,184 for the default 64), capped at
+/// [`GVISOR_MAX_HOST_THREADS`].
+pub fn gvisor_pids_limit(pids: u64) -> u64 {
+    pids.saturating_mul(pids.saturating_add(GVISOR_THREADS_PER_PROCESS))
+        .saturating_add(GVISOR_BASE_THREADS)
+        .min(GVISOR_MAX_HOST_THREADS)
+}
 
 /// Whether sandboxes run under gVisor.
 pub fn is_gvisor(config: &SandboxConfig) -> bool {
@@ -154,7 +170,7 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
             memory_swappiness: (config.runtime.is_none()).then_some(0),
             pids_limit: Some(
                 i64::try_from(if is_gvisor(config) {
-                    GVISOR_BASE_THREADS + GVISOR_THREADS_PER_PROCESS * class.pids
+                    gvisor_pids_limit(class.pids)
                 } else {
                     class.pids
                 })

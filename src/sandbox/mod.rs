@@ -33,7 +33,7 @@ pub use container::{
     container_config, container_name, force_remove, list_sandboxes,
 };
 pub use pool::{WarmPool, WarmSandbox, WarmSpec, WarmStatus};
-pub use seccomp::{EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
+pub use seccomp::{Door, EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
 pub use session::{Cleanup, RunOutcome};
 pub use uids::{DEFAULT_LOCK_DIR, DEFAULT_UID_BASE, RANGE_SIZE, UidError, UidRange};
 

@@ -566,6 +566,7 @@ async fn drive(
     if is_gvisor(config) {
         for stage in &mut bundle.stages {
             stage.limits.nproc = Some(job.limits.pids);
+            stage.limits.cpu_quota_millis = Some((config.cpus * 1000.0).round() as u64);
         }
     }
     session.send_initial_frames(bundle).await;

@@ -41,6 +41,7 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
     SandboxSettings {
         runtime: Some(runtime.unwrap_or("runc").to_string()),
         seccomp_profile: None,
+        seccomp_allow: None,
         languages_file: None,
         sandbox_cpus: 1.0,
         default_limits: None,
@@ -205,6 +206,28 @@ pub fn stderr(result: &JobResult) -> String {
 /// registered with dockerd; CI always has it).
 pub fn runsc_enabled() -> bool {
     std::env::var("CODE_RUNNER_TEST_RUNSC").is_ok_and(|v| v == "1")
+}
+
+/// A harness on runsc, or `None` (with a line saying so) when runsc tests
+/// are not enabled.
+pub async fn runsc_harness(test: &str) -> Option<Harness> {
+    if !runsc_enabled() {
+        println!("{test}: runsc tests are skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
+        return None;
+    }
+    Some(Harness::with_runtime(Some("runsc")).await)
+}
+
+/// A harness per runtime to test: runc always, runsc when enabled (with a
+/// line saying so when it is not).
+pub async fn harness_per_runtime(test: &str) -> Vec<(&'static str, Harness)> {
+    let mut list = vec![("runc", Harness::new().await)];
+    if runsc_enabled() {
+        list.push(("runsc", Harness::with_runtime(Some("runsc")).await));
+    } else {
+        println!("{test}: runsc part skipped (CODE_RUNNER_TEST_RUNSC is not 1)");
+    }
+    list
 }
 
 // ---------------------------------------------------------------------------

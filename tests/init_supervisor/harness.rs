@@ -62,6 +62,7 @@ pub fn limits() -> StageLimits {
         fsize_bytes: 1 << 20,
         nofile: 64,
         nproc: None,
+        cpu_quota_millis: None,
     }
 }
 
@@ -283,8 +284,9 @@ impl Drop for Sandbox {
             let _ = self.child.wait();
         }
         if !live_processes_of(self.uid).is_empty() {
-            let _ = Command::new(BIN)
-                .args(["--signal-all", "9"])
+            // kill(-1) from that uid: every process of the uid but itself.
+            let _ = Command::new("/bin/sh")
+                .args(["-c", "kill -9 -1"])
                 .uid(self.uid)
                 .gid(self.uid)
                 .status();

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use code_runner::protocol::{HostMessage, Reason};
+use code_runner::protocol::{HostMessage, Reason, SignalKind};
 
 use super::T;
 use super::harness::{SIGKILL, Sandbox, TestCgroup, live_processes_of};
@@ -151,6 +151,61 @@ fn backgrounded_grandchild_does_not_survive_or_hang_the_supervisor() {
 }
 
 #[test]
+fn a_kill_loop_left_by_one_stage_does_not_reach_the_next() {
+    if !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: needs python3");
+        return;
+    }
+    let mut sb = Sandbox::start();
+    // The first stage leaves a daemonised process that, once the stage's
+    // main process has exited, kills every other process of its uid forever.
+    let looper = "import os, signal, time\nparent = os.getpid()\nif os.fork() == 0:\n    os.setsid()\n    while os.getppid() == parent:\n        time.sleep(0.01)\n    while True:\n        try:\n            os.kill(-1, signal.SIGKILL)\n        except OSError:\n            pass\nprint('compiled', flush=True)\n";
+    let compile = sb.stage("compile", &["python3", "-c", looper]);
+    // The next stage lives for a while: a survivor would kill it.
+    let run = sb.stage("run", &["sh", "-c", "sleep 0.5; echo ran"]);
+    sb.send(sb.bundle(vec![], vec![compile, run]));
+    let outcome = sb.finish(Duration::from_secs(10));
+    assert!(outcome.done && outcome.exit_code == Some(0), "{outcome:?}");
+    assert_eq!(outcome.reports.len(), 2, "{outcome:?}");
+    for report in &outcome.reports {
+        assert_eq!(report.reason, Reason::Exited, "{report:?}");
+        assert_eq!(report.exit_code, Some(0), "{report:?}");
+    }
+    assert_eq!(outcome.stdout_text(), "compiled\nran\n");
+    assert_eq!(outcome.diagnostics, "");
+    assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
+}
+
+#[test]
+fn a_kill_loop_cannot_dodge_the_wall_limit_or_an_interrupt() {
+    if !Path::new("/usr/bin/python3").exists() {
+        eprintln!("skipped: needs python3");
+        return;
+    }
+    let looper = "import os, signal\nprint('ready', flush=True)\nwhile True:\n    try:\n        os.kill(-1, signal.SIGKILL)\n    except OSError:\n        pass\n";
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["python3", "-c", looper]);
+    stage.limits.wall_ms = 1_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(Duration::from_secs(10));
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::WallTimeout, "{report:?}");
+    assert_eq!(report.signal, Some(SIGKILL));
+    assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
+
+    let mut sb = Sandbox::start();
+    let stage = sb.stage("run", &["python3", "-c", looper]);
+    sb.send(sb.bundle(vec![], vec![stage]));
+    sb.wait_for_stdout("ready", Duration::from_secs(10));
+    sb.send(HostMessage::Signal(SignalKind::Interrupt));
+    let outcome = sb.finish(Duration::from_secs(10));
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::Exited, "{report:?}");
+    assert_eq!(report.signal, Some(nix::libc::SIGINT), "{report:?}");
+    assert_eq!(outcome.diagnostics, "");
+}
+
+#[test]
 fn oom_kill_is_reported_as_memory_limit() {
     let limit = 64u64 << 20;
     let Some(cgroup) = TestCgroup::create(
@@ -189,9 +244,8 @@ fn fork_bomb_filling_the_pids_cgroup_is_still_killed() {
         return;
     };
     let mut sb = cgroup.start_sandbox();
-    // Forks until the cgroup is full and keeps trying, so that the
-    // supervisor cannot start its signal helper: the signaller thread must
-    // do the killing.
+    // Forks until the cgroup is full and keeps trying: the supervisor can
+    // start no process now, and needs none to kill the job.
     let bomb = "import os, time\nwhile True:\n    try:\n        os.fork() or time.sleep(100)\n    except OSError:\n        pass\n";
     let mut stage = sb.stage("run", &["python3", "-c", bomb]);
     stage.limits.wall_ms = 1_000;
@@ -203,13 +257,7 @@ fn fork_bomb_filling_the_pids_cgroup_is_still_killed() {
     assert_eq!(report.reason, Reason::WallTimeout, "{report:?}");
     assert_eq!(report.signal, Some(SIGKILL));
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert!(
-        outcome
-            .diagnostics
-            .contains("signalling from the signaller thread"),
-        "the fallback was not used: {}",
-        outcome.diagnostics
-    );
+    assert_eq!(outcome.diagnostics, "");
     assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
     drop(sb);
     drop(cgroup);

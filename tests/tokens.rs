@@ -1,0 +1,352 @@
+//! Attach tokens against a real `code-runner serve` (real Redis, real
+//! Docker): the two scopes in the submit answer, what each lets through,
+//! forged, expired, another job's and revoked tokens, the secret (its
+//! minimum length, kept out of Redis), and `--help` never showing a secret.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use code_runner::api::{Scope, TokenSigner};
+use common::daemon::{self, Daemon, DaemonBuilder, Role, python, run_to_end};
+use common::redis_server::RedisServer;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Opens the job's WebSocket with `token` as the subprotocol, as a browser
+/// does; `Err((status, body))` when the upgrade was refused.
+async fn connect(daemon: &Daemon, id: &str, token: &str) -> Result<Socket, (u16, String)> {
+    let url = format!("{}/v1/jobs/{id}/ws", daemon.url.replacen("http", "ws", 1));
+    let mut request = url.into_client_request().unwrap();
+    request.headers_mut().insert(
+        "sec-websocket-protocol",
+        format!("code-runner, token.{token}").parse().unwrap(),
+    );
+    match tokio_tungstenite::connect_async(request).await {
+        Ok((socket, _)) => Ok(socket),
+        Err(tungstenite::Error::Http(response)) => Err((
+            response.status().as_u16(),
+            String::from_utf8_lossy(response.body().as_deref().unwrap_or_default()).into_owned(),
+        )),
+        Err(other) => panic!("the WebSocket connection failed: {other}"),
+    }
+}
+
+/// Text frames as JSON until one matches `done` (returned last).
+async fn frames_until(socket: &mut Socket, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
+    let mut frames = Vec::new();
+    loop {
+        let frame = tokio::time::timeout(WAIT, socket.next())
+            .await
+            .expect("a frame in time");
+        match frame {
+            Some(Ok(Message::Text(text))) => {
+                let value: Value = serde_json::from_str(text.as_str()).unwrap();
+                let stop = done(&value);
+                frames.push(value);
+                if stop {
+                    return frames;
+                }
+            }
+            Some(Ok(_)) => {}
+            other => panic!("the stream ended ({other:?}); frames so far: {frames:#?}"),
+        }
+    }
+}
+
+async fn send(socket: &mut Socket, frame: Value) {
+    socket.send(Message::text(frame.to_string())).await.unwrap();
+}
+
+fn interactive(source: &str) -> Value {
+    let mut job = python(source);
+    job["interactive"] = json!(true);
+    job
+}
+
+const ECHO: &str = "print('ready', flush=True)\nprint('echo: ' + input(), flush=True)\n";
+
+fn tokens_of(answer: &daemon::Answer) -> (String, String) {
+    let tokens = &answer.body["tokens"];
+    (
+        tokens["read"].as_str().unwrap().to_string(),
+        tokens["control"].as_str().unwrap().to_string(),
+    )
+}
+
+/// `(status, error message)` of a refused WebSocket upgrade.
+fn refusal(result: Result<Socket, (u16, String)>) -> (u16, String) {
+    let Err((status, body)) = result else {
+        panic!("the upgrade was accepted")
+    };
+    let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+    (
+        status,
+        body["error"]["message"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+#[tokio::test]
+async fn read_tokens_follow_and_control_tokens_type() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let answer = daemon.submit(&interactive(ECHO)).await;
+    assert_eq!(answer.status, 202, "{answer:#?}");
+    let id = answer.id();
+    let (read, control) = tokens_of(&answer);
+    // `token` is the control token, as the first answers had it.
+    assert_eq!(answer.body["token"], control.as_str());
+    assert_ne!(read, control);
+    assert!(read.starts_with(&format!("{id}.read.")), "{read}");
+    assert!(control.starts_with(&format!("{id}.control.")), "{control}");
+
+    // The read token follows the events; its stdin is refused on this
+    // connection, which stays open.
+    let mut reader = connect(&daemon, &id, &read).await.unwrap();
+    frames_until(&mut reader, |f| {
+        f["type"] == "stdout" && f["data"] == "ready\n"
+    })
+    .await;
+    send(
+        &mut reader,
+        json!({"type": "stdin", "data": "from the reader\n"}),
+    )
+    .await;
+    let refused = frames_until(&mut reader, |f| f["type"] == "error").await;
+    assert_eq!(
+        refused.last().unwrap()["message"],
+        "this connection has the job's read token: stdin and signals need its control token"
+    );
+    send(&mut reader, json!({"type": "signal", "signal": "kill"})).await;
+    let refused = frames_until(&mut reader, |f| f["type"] == "error").await;
+    assert!(
+        refused.last().unwrap()["message"]
+            .as_str()
+            .unwrap()
+            .contains("read token")
+    );
+
+    // The control token's stdin reaches the program; the reader sees it.
+    let mut controller = connect(&daemon, &id, &control).await.unwrap();
+    send(
+        &mut controller,
+        json!({"type": "stdin", "data": "from the controller\n"}),
+    )
+    .await;
+    let frames = frames_until(&mut reader, |f| f["type"] == "exit").await;
+    let stdout: String = frames
+        .iter()
+        .filter(|f| f["type"] == "stdout")
+        .filter_map(|f| f["data"].as_str())
+        .collect();
+    assert_eq!(stdout, "echo: from the controller\n");
+    assert_eq!(frames.last().unwrap()["status"], "succeeded");
+
+    // The read token opens the SSE stream of the finished job.
+    let events = daemon
+        .get(&format!("/v1/jobs/{id}/events?token={read}"), None)
+        .await;
+    assert_eq!(events.status, 200, "{events:#?}");
+    assert!(
+        events.body.as_str().unwrap().contains("event: exit"),
+        "{events:#?}"
+    );
+    daemon
+        .assert_no_containers(&common::containers::docker().await)
+        .await;
+}
+
+#[tokio::test]
+async fn forged_expired_and_other_jobs_tokens_are_refused() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_TOKEN_TTL_SECS", 2)
+        .start()
+        .await;
+    let first = daemon.submit(&python("print('one')")).await;
+    let second = daemon.submit(&python("print('two')")).await;
+    let id = first.id();
+    let (read, control) = tokens_of(&first);
+    let (_, other_control) = tokens_of(&second);
+
+    let promoted = read.replacen(".read.", ".control.", 1);
+    assert_eq!(
+        refusal(connect(&daemon, &id, &promoted).await),
+        (401, "the attach token is not valid".to_string())
+    );
+    // A token signed with another secret.
+    let stranger = TokenSigner::new(
+        b"not this server's secret, 32 bytes",
+        Duration::from_secs(60),
+    );
+    assert_eq!(
+        refusal(connect(&daemon, &id, &stranger.sign(&id, Scope::Control)).await),
+        (401, "the attach token is not valid".to_string())
+    );
+    assert_eq!(
+        refusal(connect(&daemon, &id, &other_control).await),
+        (403, "the attach token is for another job".to_string())
+    );
+    daemon.wait_terminal(&id, WAIT).await;
+    assert!(connect(&daemon, &id, &control).await.is_ok());
+
+    // Two seconds later both have expired.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match connect(&daemon, &id, &control).await {
+            Ok(_) => assert!(Instant::now() < deadline, "the token never expired"),
+            Err(refused) => {
+                let body: Value = serde_json::from_str(&refused.1).unwrap();
+                assert_eq!(refused.0, 401);
+                assert_eq!(body["error"]["message"], "the attach token has expired");
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let events = daemon
+        .get(&format!("/v1/jobs/{id}/events?token={read}"), None)
+        .await;
+    assert_eq!(events.status, 401);
+    assert_eq!(events.error().1, "the attach token has expired");
+}
+
+#[tokio::test]
+async fn cancelling_a_job_revokes_its_tokens() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let answer = daemon.submit(&interactive(ECHO)).await;
+    let id = answer.id();
+    let (read, control) = tokens_of(&answer);
+    let mut controller = connect(&daemon, &id, &control).await.unwrap();
+    frames_until(&mut controller, |f| f["type"] == "stdout").await;
+
+    let cancelled = daemon.cancel(&id).await;
+    assert_eq!(cancelled.status, 202, "{cancelled:#?}");
+    // The open connection can no longer type into the job...
+    send(
+        &mut controller,
+        json!({"type": "stdin", "data": "too late\n"}),
+    )
+    .await;
+    let frames = frames_until(&mut controller, |f| {
+        f["type"] == "error" || f["type"] == "exit"
+    })
+    .await;
+    let last = frames.last().unwrap();
+    if last["type"] == "error" {
+        assert_eq!(
+            last["message"],
+            "the attach token was revoked: the job was cancelled"
+        );
+    }
+    // ...and neither token opens anything any more.
+    for token in [&read, &control] {
+        assert_eq!(
+            refusal(connect(&daemon, &id, token).await),
+            (
+                401,
+                "the attach token was revoked: the job was cancelled".to_string()
+            )
+        );
+        let events = daemon
+            .get(&format!("/v1/jobs/{id}/events?token={token}"), None)
+            .await;
+        assert_eq!(events.status, 401, "{events:#?}");
+    }
+    // The key still sees the job.
+    let view = daemon.wait_terminal(&id, WAIT).await;
+    assert_eq!(view["status"], "cancelled");
+    daemon
+        .assert_no_containers(&common::containers::docker().await)
+        .await;
+}
+
+#[tokio::test]
+async fn a_reader_of_redis_cannot_sign_tokens() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let answer = daemon.submit(&python("print('x')")).await;
+    let id = answer.id();
+    let (read, _) = tokens_of(&answer);
+    // (No worker: the job stays queued, and its streams stay open.)
+    assert!(connect(&daemon, &id, &read).await.is_ok());
+    // Every string value and hash field in Redis, tried as the secret.
+    let mut candidates = Vec::new();
+    for key in redis.cli(&["--scan"]).lines() {
+        match redis.cli(&["type", key]).as_str() {
+            "string" => candidates.push(redis.cli(&["get", key])),
+            "hash" => candidates.extend(redis.cli(&["hvals", key]).lines().map(str::to_string)),
+            _ => {}
+        }
+    }
+    assert!(!candidates.is_empty());
+    for candidate in candidates {
+        let signer = TokenSigner::new(candidate.as_bytes(), Duration::from_secs(60));
+        let forged = signer.sign(&id, Scope::Read);
+        assert_eq!(
+            refusal(connect(&daemon, &id, &forged).await),
+            (401, "the attach token is not valid".to_string()),
+            "signed with a Redis value"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_short_token_secret_is_refused_without_showing_it() {
+    let output = run_to_end(
+        &["api"],
+        &[
+            ("CODE_RUNNER_API_KEYS", "a:key-a-0123456789"),
+            (
+                "CODE_RUNNER_TOKEN_SECRET",
+                "only-31-bytes-long-secret-value",
+            ),
+        ],
+    );
+    assert_eq!(output.status.code(), Some(64), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "code-runner: invalid configuration: CODE_RUNNER_TOKEN_SECRET: must be at least 32 bytes, \
+         it is 31 (for example: openssl rand -hex 32)\n"
+    );
+}
+
+#[tokio::test]
+async fn help_never_shows_secret_values() {
+    let secrets = [
+        ("CODE_RUNNER_API_KEYS", "a:api-key-that-must-stay-hidden"),
+        (
+            "CODE_RUNNER_TOKEN_SECRET",
+            "token-secret-that-must-stay-hidden-0123",
+        ),
+        (
+            "CODE_RUNNER_REDIS_URL",
+            "redis://:redis-password-hidden@127.0.0.1:1",
+        ),
+        ("CODE_RUNNER_API_KEY", "client-key-that-must-stay-hidden"),
+    ];
+    for command in [
+        &["serve", "--help"][..],
+        &["api", "--help"],
+        &["run", "--help"],
+        &["worker", "--help"],
+    ] {
+        let output = run_to_end(command, &secrets);
+        assert_eq!(output.status.code(), Some(0), "{command:?}: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(text.contains("CODE_RUNNER_"), "{command:?}: {text}");
+        for hidden in ["must-stay-hidden", "redis-password-hidden"] {
+            assert!(
+                !text.contains(hidden),
+                "{command:?} shows a secret:\n{text}"
+            );
+        }
+    }
+}
