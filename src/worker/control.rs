@@ -3,6 +3,9 @@
 //! something the engine understands — `cancel` kills the job, stdin and
 //! signals go to the sandbox as [`JobInput`].
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +26,9 @@ pub(super) struct ControlRelay<'a> {
     pub(super) cancel: CancellationToken,
     pub(super) input: mpsc::Sender<JobInput>,
     pub(super) done: CancellationToken,
+    /// One more for each stdin message handed to the sandbox (the events
+    /// stream writes the answer to new input at once).
+    pub(super) input_marks: Arc<AtomicU64>,
 }
 
 impl ControlRelay<'_> {
@@ -95,7 +101,10 @@ impl ControlRelay<'_> {
                 }
                 return true;
             }
-            Control::Stdin(data) => JobInput::Stdin(data),
+            Control::Stdin(data) => {
+                self.input_marks.fetch_add(1, Ordering::Relaxed);
+                JobInput::Stdin(data)
+            }
             Control::StdinClose => JobInput::StdinClose,
             Control::Signal(signal) => JobInput::Signal(signal),
         };

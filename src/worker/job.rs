@@ -4,6 +4,8 @@
 //! with its control relay, settle its status, write the result (retrying
 //! through Redis outages), count it, and only then remove its container.
 
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -242,7 +244,8 @@ impl Shared {
             input: Some(input_rx),
             cancel: cancel.clone(),
         };
-        let mut stream = EventStream::new(self.queue.clone(), id);
+        let input_marks = Arc::new(AtomicU64::new(0));
+        let mut stream = EventStream::new(self.queue.clone(), id, Arc::clone(&input_marks));
         let done = CancellationToken::new();
         let relay = ControlRelay {
             queue: &self.queue,
@@ -250,6 +253,7 @@ impl Shared {
             cancel,
             input,
             done: done.clone(),
+            input_marks,
         };
         let warm = match &self.pool {
             Some(pool) => pool.claim(job).await,

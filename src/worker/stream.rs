@@ -3,11 +3,13 @@
 //! stage and output events, coalesced so a flood of tiny writes does not
 //! become a flood of Redis commands.
 //!
-//! - Output after a quiet spell is written at once (leading edge); after a
-//!   write, more output waits until [`FLUSH_INTERVAL`] has passed since that
-//!   write, so a flood is coalesced into one `append_events` call per
-//!   interval (or as soon as [`FLUSH_BYTES`] of it wait). A stage start or
-//!   end goes at once, with everything before it, in order. Adjacent chunks of one stream become one event (of about
+//! - Output after a quiet spell is written at once (leading edge), and so is
+//!   output that follows input the job was sent since the last write (an
+//!   interactive program answering: a ping-pong is not a flood). Otherwise,
+//!   after a write, more output waits until [`FLUSH_INTERVAL`] has passed
+//!   since that write, so a flood is coalesced into one `append_events` call
+//!   per interval (or as soon as [`FLUSH_BYTES`] of it wait). A stage start
+//!   or end goes at once, with everything before it, in order. Adjacent chunks of one stream become one event (of about
 //!   [`MAX_EVENT_BYTES`] at most); an incomplete UTF-8 sequence at the end of
 //!   a stream's buffer waits for the rest of the character, so text stays
 //!   text, until the stage ends.
@@ -25,6 +27,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -289,11 +293,15 @@ pub(super) struct EventStream {
     dropped: bool,
     /// When the sandbox reported the start of the job's first stage.
     first_stage_at: Option<std::time::Instant>,
+    /// Counts the input delivered to the job (the control relay adds one
+    /// per stdin message); output after new input goes out at once.
+    input_marks: Arc<AtomicU64>,
 }
 
 impl EventStream {
-    pub(super) fn new(queue: Queue, job_id: &str) -> Self {
+    pub(super) fn new(queue: Queue, job_id: &str, input_marks: Arc<AtomicU64>) -> Self {
         Self {
+            input_marks,
             queue,
             job_id: job_id.to_string(),
             coalescer: Coalescer::default(),
@@ -320,8 +328,9 @@ impl EventStream {
         let mut in_flight: Option<InFlight> = None;
         // When buffered output must go out.
         let mut due: Option<Instant> = None;
-        // When the last write started.
+        // When the last write started, and the input count then.
         let mut last_write: Option<Instant> = None;
+        let mut input_at_write = self.input_marks.load(Ordering::Relaxed);
         // When a failed append may be tried again.
         let mut retry_at: Option<Instant> = None;
         let mut urgent = false;
@@ -338,6 +347,7 @@ impl EventStream {
                     let batch = self.next_batch(false);
                     if !batch.events.is_empty() {
                         last_write = Some(now);
+                        input_at_write = self.input_marks.load(Ordering::Relaxed);
                         in_flight = Some(self.attempt(batch));
                     }
                 }
@@ -362,7 +372,13 @@ impl EventStream {
                     Some(event) => {
                         urgent |= self.accept(event);
                         if due.is_none() && !self.coalescer.is_empty() {
-                            due = Some(flush_due(Instant::now(), last_write));
+                            let answering =
+                                self.input_marks.load(Ordering::Relaxed) != input_at_write;
+                            due = Some(if answering {
+                                Instant::now()
+                            } else {
+                                flush_due(Instant::now(), last_write)
+                            });
                         }
                     }
                     None => open = false,
