@@ -242,7 +242,7 @@ pub async fn serve(
     let app = router(state.with_shutdown(shutdown.clone()));
     // The peer address lets Piston's keyless mode serve loopback clients only.
     let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let served = axum::serve(listener, app)
+    let served = axum::serve(no_delay(listener), app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await;
     // The WebSocket sessions saw the same token: each sends its close (1001)
@@ -277,9 +277,24 @@ pub async fn serve_ops(
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));
-    axum::serve(listener, app)
+    axum::serve(no_delay(listener), app)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
+}
+
+/// `listener` with Nagle's algorithm off on every connection: a stream's
+/// small frames (an echoed line, an event) go out at once instead of
+/// waiting up to a delayed ACK (40 ms) behind the previous one.
+fn no_delay(
+    listener: tokio::net::TcpListener,
+) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
+    use axum::serve::ListenerExt as _;
+    fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
+        }
+    }
+    listener.tap_io(set_nodelay as fn(&mut tokio::net::TcpStream))
 }
 
 /// One debug line per request: method, path, status, time taken.

@@ -112,12 +112,22 @@ pub(super) struct Report {
     pub(super) first_output_ms: Option<Summary>,
     /// Submission → result, of the jobs that ran.
     pub(super) result_ms: Option<Summary>,
+    /// The same, split by how the jobs started (`null` for a kind no job
+    /// had): what a warm pool buys, apart from the jobs it could not serve.
+    pub(super) result_by_start_ms: ResultByStart,
     /// `--interactive`: the stdin → stdout round trips.
     pub(super) round_trips: Option<RoundTrips>,
     /// What went wrong for the jobs counted in `counts.errors`, most frequent first.
     pub(super) errors: Vec<ErrorCount>,
     /// The machine: CPUs and the load average (1, 5, 15 min) before and after.
     pub(super) host: Host,
+}
+
+/// Submission → result by start kind.
+#[derive(Debug, Default, Serialize)]
+pub(super) struct ResultByStart {
+    pub(super) warm: Option<Summary>,
+    pub(super) cold: Option<Summary>,
 }
 
 /// `submitted` = `succeeded` + `failed` + `errors`.
@@ -223,6 +233,7 @@ impl Report {
         let mut failures: BTreeMap<(&'static str, &str), u32> = BTreeMap::new();
         let mut first_output = Vec::new();
         let mut result = Vec::new();
+        let (mut warm_result, mut cold_result) = (Vec::new(), Vec::new());
         let mut trips = Vec::new();
         let mut sent = 0;
         let mut last = started;
@@ -248,6 +259,11 @@ impl Report {
                         Start::Cold => &mut start.cold,
                         Start::Unknown => &mut start.unknown,
                     } += 1;
+                    match how {
+                        Start::Warm => warm_result.extend(sample.result),
+                        Start::Cold => cold_result.extend(sample.result),
+                        Start::Unknown => {}
+                    }
                 }
                 Outcome::Error(message) => {
                     counts.errors += 1;
@@ -295,6 +311,10 @@ impl Report {
             },
             first_output_ms: Summary::of(first_output),
             result_ms: Summary::of(result),
+            result_by_start_ms: ResultByStart {
+                warm: Summary::of(warm_result),
+                cold: Summary::of(cold_result),
+            },
             round_trips: per_job.map(|per_job| RoundTrips {
                 per_job,
                 sent,
@@ -406,6 +426,14 @@ impl Report {
         };
         row(&mut out, "first output", &self.first_output_ms, no_output);
         row(&mut out, "result", &self.result_ms, "     no results");
+        for (name, summary) in [
+            ("  warm start", &self.result_by_start_ms.warm),
+            ("  cold start", &self.result_by_start_ms.cold),
+        ] {
+            if summary.is_some() && self.start.warm > 0 {
+                row(&mut out, name, summary, "");
+            }
+        }
         if let Some(trips) = &self.round_trips {
             row(&mut out, "round trip", &trips.ms, "     none echoed");
             let _ = writeln!(
@@ -505,11 +533,20 @@ mod tests {
         assert_eq!(report.errors[0].count, 2);
         let result = report.result_ms.as_ref().unwrap();
         assert_eq!((result.samples, result.p50, result.max), (3, 20.0, 30.0));
+        // By start kind: the unknown one is in neither.
+        let warm = report.result_by_start_ms.warm.as_ref().unwrap();
+        let cold = report.result_by_start_ms.cold.as_ref().unwrap();
+        assert_eq!(
+            (warm.samples, warm.p50, cold.samples, cold.p50),
+            (1, 10.0, 1, 30.0)
+        );
         assert!(!report.all_succeeded());
         let text = report.text();
         assert!(text.contains("2 succeeded, 1 failed, 2 errors"), "{text}");
         assert!(text.contains("error        2 × cannot reach it"), "{text}");
         assert!(text.contains("1 warm, 1 cold, 1 unknown"), "{text}");
+        assert!(text.contains("  warm start      10.0"), "{text}");
+        assert!(text.contains("  cold start      30.0"), "{text}");
         assert!(
             text.contains("failed       1 × timed_out: program exceeded its wall time limit"),
             "{text}"

@@ -239,8 +239,12 @@ impl<'a, S: EventSink> Follower<'a, S> {
         let bearer = HeaderValue::from_str(&format!("Bearer {}", self.key))
             .map_err(|_| ConnectError::Fatal(ClientError::Unauthorized))?;
         request.headers_mut().insert(header::AUTHORIZATION, bearer);
-        let connected =
-            tokio::time::timeout(CONNECT_TIMEOUT, tokio_tungstenite::connect_async(request)).await;
+        let connected = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            // Nagle off: typed lines go out at once.
+            tokio_tungstenite::connect_async_with_config(request, None, true),
+        )
+        .await;
         match connected {
             Err(_) => Err(ConnectError::Transient(format!(
                 "connecting to {url} took longer than {CONNECT_TIMEOUT:?}"

@@ -268,7 +268,12 @@ impl Queue {
         result_ttl: Duration,
         pool_size: usize,
     ) -> Result<Self, QueueError> {
-        let mut config = deadpool_redis::Config::from_url(url);
+        // Nagle's algorithm off (redis-rs leaves it on): a command written
+        // while an earlier one's reply is outstanding must not wait for a
+        // delayed ACK (40 ms) on the hot path.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let mut config = deadpool_redis::Config::default();
         let timeout = Some(Duration::from_secs(2));
         config.pool = Some(deadpool_redis::PoolConfig {
             max_size: pool_size,
@@ -279,8 +284,14 @@ impl Queue {
             },
             ..Default::default()
         });
-        let pool = config.create_pool(Some(deadpool_redis::Runtime::Tokio1))?;
-        let client = redis::Client::open(url)?;
+        let pool = deadpool_redis::Pool::builder(deadpool_redis::Manager::new(info.clone())?)
+            .config(config.get_pool_config())
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(|error| {
+                QueueError::CreatePool(deadpool_redis::CreatePoolError::Build(error))
+            })?;
+        let client = redis::Client::open(info)?;
         Ok(Self {
             pool,
             client,

@@ -47,6 +47,10 @@ pub(super) const EVENT_BUFFER: usize = 256;
 /// Shortest time between two writes of output (a flood is coalesced into
 /// one write per interval; output after a quiet spell goes at once).
 const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
+/// How long output after a quiet spell (or answering input) waits for the
+/// rest of its burst: `print('x')` is two writes (`x`, then the newline) a
+/// few microseconds apart, which belong in one event.
+const GATHER: Duration = Duration::from_millis(2);
 /// Output waiting that is written without waiting for the interval.
 const FLUSH_BYTES: usize = 32 * 1024;
 /// Largest output event; more output of one stream makes another event.
@@ -79,13 +83,14 @@ enum Item {
     Event(JobEvent),
 }
 
-/// When output that arrives at `now` goes out: at once after a quiet spell
-/// (no write within [`FLUSH_INTERVAL`]), else one interval after the last
-/// write.
-fn flush_due(now: Instant, last_write: Option<Instant>) -> Instant {
+/// When output that arrives at `now` goes out: after [`GATHER`] when it
+/// answers new input or follows a quiet spell (no write within
+/// [`FLUSH_INTERVAL`]), else one interval after the last write.
+fn flush_due(now: Instant, last_write: Option<Instant>, answering: bool) -> Instant {
+    let soon = now + GATHER;
     match last_write {
-        Some(last) => now.max(last + FLUSH_INTERVAL),
-        None => now,
+        Some(last) if !answering => soon.max(last + FLUSH_INTERVAL),
+        _ => soon,
     }
 }
 
@@ -374,11 +379,7 @@ impl EventStream {
                         if due.is_none() && !self.coalescer.is_empty() {
                             let answering =
                                 self.input_marks.load(Ordering::Relaxed) != input_at_write;
-                            due = Some(if answering {
-                                Instant::now()
-                            } else {
-                                flush_due(Instant::now(), last_write)
-                            });
+                            due = Some(flush_due(Instant::now(), last_write, answering));
                         }
                     }
                     None => open = false,
@@ -577,14 +578,27 @@ mod tests {
     #[test]
     fn output_after_quiet_goes_at_once_and_a_flood_waits_for_the_interval() {
         let start = Instant::now();
-        assert_eq!(flush_due(start, None), start, "the first output");
+        assert_eq!(
+            flush_due(start, None, false),
+            start + GATHER,
+            "the first output"
+        );
         let quiet = start + FLUSH_INTERVAL * 3;
-        assert_eq!(flush_due(quiet, Some(start)), quiet, "after a quiet spell");
+        assert_eq!(
+            flush_due(quiet, Some(start), false),
+            quiet + GATHER,
+            "after a quiet spell"
+        );
         let flood = start + FLUSH_INTERVAL / 5;
         assert_eq!(
-            flush_due(flood, Some(start)),
+            flush_due(flood, Some(start), false),
             start + FLUSH_INTERVAL,
             "right after a write"
+        );
+        assert_eq!(
+            flush_due(flood, Some(start), true),
+            flood + GATHER,
+            "answering new input"
         );
     }
 
