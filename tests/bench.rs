@@ -123,13 +123,30 @@ async fn through_the_api_by_websocket_and_by_wait_every_job_is_counted_and_timed
 
     let (out, report) = tokio::task::spawn_blocking(move || {
         bench_json(&[
-            "--url", &url, "--key", KEY_A, "--via", "wait", "--jobs", "4", "-c", "2",
+            "--url",
+            &url,
+            "--key",
+            KEY_A,
+            "--via",
+            "wait",
+            "--jobs",
+            "4",
+            "-c",
+            "2",
+            "--pause-ms",
+            "200",
         ])
     })
     .await
     .unwrap();
     assert_all_succeeded(&out, &report, 4);
     assert_eq!(report["via"], "wait");
+    assert_eq!(report["pause_ms"], 200);
+    // Two lanes, two jobs each: each lane paused once before its second.
+    assert!(
+        report["elapsed_ms"].as_f64().unwrap() >= 200.0,
+        "{report:#}"
+    );
     // One request per job: no first output to time.
     assert!(report["first_output_ms"].is_null(), "{report:#}");
     daemon.assert_no_containers(&docker().await).await;
@@ -308,9 +325,13 @@ async fn a_refused_key_or_bad_flags_stop_at_once_with_exit_64() {
         &["bench", "--engine", "--via", "wait"],
         "code-runner: --via wait measures through the API; it does not go with --engine\n",
     );
+    let known = code_runner::languages::LanguageCatalog::embedded()
+        .unwrap()
+        .ids()
+        .join(", ");
     usage(
         &["bench", "--key", KEY_A, "--language", "cobol"],
-        "code-runner: unknown language \"cobol\" (known: python, javascript, c, cpp, bash, ruby, go)\n",
+        &format!("code-runner: unknown language \"cobol\" (known: {known})\n"),
     );
     usage(
         &["bench"],

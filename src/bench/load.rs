@@ -138,6 +138,8 @@ pub(super) struct Plan {
     pub(super) jobs: u32,
     pub(super) concurrency: u32,
     pub(super) round_trips: Option<u32>,
+    /// A lane's wait between one job's end and its next submission.
+    pub(super) pause: std::time::Duration,
 }
 
 /// What the run gave; `aborted` is set when an answer made every further
@@ -176,6 +178,12 @@ pub(super) async fn run(
             let index = next.fetch_add(1, Ordering::Relaxed);
             if index >= plan.jobs {
                 break;
+            }
+            if index >= plan.concurrency && !plan.pause.is_zero() {
+                tokio::select! {
+                    () = tokio::time::sleep(plan.pause) => {}
+                    () = stop.cancelled() => break,
+                }
             }
             match one_job(target, index, plan.round_trips, stop).await {
                 Ok(sample) => {

@@ -90,6 +90,11 @@ pub struct BenchArgs {
     #[arg(short, long, default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
+    /// Each lane waits this long after a job before it submits the next one
+    /// (people pressing Run, not a tight loop); jobs/s counts the pauses.
+    #[arg(long, default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub pause_ms: u64,
     /// Interactive jobs: time the stdin → stdout round trip (over the
     /// WebSocket; with --engine, in the engine). The program must print a
     /// line when it is ready, then write back each line it reads.
@@ -173,6 +178,7 @@ pub async fn run(args: BenchArgs) -> u8 {
         jobs: args.jobs,
         concurrency: args.concurrency,
         round_trips: args.interactive.then_some(args.round_trips),
+        pause: std::time::Duration::from_millis(args.pause_ms),
     };
     if args.engine {
         on_engine(&args, plan).await
@@ -209,6 +215,7 @@ async fn through_api(args: &BenchArgs, plan: Plan) -> u8 {
         program,
         interactive: args.interactive,
         concurrency: plan.concurrency.min(plan.jobs),
+        pause_ms: args.pause_ms,
         round_trips: plan.round_trips,
         load_before: report::load_average(),
     };
@@ -254,6 +261,7 @@ async fn on_engine(args: &BenchArgs, plan: Plan) -> u8 {
         program,
         interactive: args.interactive,
         concurrency: plan.concurrency.min(plan.jobs),
+        pause_ms: args.pause_ms,
         round_trips: plan.round_trips,
         load_before: report::load_average(),
     };

@@ -206,6 +206,8 @@ pub(super) struct Setup {
     pub(super) interactive: bool,
     /// Jobs in flight at once.
     pub(super) concurrency: u32,
+    /// A lane's pause between jobs (`--pause-ms`).
+    pub(super) pause_ms: u64,
     /// Round trips per interactive job (reported under `round_trips`).
     #[serde(skip)]
     pub(super) round_trips: Option<u32>,
@@ -359,9 +361,14 @@ impl Report {
         } else {
             ""
         };
+        let pause = if setup.pause_ms > 0 {
+            format!(", {} ms between a lane's jobs", setup.pause_ms)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             out,
-            "{} {kind}{} jobs ({}) through {path}, {} at a time",
+            "{} {kind}{} jobs ({}) through {path}, {} at a time{pause}",
             self.counts.submitted, setup.language, setup.program, setup.concurrency
         );
         let c = &self.counts;
@@ -484,6 +491,7 @@ mod tests {
             program: "built-in".into(),
             interactive: false,
             concurrency: 2,
+            pause_ms: 0,
             round_trips: None,
             load_before: None,
         }
