@@ -249,6 +249,10 @@ async fn create(State(state): State<ApiState>, request: Request) -> Response {
         Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),
         Err(e) => return from_api_error(ApiError::Unavailable(e)),
     };
+    let job = match with_spec(&state, job, &params.fields).await {
+        Ok(job) => job,
+        Err(e) => return from_api_error(ApiError::Unavailable(e)),
+    };
     match submission_view(&job, &record, &catalog, &params.fields, params.base64) {
         Ok(view) => (StatusCode::CREATED, Json(view)).into_response(),
         Err(()) => (
@@ -259,11 +263,30 @@ async fn create(State(state): State<ApiState>, request: Request) -> Response {
     }
 }
 
-/// A submission of `caller` with its record, if it is one.
+/// `job` with its spec read too when `fields` show the source or the stdin
+/// (a job record is read without its spec, which can be large).
+async fn with_spec(
+    state: &ApiState,
+    mut job: crate::queue::JobRecord,
+    fields: &[&str],
+) -> Result<crate::queue::JobRecord, crate::queue::QueueError> {
+    if job.spec.is_none()
+        && fields
+            .iter()
+            .any(|f| matches!(*f, "*" | "source_code" | "stdin"))
+    {
+        job.spec = state.inner.queue.job_spec(&job.id).await?;
+    }
+    Ok(job)
+}
+
+/// A submission of `caller` with its record, if it is one; `fields` say
+/// what of it will be shown.
 async fn find(
     state: &ApiState,
     caller: &Caller,
     token: &str,
+    fields: &[&str],
 ) -> Result<Option<(crate::queue::JobRecord, Judge0Record)>, ApiError> {
     let Ok(id) = job_id(token) else {
         return Ok(None);
@@ -273,6 +296,7 @@ async fn find(
         Err(ApiError::NotFound(_)) => return Ok(None),
         Err(other) => return Err(other),
     };
+    let job = with_spec(state, job, fields).await?;
     let records = state.inner.queue.compat_records(&[id]).await?;
     let record = records
         .into_iter()
@@ -293,7 +317,7 @@ async fn show(State(state): State<ApiState>, token: Path<String>, request: Reque
         Ok(params) => params,
         Err(refusal) => return refusal.into_response(),
     };
-    let (job, record) = match find(&state, &caller, &token).await {
+    let (job, record) = match find(&state, &caller, &token, &params.fields).await {
         Ok(Some(found)) => found,
         Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),
         Err(e) => return from_api_error(e),
@@ -411,7 +435,7 @@ async fn batch_show(State(state): State<ApiState>, request: Request) -> Response
     let catalog = &state.inner.catalog;
     let mut submissions = Vec::with_capacity(tokens.len());
     for token in &tokens {
-        let found = match find(&state, &caller, token).await {
+        let found = match find(&state, &caller, token, &params.fields).await {
             Ok(found) => found,
             Err(e) => return from_api_error(e),
         };
