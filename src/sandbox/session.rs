@@ -288,6 +288,35 @@ impl Connection {
     }
 }
 
+/// Attempts (and the pause between them) to see the out-of-memory flag of
+/// a sandbox that ended killed (exit 137): Docker can report the exit before
+/// the kernel's OOM event (seen under gVisor, whose whole sandbox the host
+/// OOM killer takes).
+const OOM_FLAG_ATTEMPTS: u32 = 5;
+const OOM_FLAG_PAUSE: Duration = Duration::from_millis(100);
+
+/// The state of a sandbox that ended without reporting; when it ended
+/// killed but not (yet) flagged OOM-killed, asked again a few times.
+async fn inspect_end(docker: &Docker, name: &str) -> Option<bollard::models::ContainerState> {
+    let mut state = None;
+    for attempt in 0..OOM_FLAG_ATTEMPTS {
+        if attempt > 0 {
+            tokio::time::sleep(OOM_FLAG_PAUSE).await;
+        }
+        state = docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+            .ok()
+            .and_then(|i| i.state);
+        let killed = state.as_ref().and_then(|s| s.exit_code) == Some(137);
+        let flagged = state.as_ref().and_then(|s| s.oom_killed) == Some(true);
+        if flagged || !killed {
+            break;
+        }
+    }
+    state
+}
+
 fn message_name(message: &SandboxMessage) -> &'static str {
     match message {
         SandboxMessage::Ready(_) => "ready",
@@ -610,11 +639,7 @@ async fn drive(
             session.end_unreported_stage(reason);
         }
         Ok(Ending::StreamEnded) => {
-            let inspect = docker
-                .inspect_container(guard.name(), None::<InspectContainerOptions>)
-                .await
-                .ok()
-                .and_then(|i| i.state);
+            let inspect = inspect_end(docker, guard.name()).await;
             let oom = inspect.as_ref().and_then(|s| s.oom_killed) == Some(true);
             if oom && session.ready_at.is_some() {
                 session.end_unreported_stage(Reason::MemoryLimit);
