@@ -272,15 +272,7 @@ mod tests {
     use super::*;
 
     fn entry(language: &str, warm: u64, from_ms: u64, until_ms: u64) -> CapacityEntry {
-        CapacityEntry {
-            id: "e".into(),
-            language: language.into(),
-            warm,
-            from_ms,
-            until_ms,
-            created_by: "ops".into(),
-            created_ms: 0,
-        }
+        CapacityEntry::sample(language, warm, from_ms, until_ms)
     }
 
     #[test]

@@ -241,16 +241,22 @@ pub(super) async fn submit(State(state): State<ApiState>, request: Request) -> R
     match submit_job(&state, request).await {
         Ok(response) => response,
         Err(error) => {
-            if let Some(reason) = error.rejection_reason() {
-                state
-                    .inner
-                    .metrics
-                    .submissions_rejected
-                    .with_label_values(&[reason])
-                    .inc();
-            }
+            count_rejection(&state, &error);
             error.into_response()
         }
+    }
+}
+
+/// Counts a refused submission by its reason (failures of our own are not
+/// refusals and are not counted).
+pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
+    if let Some(reason) = error.rejection_reason() {
+        state
+            .inner
+            .metrics
+            .submissions_rejected
+            .with_label_values(&[reason])
+            .inc();
     }
 }
 

@@ -34,6 +34,20 @@ impl CapacityEntry {
     pub fn active_at(&self, now_ms: u64) -> bool {
         self.from_ms <= now_ms && now_ms < self.until_ms
     }
+
+    /// An entry for unit tests.
+    #[cfg(test)]
+    pub(crate) fn sample(language: &str, warm: u64, from_ms: u64, until_ms: u64) -> Self {
+        Self {
+            id: format!("{language}-{from_ms}"),
+            language: language.into(),
+            warm,
+            from_ms,
+            until_ms,
+            created_by: "ops".into(),
+            created_ms: 0,
+        }
+    }
 }
 
 /// What became of a new entry.

@@ -143,15 +143,7 @@ mod tests {
     use super::*;
 
     fn entry(language: &str, warm: u64, from_ms: u64, until_ms: u64) -> CapacityEntry {
-        CapacityEntry {
-            id: format!("{language}-{from_ms}"),
-            language: language.into(),
-            warm,
-            from_ms,
-            until_ms,
-            created_by: "ops".into(),
-            created_ms: 0,
-        }
+        CapacityEntry::sample(language, warm, from_ms, until_ms)
     }
 
     fn ids(names: &[&str]) -> Vec<String> {

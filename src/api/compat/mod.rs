@@ -133,15 +133,8 @@ async fn submit(
     catalog: &LanguageCatalog,
 ) -> Result<Submitted, ApiError> {
     let submitted = submit_uncounted(state, caller, id, spec, catalog).await;
-    if let Err(error) = &submitted
-        && let Some(reason) = error.rejection_reason()
-    {
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&[reason])
-            .inc();
+    if let Err(error) = &submitted {
+        super::jobs::count_rejection(state, error);
     }
     submitted
 }
