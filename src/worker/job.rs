@@ -126,8 +126,11 @@ impl Shared {
         let (result, cleanup) = self.execute(id, &job, claimed_at).await;
         self.conclude(id, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
-        // still within the job's slot.
-        cleanup.remove().await;
+        // still within the job's slot. A removal Docker did not answer means
+        // it is down: the claim loop then asks it before claiming again.
+        if !cleanup.remove().await {
+            self.engine.docker_failed();
+        }
     }
 
     /// The job from the spec stored in Redis, validated here; the result to
@@ -202,11 +205,11 @@ impl Shared {
         for attempt in 1..=RELEASE_ATTEMPTS {
             match self.queue.release(id, &self.config.id).await {
                 Ok(ReleaseOutcome::Requeued) => {
-                    tracing::info!(job.id = %id, "shutting down; gave the claimed job back to the queue");
+                    tracing::info!(job.id = %id, "gave the claimed job back to the queue");
                     return;
                 }
                 Ok(outcome) => {
-                    tracing::debug!(job.id = %id, ?outcome, "shutting down; the claimed job was not queued any more");
+                    tracing::debug!(job.id = %id, ?outcome, "the claimed job was not queued any more; nothing to give back");
                     return;
                 }
                 Err(error) if attempt < RELEASE_ATTEMPTS => {

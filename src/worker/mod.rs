@@ -318,16 +318,7 @@ impl Shared {
             // could only fail, while a queued one waits for a worker that can
             // run it (this one, once Docker is back, or another). Asked only
             // when Docker has not answered lately.
-            let problem = if self.engine.docker_answered_within(DOCKER_FRESH) {
-                None
-            } else {
-                self.engine
-                    .readiness(&[], DOCKER_CHECK_TIMEOUT)
-                    .await
-                    .into_iter()
-                    .next()
-            };
-            if let Some((_, problem)) = problem {
+            if let Some(problem) = self.docker_problem().await {
                 drop(permit);
                 if !docker_failing {
                     tracing::warn!(worker.id = %worker, error = %problem, "docker does not answer; not claiming jobs until it does");
@@ -371,6 +362,20 @@ impl Shared {
                         self.release(&id).await;
                         return;
                     }
+                    // Docker may have gone away while the claim blocked:
+                    // such a job goes back to the head of the queue.
+                    if let Some(problem) = self.docker_problem().await {
+                        drop(permit);
+                        tracing::warn!(worker.id = %worker, job.id = %id, error = %problem, "docker stopped answering while claiming; gave the job back, not claiming until it answers");
+                        self.release(&id).await;
+                        docker_failing = true;
+                        if !sleep_unless_cancelled(docker_backoff.next_delay(), &self.shutdown)
+                            .await
+                        {
+                            return;
+                        }
+                        continue;
+                    }
                     tracing::debug!(job.id = %id, worker.id = %worker, "claimed a job");
                     let claimed_at = std::time::Instant::now();
                     let slot = Slot::take(Arc::clone(&self), id, permit);
@@ -396,6 +401,20 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Why Docker cannot run a job now, if it cannot: asked of Docker only
+    /// when it has not answered within [`DOCKER_FRESH`].
+    async fn docker_problem(&self) -> Option<String> {
+        if self.engine.docker_answered_within(DOCKER_FRESH) {
+            return None;
+        }
+        self.engine
+            .readiness(&[], DOCKER_CHECK_TIMEOUT)
+            .await
+            .into_iter()
+            .next()
+            .map(|(_, problem)| problem)
     }
 
     /// Runs `jobs` (the claim loop, then the wait for every job task) until
