@@ -37,6 +37,7 @@ struct Options {
     max_wait: Duration,
     catalog: LanguageCatalog,
     engine: Option<code_runner::sandbox::SandboxEngine>,
+    limits: code_runner::api::ApiLimits,
 }
 
 impl Default for Options {
@@ -47,6 +48,7 @@ impl Default for Options {
             max_wait: Duration::from_secs(10),
             catalog: LanguageCatalog::embedded().unwrap(),
             engine: None,
+            limits: code_runner::api::ApiLimits::default(),
         }
     }
 }
@@ -83,6 +85,7 @@ impl Api {
             engine: options.engine,
             draining: CancellationToken::new(),
             carried: None,
+            limits: options.limits,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -461,7 +464,12 @@ async fn claim_and_start(api: &Api, worker: &str) -> String {
         .await
         .unwrap()
         .expect("a queued job");
-    match api.queue.start(&id, worker, true).await.unwrap() {
+    match api
+        .queue
+        .start(&id, worker, "test-host", true)
+        .await
+        .unwrap()
+    {
         StartOutcome::Start { .. } => id,
         other => panic!("the job did not start: {other:?}"),
     }
@@ -502,7 +510,7 @@ async fn cancel_of_a_running_job_is_requested_and_a_finished_one_conflicts() {
     let (_, _, view) = answer(api.get(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_eq!(view["cancel_requested"], true);
 
-    api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+    api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     let (status, _, body) = answer(api.delete(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_error(status, &body, StatusCode::CONFLICT, "already_finished");
     assert_eq!(body["error"]["status"], "succeeded");
@@ -656,7 +664,7 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let id = claim_and_start(&api, "w1").await;
-        api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+        api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     };
     let submit = async {
         api.http
@@ -695,7 +703,7 @@ async fn wait_answers_as_soon_as_the_exit_event_is_written() {
             // Let the waiting request block on the events, then finish at
             // an offset that moves through a poll period.
             tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;
-            api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+            api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
             Instant::now()
         };
         let submit = async {

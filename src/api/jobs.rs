@@ -17,7 +17,6 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
 use super::ApiState;
 use super::auth::Caller;
@@ -59,6 +58,7 @@ pub(super) struct JobView {
     status: Status,
     language: String,
     attempts: u32,
+    max_attempts: u32,
     worker: Option<String>,
     created_at: String,
     started_at: Option<String>,
@@ -83,6 +83,7 @@ impl JobView {
             status: record.status,
             language: record.language,
             attempts: record.attempts,
+            max_attempts: record.max_attempts,
             worker: record.worker,
             created_at: rfc3339(record.created_ms),
             started_at: record.started_ms.map(rfc3339),
@@ -280,6 +281,10 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         .map(|_| hex::encode(Sha256::digest(&body)));
     let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
     let language = prepared.language.id.clone();
+    let max_attempts = prepared.max_attempts(config.limits.max_attempts);
+    let spec_bytes = serde_json::to_vec(&spec).map_or(0, |json| json.len() as u64);
+    let reserve = crate::queue::storage_reserve(spec_bytes, prepared.output_limit_bytes());
+    let key_limit = caller.max_active.or(Some(config.limits.key_max_active));
     let wait_budget = config
         .max_wait
         .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK);
@@ -296,7 +301,10 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             language: &language,
             idempotency,
             max_queue_depth: config.max_queue_depth,
-            key_limit: caller.max_active,
+            key_limit,
+            max_attempts,
+            reserve,
+            storage_budget: config.limits.key_storage_bytes,
         })
         .await;
     if !matches!(outcome, Ok(SubmitOutcome::Accepted))
@@ -361,6 +369,11 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         SubmitOutcome::Conflict(_) => Err(ApiError::IdempotencyConflict),
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::KeyStorage { held } => Err(ApiError::KeyStorage {
+            held,
+            needed: reserve,
+            budget: config.limits.key_storage_bytes,
+        }),
     }
 }
 
@@ -372,14 +385,11 @@ pub(super) async fn wait_for_end(
     id: &str,
     budget: Duration,
 ) -> Result<Option<JobRecord>, crate::queue::QueueError> {
-    let queue = &state.inner.queue;
-    let deadline = Instant::now() + budget;
-    let mut conn = queue.dedicated().await?;
     tokio::select! {
-        ended = queue.await_exit(&mut conn, id, deadline - Instant::now()) => { ended?; }
+        ended = state.feeds.await_exit(id, budget) => { ended?; }
         () = state.shutdown.cancelled() => {}
     }
-    queue.get(id).await
+    state.inner.queue.get(id).await
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -556,6 +566,7 @@ mod tests {
             language: "python".into(),
             api_key: "alice".into(),
             attempts: 1,
+            max_attempts: 1,
             worker: Some("w1".into()),
             created_ms: 1_000,
             started_ms: Some(2_000),

@@ -70,6 +70,26 @@ impl Printer {
         }
     }
 
+    /// An `attempt` event: the job's worker was lost and the job runs again
+    /// from the start. What was written of the lost attempt stays on the
+    /// terminal (it cannot be taken back); a line on stderr says it is void,
+    /// and the new attempt's output is counted from zero.
+    pub(super) fn new_attempt(&mut self, attempt: u32) {
+        self.compiling = false;
+        self.held.clear();
+        self.compile = Seen::default();
+        self.run = Seen::default();
+        if !self.quiet {
+            write(
+                true,
+                format!(
+                    "\ncode-runner: the job's worker was lost; it runs again (attempt {attempt}) and its output starts over\n"
+                )
+                .as_bytes(),
+            );
+        }
+    }
+
     /// Writes what the result has that the stream did not deliver: the run
     /// stage's rest, or (compilation failed) the compiler's output.
     pub(super) fn finish(&mut self, result: &JobResult) {

@@ -300,6 +300,7 @@ impl<'a> Follower<'a> {
         };
         match event {
             JobEvent::Exit { result, .. } => return Ok(Some(result)),
+            JobEvent::Attempt { attempt, .. } => self.printer.new_attempt(attempt),
             JobEvent::Stage { stage, state, .. } => {
                 if state == crate::job::events::StageState::Start {
                     self.printer.stage_started(&stage);

@@ -9,6 +9,7 @@
 pub mod containers;
 pub mod daemon;
 pub mod programs;
+pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
 
