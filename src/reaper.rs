@@ -597,6 +597,29 @@ mod tests {
     }
 
     #[test]
+    fn connectivity_counts_from_the_last_failure_or_redis_start() {
+        let span = Duration::from_millis(50);
+        let mut connectivity = Connectivity::default();
+        assert!(!connectivity.healthy_for(Duration::ZERO), "never asked");
+        // Up for an hour, first seen now: counted from now.
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(!connectivity.healthy_for(span));
+        std::thread::sleep(span);
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(connectivity.healthy_for(span));
+        // A failure starts the count again.
+        connectivity.failed();
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(!connectivity.healthy_for(span));
+        std::thread::sleep(span);
+        assert!(connectivity.healthy_for(span));
+        // Redis restarted between two asks (up for less than the span): as
+        // good as a failure.
+        connectivity.answered(Some(Duration::ZERO));
+        assert!(!connectivity.healthy_for(span));
+    }
+
+    #[test]
     fn a_dead_workers_container_goes_after_the_grace() {
         let fleet = fleet();
         let old = container("dead", NOW - 31_000, Some(NOW + 60_000));
