@@ -43,15 +43,25 @@ pub async fn run(
     api: Option<&ApiSettings>,
     reaper: Option<&ReaperSettings>,
 ) -> u8 {
-    // 1. Validate everything; nothing has connected or bound yet.
-    let worker_id = match worker.map(WorkerSettings::validate).transpose() {
+    // 1. Validate everything; nothing has connected or bound yet. Every
+    // role with a worker has the reaper's settings (the heartbeat TTL).
+    let heartbeat_ttl_ms = reaper.map_or(15_000, |r| r.heartbeat_ttl_ms);
+    let worker_id = match worker.map(|w| w.validate(heartbeat_ttl_ms)).transpose() {
         Ok(id) => id,
         Err(error) => return config_error(error),
     };
-    let reaper_config = match reaper.map(ReaperSettings::validate).transpose() {
+    let reaper_config = match reaper
+        .map(|r| ReaperSettings::validate(r, worker_id.clone()))
+        .transpose()
+    {
         Ok(config) => config,
         Err(error) => return config_error(error),
     };
+    let api_limits = match api.map(ApiSettings::limits).transpose() {
+        Ok(limits) => limits.unwrap_or_default(),
+        Err(error) => return config_error(error),
+    };
+    let max_requeues = reaper.map_or(3, |r| r.max_requeues);
     let default_id = if reaper.is_some() { "reaper" } else { "api" };
     let setup = match sandbox.build(worker_id.as_deref().unwrap_or(default_id)) {
         Ok(setup) => setup,
@@ -95,6 +105,7 @@ pub async fn run(
         },
         _ => None,
     };
+    raise_open_files_limit();
     let metrics = match Metrics::new() {
         Ok(metrics) => metrics,
         Err(error) => {
@@ -163,11 +174,12 @@ pub async fn run(
             id: worker_id,
             max_sandboxes: settings.worker_max_sandboxes,
             heartbeat_interval: Duration::from_millis(settings.heartbeat_interval_ms),
-            heartbeat_ttl: Duration::from_millis(settings.heartbeat_ttl_ms),
+            heartbeat_ttl: Duration::from_millis(heartbeat_ttl_ms),
             drain_timeout: Duration::from_millis(settings.drain_timeout_ms),
             warm_floors,
             warm_max: settings.warm_max,
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
+            max_requeues,
         };
         let worker = Worker::new(config, services(engine));
         let shutdown = root.child_token();
@@ -228,6 +240,7 @@ pub async fn run(
                 draining: root.clone(),
                 engine,
                 carried,
+                limits: api_limits,
             })
             .with_compat(compat.unwrap_or_default());
             let state = match web {
@@ -248,15 +261,38 @@ pub async fn run(
             crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await
         }
     };
-    if let Err(error) = served {
-        eprintln!("code-runner: the HTTP server failed: {error}");
-        root.cancel();
-    }
-    // The server returns once the worker (if any) has drained.
+    // The server returns once the worker (if any) has drained, or when its
+    // listener failed: then everything stops and the process exits
+    // non-zero, so a supervisor restarts it.
+    let code = match served {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("code-runner: the HTTP server failed: {error}");
+            tracing::error!(%error, "the HTTP server failed; shutting down");
+            exit::UNAVAILABLE
+        }
+    };
     root.cancel();
     tracker.close();
     tracker.wait().await;
-    0
+    code
+}
+
+/// Raises the soft limit of open files to the hard limit: every stream
+/// client, Redis connection and Docker call takes a descriptor, and the
+/// default soft limit (often 1024) is far below what the stream caps
+/// allow.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(error) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(%error, soft, hard, "cannot raise the open files limit");
+            }
+        }
+        Ok(_) => {}
+        Err(error) => tracing::warn!(%error, "cannot read the open files limit"),
+    }
 }
 
 /// How long looking up the catalog's images may take at start.

@@ -279,10 +279,6 @@ pub struct WorkerSettings {
     )]
     pub heartbeat_interval_ms: u64,
 
-    /// How long a heartbeat lives without a refresh, in milliseconds.
-    #[arg(long, env = "CODE_RUNNER_HEARTBEAT_TTL_MS", default_value_t = 15000)]
-    pub heartbeat_ttl_ms: u64,
-
     /// On SIGTERM: how long running jobs may go on before they are killed, in
     /// milliseconds.
     #[arg(long, env = "CODE_RUNNER_DRAIN_TIMEOUT_MS", default_value_t = 30000)]
@@ -368,7 +364,9 @@ impl WorkerSettings {
         Ok(floors)
     }
 
-    pub fn validate(&self) -> Result<String, ConfigError> {
+    /// The worker's id, with the settings checked; `heartbeat_ttl_ms` is
+    /// the reaper settings' (every process with a worker runs a reaper).
+    pub fn validate(&self, heartbeat_ttl_ms: u64) -> Result<String, ConfigError> {
         if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_WORKER_MAX_SANDBOXES",
@@ -381,12 +379,12 @@ impl WorkerSettings {
                 "must be at least 1",
             ));
         }
-        if self.heartbeat_ttl_ms < self.heartbeat_interval_ms * 2 {
+        if heartbeat_ttl_ms < self.heartbeat_interval_ms * 2 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_HEARTBEAT_TTL_MS",
                 format!(
                     "{} is less than twice the heartbeat interval ({})",
-                    self.heartbeat_ttl_ms, self.heartbeat_interval_ms
+                    heartbeat_ttl_ms, self.heartbeat_interval_ms
                 ),
             ));
         }
@@ -452,11 +450,124 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_TOKEN_TTL_SECS", default_value_t = 3600)]
     pub token_ttl_secs: u64,
 
+    /// Most times a batch job is started: when its worker is lost while it
+    /// runs, it runs again on another worker until it has been started this
+    /// often (1: never again, it ends `worker_lost`). A job may ask for its
+    /// own `max_attempts` (1–10); interactive jobs always run at most once.
+    #[arg(long, env = "CODE_RUNNER_MAX_ATTEMPTS", default_value_t = 1)]
+    pub max_attempts: u32,
+
+    /// `max_active` of a key that does not give its own: most queued +
+    /// running jobs of one key.
+    #[arg(long, env = "CODE_RUNNER_KEY_MAX_ACTIVE", default_value_t = 64)]
+    pub key_max_active: u64,
+
+    /// Most bytes (in MiB) one key's jobs may hold in Redis: reserved at
+    /// submit for a job's worst case, its actual size once it ends, freed
+    /// when it expires; a submit over it gets 429 `key_storage`.
+    #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB", default_value_t = 512)]
+    pub key_max_stored_mb: u64,
+
+    /// Requests per second one key may make (jobs and capacity endpoints;
+    /// a token bucket refilled at this rate), 429 `rate_limited` above it.
+    #[arg(long, env = "CODE_RUNNER_KEY_RATE", default_value_t = 100)]
+    pub key_rate: u64,
+
+    /// Requests one key may make at once above its rate (the bucket's size).
+    #[arg(long, env = "CODE_RUNNER_KEY_BURST", default_value_t = 200)]
+    pub key_burst: u32,
+
+    /// Most open job streams (WebSocket and SSE) of this API process.
+    #[arg(long, env = "CODE_RUNNER_MAX_STREAMS", default_value_t = 10000)]
+    pub max_streams: usize,
+
+    /// Most open streams of one key's jobs (attach tokens count for the
+    /// job's key).
+    #[arg(long, env = "CODE_RUNNER_MAX_STREAMS_PER_KEY", default_value_t = 1000)]
+    pub max_streams_per_key: usize,
+
+    /// Most open streams of one job.
+    #[arg(long, env = "CODE_RUNNER_MAX_STREAMS_PER_JOB", default_value_t = 256)]
+    pub max_streams_per_job: usize,
+
+    /// How long a client may take to send a request's headers, and how long
+    /// an idle keep-alive connection is kept, in milliseconds.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS",
+        default_value_t = 10000
+    )]
+    pub http_header_timeout_ms: u64,
+
     #[command(flatten)]
     pub web: WebSettings,
 
     #[command(flatten)]
     pub compat: CompatSettings,
+}
+
+impl ApiSettings {
+    /// The API's limits, checked.
+    pub fn limits(&self) -> Result<crate::api::ApiLimits, ConfigError> {
+        if !(1..=crate::job::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_MAX_ATTEMPTS",
+                format!("must be between 1 and {}", crate::job::MAX_ATTEMPTS_LIMIT),
+            ));
+        }
+        if self.key_max_active == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_KEY_MAX_ACTIVE",
+                "must be at least 1",
+            ));
+        }
+        if !(1..=1 << 20).contains(&self.key_max_stored_mb) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_KEY_MAX_STORED_MB",
+                "must be between 1 and 1048576",
+            ));
+        }
+        if self.key_rate == 0 || self.key_rate > 1_000_000 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_KEY_RATE",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if self.key_burst == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_KEY_BURST",
+                "must be at least 1",
+            ));
+        }
+        for (setting, value) in [
+            ("CODE_RUNNER_MAX_STREAMS", self.max_streams),
+            ("CODE_RUNNER_MAX_STREAMS_PER_KEY", self.max_streams_per_key),
+            ("CODE_RUNNER_MAX_STREAMS_PER_JOB", self.max_streams_per_job),
+        ] {
+            if value == 0 || value > 1_000_000 {
+                return Err(ConfigError::new(setting, "must be between 1 and 1000000"));
+            }
+        }
+        if !(100..=600_000).contains(&self.http_header_timeout_ms) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS",
+                "must be between 100 and 600000",
+            ));
+        }
+        Ok(crate::api::ApiLimits {
+            max_attempts: self.max_attempts,
+            key_max_active: self.key_max_active,
+            key_storage_bytes: self.key_max_stored_mb << 20,
+            key_rate: self.key_rate,
+            key_burst: self.key_burst,
+            streams: crate::api::StreamLimits {
+                total: self.max_streams,
+                per_key: self.max_streams_per_key,
+                per_job: self.max_streams_per_job,
+            },
+            header_timeout: std::time::Duration::from_millis(self.http_header_timeout_ms),
+        })
+    }
 }
 
 /// The browser pages of the API role.
@@ -643,8 +754,14 @@ pub struct ReaperSettings {
     /// How many times a job claimed by a worker that died before starting
     /// it is put back in the queue; after that it ends as `error`
     /// (`worker_lost`) and goes to `jobs:dead`.
-    #[arg(long, env = "CODE_RUNNER_MAX_ATTEMPTS", default_value_t = 3)]
-    pub max_attempts: u32,
+    #[arg(long, env = "CODE_RUNNER_MAX_REQUEUES", default_value_t = 3)]
+    pub max_requeues: u32,
+
+    /// How long a worker's heartbeat lives without a refresh, in
+    /// milliseconds (the worker's setting; the reaper waits this long of
+    /// healthy Redis after any failure before it judges a worker dead).
+    #[arg(long, env = "CODE_RUNNER_HEARTBEAT_TTL_MS", default_value_t = 15000)]
+    pub heartbeat_ttl_ms: u64,
 
     /// Address of the `reaper` command's own /healthz and /metrics.
     #[arg(
@@ -656,23 +773,36 @@ pub struct ReaperSettings {
 }
 
 impl ReaperSettings {
-    pub fn validate(&self) -> Result<crate::reaper::ReaperConfig, ConfigError> {
+    /// The reaper's configuration; `own_worker` is the worker of the same
+    /// process, if any.
+    pub fn validate(
+        &self,
+        own_worker: Option<String>,
+    ) -> Result<crate::reaper::ReaperConfig, ConfigError> {
         if self.reaper_interval_ms == 0 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_REAPER_INTERVAL_MS",
                 "must be at least 1",
             ));
         }
-        if self.max_attempts > 1000 {
+        if self.max_requeues > 1000 {
             return Err(ConfigError::new(
-                "CODE_RUNNER_MAX_ATTEMPTS",
+                "CODE_RUNNER_MAX_REQUEUES",
                 "must be at most 1000",
+            ));
+        }
+        if self.heartbeat_ttl_ms == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HEARTBEAT_TTL_MS",
+                "must be at least 1",
             ));
         }
         Ok(crate::reaper::ReaperConfig {
             interval: std::time::Duration::from_millis(self.reaper_interval_ms),
             grace: std::time::Duration::from_millis(self.reaper_grace_ms),
-            max_requeues: self.max_attempts,
+            max_requeues: self.max_requeues,
+            heartbeat_ttl: std::time::Duration::from_millis(self.heartbeat_ttl_ms),
+            own_worker,
         })
     }
 }

@@ -30,8 +30,10 @@ pub struct Metrics {
     pub container_start: HistogramVec,
     /// What the orphan reaper cleaned up, by kind: `container` (of a dead
     /// worker), `expired_container` (past its deadline), `requeued`,
-    /// `worker_lost`, `dead`, `dropped` (a finished or expired job left in a
-    /// dead worker's list), `deadline_exceeded` (stuck on a live worker).
+    /// `retried` (a started batch job run again), `worker_lost`, `cancelled`
+    /// (its cancel was asked for), `dead`, `dropped` (a finished or expired
+    /// job left in a dead worker's list), `deadline_exceeded` (stuck on a
+    /// live worker).
     pub reaper_orphans: IntCounterVec,
     /// Warm sandboxes ready on this worker, by language.
     pub warm_ready: IntGaugeVec,

@@ -16,7 +16,10 @@
 //!    atomic script, so reapers running in every worker never settle a job
 //!    twice: claimed but never started → back to the queue (up to
 //!    `max_requeues` times, then `error`/`worker_lost` and `jobs:dead`);
-//!    started → `error`/`worker_lost` (never run twice). A dead worker whose
+//!    started → run again while it has attempts left (`max_attempts`, never
+//!    for an interactive job) once nothing of the lost attempt can still run
+//!    (no container of the job on this host and the attempt ran here, or
+//!    its deadline passed), else `error`/`worker_lost`. A dead worker whose
 //!    list is empty is forgotten.
 //! 4. Stuck jobs: a job `running` on a live worker past its start time plus
 //!    its deadline budget (the engine's start timeout + the stages' wall
@@ -24,12 +27,21 @@
 //!    `error`/`deadline_exceeded`: its worker is alive but silent about it.
 //!    Its container, past its deadline label, goes by rule 2.
 //!
+//! An outage is not a death. A heartbeat that expired while Redis was
+//! unreachable says nothing about its worker, so the reaper judges no one
+//! (rules 2's dead-worker part, 3 and 4) until it has seen Redis answer
+//! continuously for a full heartbeat TTL: a probe asks Redis every
+//! [`PROBE_INTERVAL`] how long it has been up, and any failure (of the
+//! probe or of a pass) or a restart of Redis starts the count again. By
+//! then every live worker has re-announced itself. A reaper never judges
+//! the worker of its own process.
+//!
 //! Redis or Docker being down is expected: the pass logs a warning, does
 //! what it can without it, and the loop goes on.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -39,7 +51,8 @@ use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::queue::{
-    Fleet, ForgetOutcome, LostResults, Queue, QueueError, ReapOutcome, RunningJob, now_ms,
+    Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostResults, Queue, QueueError, ReapOutcome,
+    ReapPolicy, Retry, RunningJob, now_ms,
 };
 use crate::sandbox::{SandboxContainer, SandboxEngine};
 use crate::worker::Services;
@@ -53,6 +66,44 @@ pub struct ReaperConfig {
     pub grace: Duration,
     /// Times a claimed-but-never-started job is put back in the queue.
     pub max_requeues: u32,
+    /// How long a heartbeat lives: after any Redis failure, the reaper
+    /// judges no one until Redis answered this long without one.
+    pub heartbeat_ttl: Duration,
+    /// The worker of this reaper's own process, never judged dead.
+    pub own_worker: Option<String>,
+}
+
+/// How often the reaper asks Redis whether it answers (and how long it
+/// has been up).
+pub const PROBE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Since when Redis is known to have answered without a break, as this
+/// reaper saw it.
+#[derive(Debug, Default)]
+struct Connectivity {
+    /// `None`: it failed last.
+    healthy_since: Option<Instant>,
+}
+
+impl Connectivity {
+    fn failed(&mut self) {
+        self.healthy_since = None;
+    }
+
+    /// Redis answered now, having been up `uptime` (a restart, even one
+    /// between two probes, counts as an outage).
+    fn answered(&mut self, uptime: Option<Duration>) {
+        let now = Instant::now();
+        let since = self.healthy_since.unwrap_or(now);
+        let started = uptime.and_then(|up| now.checked_sub(up)).unwrap_or(since);
+        self.healthy_since = Some(since.max(started));
+    }
+
+    /// Whether Redis answered without a break for at least `span`.
+    fn healthy_for(&self, span: Duration) -> bool {
+        self.healthy_since
+            .is_some_and(|since| since.elapsed() >= span)
+    }
 }
 
 /// Why a container is removed.
@@ -118,8 +169,10 @@ fn outcome_kind(outcome: &ReapOutcome) -> Option<&'static str> {
         ReapOutcome::Requeued { .. } => Some("requeued"),
         ReapOutcome::Dead { .. } => Some("dead"),
         ReapOutcome::WorkerLost => Some("worker_lost"),
-        ReapOutcome::Terminal(_) | ReapOutcome::Missing => Some("dropped"),
-        ReapOutcome::Absent | ReapOutcome::Alive => None,
+        ReapOutcome::Retried { .. } => Some("retried"),
+        ReapOutcome::Cancelled => Some("cancelled"),
+        ReapOutcome::Terminal(_) | ReapOutcome::Missing | ReapOutcome::Moved => Some("dropped"),
+        ReapOutcome::Absent | ReapOutcome::Alive | ReapOutcome::Waiting => None,
     }
 }
 
@@ -136,6 +189,16 @@ pub struct Reaper {
     /// Deadline budgets of running jobs, by id: (started_ms, budget_ms), so
     /// a job's spec is read and prepared once per run, not every pass.
     budgets: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    connectivity: Arc<Mutex<Connectivity>>,
+}
+
+/// What is left on this Docker host after the container rule.
+#[derive(Debug, Default)]
+struct Remaining {
+    /// Workers that still have a container.
+    workers: HashSet<String>,
+    /// Jobs that still have a container.
+    jobs: HashSet<String>,
 }
 
 impl Reaper {
@@ -156,7 +219,39 @@ impl Reaper {
             policy,
             metrics,
             budgets: Arc::default(),
+            connectivity: Arc::default(),
         }
+    }
+
+    fn lock_connectivity(&self) -> std::sync::MutexGuard<'_, Connectivity> {
+        self.connectivity
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Asks Redis how long it has been up, every [`PROBE_INTERVAL`].
+    async fn probe(&self, shutdown: CancellationToken) {
+        loop {
+            let answer = tokio::select! {
+                () = shutdown.cancelled() => return,
+                answer = tokio::time::timeout(PROBE_INTERVAL * 4, self.queue.redis_uptime()) => answer,
+            };
+            match answer {
+                Ok(Ok(uptime)) => self.lock_connectivity().answered(Some(uptime)),
+                _ => self.lock_connectivity().failed(),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(PROBE_INTERVAL) => {}
+            }
+        }
+    }
+
+    /// Whether the reaper may judge workers now: Redis answered without a
+    /// break for a full heartbeat TTL.
+    pub fn may_judge(&self) -> bool {
+        self.lock_connectivity()
+            .healthy_for(self.config.heartbeat_ttl)
     }
 
     /// Runs a pass every `interval` until `shutdown`.
@@ -167,16 +262,19 @@ impl Reaper {
             max_requeues = self.config.max_requeues,
             "reaper started"
         );
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                _ = self.pass() => {}
+        let passes = async {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    _ = self.pass() => {}
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(self.config.interval) => {}
+                }
             }
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                () = tokio::time::sleep(self.config.interval) => {}
-            }
-        }
+        };
+        tokio::join!(passes, self.probe(shutdown.clone()));
         tracing::info!("reaper stopped");
     }
 
@@ -186,29 +284,56 @@ impl Reaper {
     /// what cannot be done now is logged and tried again next pass.
     pub async fn pass(&self) -> PassReport {
         let mut report = PassReport::default();
+        match self.queue.redis_uptime().await {
+            Ok(uptime) => self.lock_connectivity().answered(Some(uptime)),
+            Err(_) => self.lock_connectivity().failed(),
+        }
+        let may_judge = self.may_judge();
         let fleet = match self.queue.fleet().await {
-            Ok(fleet) => Some(fleet),
+            Ok(mut fleet) => {
+                if let Some(own) = &self.config.own_worker
+                    && fleet.dead.remove(own)
+                {
+                    fleet.alive.insert(own.clone());
+                }
+                Some(fleet)
+            }
             Err(error) => {
+                self.lock_connectivity().failed();
                 tracing::warn!(%error, "the reaper cannot read the fleet from redis; only expired containers are removed this pass");
                 None
             }
         };
+        // Until Redis answered for a full heartbeat TTL, an expired
+        // heartbeat may be the outage's doing: no one is judged dead.
+        let judged = fleet.as_ref().filter(|_| may_judge);
+        if fleet.as_ref().is_some_and(|f| !f.dead.is_empty()) && !may_judge {
+            tracing::info!(
+                heartbeat_ttl_ms = self.config.heartbeat_ttl.as_millis() as u64,
+                "redis failed or restarted within the last heartbeat TTL; the reaper judges no worker until it has answered that long"
+            );
+        }
         // Dead workers that still have a container (one inside the grace
         // period, or one Docker would not remove): they stay in the fleet so
         // a later pass still knows those containers' worker is dead.
-        let with_containers = self.reap_containers(fleet.as_ref(), &mut report).await;
-        if let Some(fleet) = &fleet {
+        let remaining = self.reap_containers(judged, &mut report).await;
+        if let Some(fleet) = judged {
             for worker in &fleet.dead {
-                let forget = with_containers
+                let forget = remaining
                     .as_ref()
-                    .is_some_and(|workers| !workers.contains(worker.as_str()));
-                if let Err(error) = self.reap_worker(worker, forget, &mut report).await {
+                    .is_some_and(|r| !r.workers.contains(worker.as_str()));
+                if let Err(error) = self
+                    .reap_worker(worker, forget, remaining.as_ref(), &mut report)
+                    .await
+                {
+                    self.lock_connectivity().failed();
                     tracing::warn!(worker.id = %worker, %error, "the reaper could not settle the jobs of a dead worker; retrying next pass");
                 }
             }
             let mut seen = HashSet::new();
             for worker in &fleet.alive {
                 if let Err(error) = self.settle_stuck(worker, &mut seen, &mut report).await {
+                    self.lock_connectivity().failed();
                     tracing::warn!(worker.id = %worker, %error, "the reaper could not check the jobs of a live worker; retrying next pass");
                 }
             }
@@ -239,13 +364,17 @@ impl Reaper {
             if job.started_ms.saturating_add(floor_ms) >= now {
                 continue;
             }
-            let wall_ms = self.wall_budget(&job).await?;
+            let wall_ms = self.wall_budget(&job.id, job.started_ms).await?;
             let budget_ms = floor_ms.saturating_add(wall_ms);
             if job.started_ms.saturating_add(budget_ms) >= now {
                 continue;
             }
             let result = self.stuck_result(worker, &job, budget_ms);
-            if !self.queue.settle_stuck(worker, &job, &result).await? {
+            if !self
+                .queue
+                .settle_stuck(worker, &job, &result, LATE_RESULT_WINDOW)
+                .await?
+            {
                 continue;
             }
             self.metrics
@@ -267,13 +396,13 @@ impl Reaper {
     /// The sum of a running job's stage wall limits, from its spec as this
     /// process would prepare it; the policy's maximums when it cannot be
     /// prepared here (another catalog or policy).
-    async fn wall_budget(&self, job: &RunningJob) -> Result<u64, QueueError> {
-        if let Some(&(started_ms, wall_ms)) = self.lock_budgets().get(&job.id)
-            && started_ms == job.started_ms
+    async fn wall_budget(&self, id: &str, started: u64) -> Result<u64, QueueError> {
+        if let Some(&(started_ms, wall_ms)) = self.lock_budgets().get(id)
+            && started_ms == started
         {
             return Ok(wall_ms);
         }
-        let spec = self.queue.job_spec(&job.id).await?;
+        let spec = self.queue.job_spec(id).await?;
         let prepared = spec
             .and_then(|spec| serde_json::from_str::<JobSpec>(&spec).ok())
             .and_then(|spec| prepare(&spec, &self.catalog, &self.policy).ok());
@@ -286,7 +415,7 @@ impl Reaper {
                 .saturating_add(self.policy.compile_maximum.wall_ms),
         };
         self.lock_budgets()
-            .insert(job.id.clone(), (job.started_ms, wall_ms));
+            .insert(id.to_string(), (started, wall_ms));
         Ok(wall_ms)
     }
 
@@ -313,13 +442,14 @@ impl Reaper {
             .unwrap_or_default()
     }
 
-    /// Removes what `judge` condemns. Returns the workers that still have a
-    /// container afterwards, or `None` when Docker could not be listed.
+    /// Removes what `judge` condemns. Returns the workers and jobs that
+    /// still have a container afterwards, or `None` when Docker could not
+    /// be listed.
     async fn reap_containers(
         &self,
         fleet: Option<&Fleet>,
         report: &mut PassReport,
-    ) -> Option<HashSet<String>> {
+    ) -> Option<Remaining> {
         let containers = match self.engine.list_sandboxes().await {
             Ok(containers) => containers,
             Err(error) => {
@@ -328,16 +458,22 @@ impl Reaper {
             }
         };
         let now = now_ms();
-        let mut remaining = HashSet::new();
+        let mut remaining = Remaining::default();
+        let mut keep = |container: &crate::sandbox::SandboxContainer| {
+            remaining.workers.insert(container.worker.clone());
+            if let Some(job) = &container.job {
+                remaining.jobs.insert(job.clone());
+            }
+        };
         for container in containers {
             let verdict = judge(&container, fleet, now, self.config.grace);
             if verdict == ContainerVerdict::Keep {
-                remaining.insert(container.worker.clone());
+                keep(&container);
                 continue;
             }
             if let Err(error) = self.engine.remove_sandbox(&container.id).await {
                 tracing::warn!(container.id = %container.id, %error, "the reaper could not remove a container; retrying next pass");
-                remaining.insert(container.worker.clone());
+                keep(&container);
                 continue;
             }
             self.metrics
@@ -364,15 +500,41 @@ impl Reaper {
         &self,
         worker: &str,
         forget: bool,
+        remaining: Option<&Remaining>,
         report: &mut PassReport,
     ) -> Result<(), QueueError> {
         for id in self.queue.processing(worker).await? {
-            let language = self.queue.job_language(&id).await?.unwrap_or_default();
-            let results = self.lost_results(worker, &language);
-            let outcome = self
-                .queue
-                .reap_job(worker, &id, self.config.max_requeues, &results)
-                .await?;
+            let job = self.queue.lost_job(&id).await?;
+            let results = LostResults::new(
+                worker,
+                &job.language,
+                &self.version(&job.language),
+                self.config.max_requeues,
+            );
+            let retry = match (job.status.as_deref(), remaining) {
+                (Some("running"), Some(remaining)) => {
+                    let deadline_passed = match job.started_ms {
+                        Some(started_ms) => Some(self.past_deadline(&id, started_ms).await?),
+                        None => None,
+                    };
+                    Retry::decide(
+                        &job,
+                        self.engine.host_id(),
+                        remaining.jobs.contains(&id),
+                        deadline_passed,
+                    )
+                }
+                // Docker could not be listed: nothing is known gone.
+                (Some("running"), None) => Retry::NotYet,
+                _ => Retry::Never,
+            };
+            let policy = ReapPolicy {
+                max_requeues: self.config.max_requeues,
+                retry,
+                late_window: LATE_RESULT_WINDOW,
+                own: false,
+            };
+            let outcome = self.queue.reap_job(worker, &id, policy, &results).await?;
             if outcome == ReapOutcome::Alive {
                 tracing::info!(worker.id = %worker, "the worker's heartbeat is back; leaving its jobs");
                 return Ok(());
@@ -397,28 +559,14 @@ impl Reaper {
         Ok(())
     }
 
-    fn lost_results(&self, worker: &str, language: &str) -> LostResults {
-        let version = self.version(language);
-        let lost = |error: String| JobResult {
-            status: Status::Error,
-            language: language.to_string(),
-            version: version.clone(),
-            compile: None,
-            run: None,
-            error: Some(error),
-            reason: Some(ErrorReason::WorkerLost),
-            start: None,
-            timings: Timings::default(),
-        };
-        LostResults {
-            running: lost(format!(
-                "worker {worker} was lost (its heartbeat expired) while the job was running"
-            )),
-            dead: lost(format!(
-                "the job was claimed {} times by workers that were lost before starting it (the last: {worker})",
-                self.config.max_requeues + 1
-            )),
-        }
+    /// Whether a job started at `started_ms` is past its whole budget: by
+    /// then its sandbox's own limits have ended it wherever it ran.
+    async fn past_deadline(&self, id: &str, started_ms: u64) -> Result<bool, QueueError> {
+        let sandbox = self.engine.config();
+        let floor_ms =
+            (sandbox.start_timeout + sandbox.deadline_grace + self.config.grace).as_millis() as u64;
+        let wall_ms = self.wall_budget(id, started_ms).await?;
+        Ok(started_ms.saturating_add(floor_ms).saturating_add(wall_ms) < now_ms())
     }
 }
 
@@ -446,6 +594,29 @@ mod tests {
             alive: ["alive".to_string()].into(),
             dead: ["dead".to_string()].into(),
         }
+    }
+
+    #[test]
+    fn connectivity_counts_from_the_last_failure_or_redis_start() {
+        let span = Duration::from_millis(50);
+        let mut connectivity = Connectivity::default();
+        assert!(!connectivity.healthy_for(Duration::ZERO), "never asked");
+        // Up for an hour, first seen now: counted from now.
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(!connectivity.healthy_for(span));
+        std::thread::sleep(span);
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(connectivity.healthy_for(span));
+        // A failure starts the count again.
+        connectivity.failed();
+        connectivity.answered(Some(Duration::from_secs(3600)));
+        assert!(!connectivity.healthy_for(span));
+        std::thread::sleep(span);
+        assert!(connectivity.healthy_for(span));
+        // Redis restarted between two asks (up for less than the span): as
+        // good as a failure.
+        connectivity.answered(Some(Duration::ZERO));
+        assert!(!connectivity.healthy_for(span));
     }
 
     #[test]

@@ -37,6 +37,7 @@ struct Options {
     max_wait: Duration,
     catalog: LanguageCatalog,
     engine: Option<code_runner::sandbox::SandboxEngine>,
+    limits: code_runner::api::ApiLimits,
 }
 
 impl Default for Options {
@@ -47,6 +48,7 @@ impl Default for Options {
             max_wait: Duration::from_secs(10),
             catalog: LanguageCatalog::embedded().unwrap(),
             engine: None,
+            limits: code_runner::api::ApiLimits::default(),
         }
     }
 }
@@ -84,6 +86,7 @@ impl Api {
             engine: options.engine,
             draining: CancellationToken::new(),
             carried: None,
+            limits: options.limits,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -465,7 +468,12 @@ async fn claim_and_start(api: &Api, worker: &str) -> String {
         .await
         .unwrap()
         .expect("a queued job");
-    match api.queue.start(&id, worker, true).await.unwrap() {
+    match api
+        .queue
+        .start(&id, worker, "test-host", true)
+        .await
+        .unwrap()
+    {
         StartOutcome::Start { .. } => id,
         other => panic!("the job did not start: {other:?}"),
     }
@@ -506,7 +514,7 @@ async fn cancel_of_a_running_job_is_requested_and_a_finished_one_conflicts() {
     let (_, _, view) = answer(api.get(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_eq!(view["cancel_requested"], true);
 
-    api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+    api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     let (status, _, body) = answer(api.delete(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_error(status, &body, StatusCode::CONFLICT, "already_finished");
     assert_eq!(body["error"]["status"], "succeeded");
@@ -660,7 +668,7 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let id = claim_and_start(&api, "w1").await;
-        api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+        api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     };
     let submit = async {
         api.http
@@ -699,7 +707,7 @@ async fn wait_answers_as_soon_as_the_exit_event_is_written() {
             // Let the waiting request block on the events, then finish at
             // an offset that moves through a poll period.
             tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;
-            api.queue.finish(&id, "w1", &succeeded()).await.unwrap();
+            api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
             Instant::now()
         };
         let submit = async {
@@ -833,7 +841,10 @@ async fn metrics_languages_and_probes() {
     assert_eq!(response.text().await.unwrap(), "ok");
     let (status, _, body) = answer(api.http.get(api.url("/readyz")).send().await.unwrap()).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body, json!({"ready": true, "failing": []}));
+    assert_eq!(body["ready"], true, "{body}");
+    assert_eq!(body["failing"], json!([]), "{body}");
+    // The test's Redis keeps nothing on disk: ready, with a warning.
+    assert_eq!(body["warnings"][0]["check"], "redis_persistence", "{body}");
 
     api.redis.kill();
 

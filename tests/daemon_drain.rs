@@ -10,7 +10,7 @@ use common::daemon;
 use common::redis_server::RedisServer;
 use daemon::{DaemonBuilder, Role, job_containers, python};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 
 /// Waits until the job runs in a container; returns when both are true.
 async fn wait_running(daemon: &daemon::Daemon, docker: &bollard::Docker, id: &str) {
@@ -22,12 +22,6 @@ async fn wait_running(daemon: &daemon::Daemon, docker: &bollard::Docker, id: &st
         assert!(Instant::now() < deadline, "job {id} has no container");
         tokio::time::sleep(daemon::POLL).await;
     }
-}
-
-/// The job's result as stored in Redis (the API is gone after SIGTERM).
-fn stored_result(redis: &RedisServer, id: &str) -> Value {
-    let text = redis.job_field(id, "result");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("result of {id} ({e}): {text:?}"))
 }
 
 #[tokio::test]
@@ -76,7 +70,7 @@ async fn a_running_job_finishes_inside_the_drain_window_and_the_process_exits_0(
     assert_eq!(status.code(), Some(0), "log:\n{}", daemon.log());
 
     assert_eq!(redis.job_field(&id, "status"), "succeeded");
-    let result = stored_result(&redis, &id);
+    let result = redis.stored_result(&id);
     assert_eq!(
         result["run"]["stdout"], "finished after 2 s\n",
         "{result:#}"
@@ -113,7 +107,7 @@ async fn with_a_short_drain_window_a_running_job_is_settled_as_error_with_a_reas
     assert!(took < Duration::from_secs(15), "took {took:?}");
 
     assert_eq!(redis.job_field(&id, "status"), "error");
-    let result = stored_result(&redis, &id);
+    let result = redis.stored_result(&id);
     assert_eq!(result["status"], "error", "{result:#}");
     assert!(
         result["error"].as_str().is_some_and(|e| !e.is_empty()),

@@ -16,7 +16,9 @@ use bollard::query_parameters::CreateContainerOptions;
 use code_runner::job::JobSpec;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::metrics::Metrics;
-use code_runner::queue::{NewJob, Queue, ReapOutcome, StartOutcome, SubmitOutcome, now_ms};
+use code_runner::queue::{
+    Admission, NewJob, Queue, ReapOutcome, StartOutcome, SubmitOutcome, now_ms,
+};
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use common::containers::{containers_labelled, docker, remove_labelled};
@@ -48,8 +50,13 @@ async fn submit(queue: &Queue, spec: &JobSpec) -> String {
             api_key: "a",
             language: &spec.language,
             idempotency: None,
-            max_queue_depth: 10_000,
-            key_limit: None,
+            admission: Admission {
+                max_queue_depth: 10_000,
+                key_limit: None,
+                max_attempts: 1,
+                reserve: 0,
+                storage_budget: 1 << 40,
+            },
         })
         .await
         .expect("redis answers");
@@ -98,12 +105,6 @@ async fn mark_running(redis: &RedisServer, queue: &Queue, worker: &str, id: &str
         .unwrap();
 }
 
-/// The stored result of a job, as JSON.
-fn stored_result(redis: &RedisServer, id: &str) -> Value {
-    let text = redis.job_field(id, "result");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("result of {id} ({e}): {text:?}"))
-}
-
 fn reaper(queue: Queue, harness: &Harness, config: ReaperConfig) -> (Reaper, Metrics) {
     let metrics = Metrics::new().expect("metrics");
     let reaper = Reaper::new(config, harness.services(queue, metrics.clone()));
@@ -115,6 +116,9 @@ fn config(grace: Duration) -> ReaperConfig {
         interval: Duration::from_millis(500),
         grace,
         max_requeues: 3,
+        // These tests start their Redis and judge at once.
+        heartbeat_ttl: Duration::ZERO,
+        own_worker: None,
     }
 }
 
@@ -188,7 +192,7 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
     .await;
     assert!(killed.elapsed() <= within, "{:?}", killed.elapsed());
 
-    let result = stored_result(&redis, &running);
+    let result = redis.stored_result(&running);
     assert_eq!(result["status"], "error", "{result:#}");
     assert_eq!(result["reason"], "worker_lost", "{result:#}");
     assert_eq!(result["language"], "bash", "{result:#}");
@@ -231,7 +235,7 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
     assert_eq!(redis.job_field(&claimed, "attempts"), "1");
     assert_eq!(redis.job_field(&claimed, "requeues"), "1");
     assert_eq!(redis.job_field(&claimed, "worker"), survivor.worker_id);
-    let result = stored_result(&redis, &claimed);
+    let result = redis.stored_result(&claimed);
     assert_eq!(result["run"]["stdout"], "second life\n", "{result:#}");
     assert!(result.get("reason").is_none(), "{result:#}");
 
@@ -593,7 +597,10 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     // A worker that stalled past its heartbeat: the reaper requeued the job
     // it had claimed, so the id is no longer in its processing list.
     assert_eq!(
-        queue.start(&id, "stalled", true).await.unwrap(),
+        queue
+            .start(&id, "stalled", "test-host", true)
+            .await
+            .unwrap(),
         StartOutcome::Skip("not_claimed".into())
     );
     assert_eq!(redis.job_field(&id, "status"), "queued");
@@ -601,12 +608,12 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     // The worker that claims it now starts it.
     claim_for(&redis, &queue, "fresh", &id).await;
     assert!(matches!(
-        queue.start(&id, "fresh", true).await.unwrap(),
+        queue.start(&id, "fresh", "test-host", true).await.unwrap(),
         StartOutcome::Start { attempts: 1, .. }
     ));
     // A retried start by the same worker (its first reply lost) keeps it claimed.
     assert_eq!(
-        queue.start(&id, "fresh", true).await.unwrap(),
+        queue.start(&id, "fresh", "test-host", true).await.unwrap(),
         StartOutcome::Skip("running".into())
     );
     let mut conn = redis.conn().await;
@@ -648,7 +655,7 @@ async fn the_reaper_command_settles_a_dead_workers_job_and_serves_metrics() {
         (redis.job_field(&id, "status") == "error").then_some(())
     })
     .await;
-    assert_eq!(stored_result(&redis, &id)["reason"], "worker_lost");
+    assert_eq!(redis.stored_result(&id)["reason"], "worker_lost");
 
     let http = common::daemon::http_client();
     let text = wait_for(
@@ -749,12 +756,33 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     let name = "code_runner_reaper_orphans_total{kind=\"deadline_exceeded\"}";
     assert_eq!(metric(&metrics.render(), name), Some(2.0));
 
-    // The worker's own result, if it ever comes, does not replace it.
+    // The worker's own real result, when it comes after all (within the
+    // late-result window), replaces the verdict; an `error` does not.
+    let verdict_seq: u64 = redis.job_field(old, "event_seq").parse().unwrap();
+    let late_error = queue.get(old).await.unwrap().unwrap().result.unwrap();
+    assert_eq!(
+        queue
+            .finish(just_past, &alive, 1, &late_error)
+            .await
+            .unwrap(),
+        code_runner::queue::FinishOutcome::Stale(code_runner::job::Status::Error)
+    );
     let late = code_runner::job::JobResult {
         status: code_runner::job::Status::Succeeded,
-        ..queue.get(old).await.unwrap().unwrap().result.unwrap()
+        error: None,
+        reason: None,
+        ..late_error
     };
-    queue.finish(old, &alive, &late).await.unwrap();
-    assert_eq!(redis.job_field(old, "status"), "error");
+    assert_eq!(
+        queue.finish(old, &alive, 1, &late).await.unwrap(),
+        code_runner::queue::FinishOutcome::Late
+    );
+    assert_eq!(redis.job_field(old, "status"), "succeeded");
+    let events = queue.events_since(old, verdict_seq, 10).await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let exit: Value = serde_json::from_str(&events[0].json).unwrap();
+    assert_eq!(exit["type"], "exit");
+    assert_eq!(exit["status"], "succeeded");
+    assert_eq!(exit["replaces"], verdict_seq);
     harness.assert_clean().await;
 }

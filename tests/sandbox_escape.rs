@@ -14,7 +14,6 @@ use code_runner::protocol::Reason;
 use code_runner::sandbox::{
     EMBEDDED_PROFILE, JobIo, LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_LANGUAGE, LABEL_UID,
     LABEL_WARM, LABEL_WORKER, SandboxClass, SandboxEvent, SandboxShape, container_config,
-    container_name,
 };
 use common::{Harness, job, job_with_limits, python, stdout, stdout_lines};
 
@@ -522,11 +521,12 @@ async fn docker_applies_the_hardened_config_to_a_running_sandbox() {
             None => panic!("the job ended before it printed"),
         }
     }
-    assert_eq!(harness.leftovers().await.len(), 1);
+    let containers = harness.leftovers().await;
+    assert_eq!(containers.len(), 1);
     let inspect = harness
         .engine
         .docker()
-        .inspect_container(&container_name(&job_id), None::<InspectContainerOptions>)
+        .inspect_container(&containers[0], None::<InspectContainerOptions>)
         .await
         .expect("the sandbox container exists");
     cancel.cancel();

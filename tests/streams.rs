@@ -176,6 +176,16 @@ impl Ws {
     }
 }
 
+/// Budgets with `stdin_bytes` of stdin and room for everything else.
+fn budgets(stdin_bytes: u64) -> code_runner::queue::InputBudgets {
+    code_runner::queue::InputBudgets {
+        stdin_bytes,
+        signals: 1000,
+        messages: 1000,
+        key_storage: 1 << 30,
+    }
+}
+
 fn stdin(data: &str) -> Value {
     json!({"type": "stdin", "data": data})
 }
@@ -624,21 +634,21 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     let id = api.submit(&interactive(ECHO)).await.id();
     assert_eq!(
         queue
-            .send_input(&id, &Control::Stdin(b"abc".to_vec()), 5)
+            .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
         InputOutcome::Sent { stdin_bytes: 3 }
     );
     assert_eq!(
         queue
-            .send_input(&id, &Control::Stdin(b"abc".to_vec()), 5)
+            .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
         InputOutcome::OverBudget { stdin_bytes: 3 }
     );
     assert_eq!(
         queue
-            .send_input(&id, &Control::StdinClose, 5)
+            .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
         InputOutcome::Sent { stdin_bytes: 3 }
@@ -647,7 +657,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     assert_eq!(api.cancel(&id).await.status, 200);
     assert_eq!(
         queue
-            .send_input(&id, &Control::StdinClose, 5)
+            .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
         InputOutcome::Ended(code_runner::job::Status::Cancelled)
@@ -655,7 +665,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     let unknown = uuid::Uuid::new_v4().to_string();
     assert_eq!(
         queue
-            .send_input(&unknown, &Control::StdinClose, 5)
+            .send_input(&unknown, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
         InputOutcome::Missing

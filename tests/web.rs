@@ -308,7 +308,16 @@ async fn the_shared_playground_key_submits_for_visitors_within_its_limit() {
 #[tokio::test]
 async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     let redis = RedisServer::start();
-    let daemon = api(&redis, &[]).await;
+    // It submits 205 jobs with one key: above the default max_active and
+    // request burst.
+    let daemon = api(
+        &redis,
+        &[
+            ("CODE_RUNNER_KEY_MAX_ACTIVE", "1000"),
+            ("CODE_RUNNER_KEY_BURST", "1000"),
+        ],
+    )
+    .await;
 
     let anonymous = daemon.get("/v1/dashboard", None).await;
     assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);

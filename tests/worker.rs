@@ -15,7 +15,9 @@ use code_runner::job::events::{JobEvent, StageState, StoredEvent};
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobResult, JobSpec, StartKind, Status, Timings};
 use code_runner::metrics::Metrics;
-use code_runner::queue::{CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome};
+use code_runner::queue::{
+    Admission, CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome,
+};
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::list_labelled;
@@ -108,6 +110,7 @@ impl World {
             warm_floors: Default::default(),
             warm_max: 0,
             warm_lifetime: Duration::from_secs(600),
+            max_requeues: 3,
         };
         adjust(&mut config);
         let worker = Worker::new(
@@ -133,8 +136,13 @@ impl World {
                 api_key: "test",
                 language: &spec.language,
                 idempotency: None,
-                max_queue_depth: 1000,
-                key_limit: None,
+                admission: Admission {
+                    max_queue_depth: 1000,
+                    key_limit: None,
+                    max_attempts: 1,
+                    reserve: 0,
+                    storage_budget: u64::MAX >> 1,
+                },
             })
             .await
             .expect("submit");
@@ -700,7 +708,6 @@ async fn send_control(world: &World, id: &str, fields: &[(&str, &str)]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn live_stdin_and_signals_reach_the_running_job() {
-    use base64::Engine as _;
     let world = World::new().await;
     let mut worker = world.start_worker(2, Duration::from_secs(30));
 
@@ -710,8 +717,13 @@ async fn live_stdin_and_signals_reach_the_running_job() {
     };
     let echo = world.submit(&spec).await;
     world.wait_running(&echo).await;
-    let data = base64::engine::general_purpose::STANDARD.encode("hello, worker\n");
-    send_control(&world, &echo, &[("type", "stdin"), ("data", &data)]).await;
+    // Stdin is stored raw in the control stream.
+    send_control(
+        &world,
+        &echo,
+        &[("type", "stdin"), ("data", "hello, worker\n")],
+    )
+    .await;
     send_control(&world, &echo, &[("type", "stdin_close")]).await;
     let record = world.wait_terminal(&echo, JOB_DEADLINE).await;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
@@ -854,6 +866,7 @@ async fn checked_stream(world: &World, record: &JobRecord) -> Vec<JobEvent> {
         events[events.len() - 1],
         JobEvent::Exit {
             status: record.status,
+            replaces: None,
             result: Box::new(result)
         }
     );
@@ -1133,7 +1146,12 @@ async fn the_events_stream_expires_with_the_job() {
     assert_eq!(
         world
             .queue
-            .append_events(&id, &[JobEvent::stdout(b"late".to_vec())])
+            .append_events(
+                &id,
+                world.worker_id(),
+                1,
+                &[JobEvent::stdout(b"late".to_vec())]
+            )
             .await
             .expect("redis answers"),
         None

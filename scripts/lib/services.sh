@@ -6,7 +6,8 @@
 #   ensure_packages   apt-get install what is missing of the daemon's packages (or of those named)
 #   ensure_test_packages  the same for the test suite's own packages (loudly)
 #   ensure_dockerd    /etc/docker/daemon.json registers runsc; dockerd running and answering
-#   ensure_redis      redis-server answering on 127.0.0.1:6379
+#   ensure_redis      redis-server answering on 127.0.0.1:6379, durable (AOF) when it starts it
+#   ensure_redis_durable  the running redis-server made durable (AOF, noeviction) at run time
 #
 # Network rule: dockerd runs with --bridge=none so no container ever gets a network.
 
@@ -18,15 +19,24 @@ CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap python3 curl)
 # headless Chromium driven by Selenium opens the playground and dashboard,
 # python3-venv holds the judge0 SDK, see scripts/compat-clients), zstd to
 # build the Fly worker image (deploy-fly/build-image), systemd for
-# `systemd-analyze verify` of the unit scripts/install writes.
+# `systemd-analyze verify` of the unit scripts/install writes, iproute2 for
+# `ss -K` (tests/http_limits.rs destroys a listening socket).
 # scripts/test installs whichever is missing.
-CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl zstd systemd chromium chromium-driver python3-selenium python3-venv)
+CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl zstd systemd chromium chromium-driver python3-selenium python3-venv iproute2)
 # Python tools run under the interpreter Debian's python3-* packages are
 # installed for, whatever python3 comes first on PATH (pyenv, a venv).
 CODE_RUNNER_PYTHON="${CODE_RUNNER_PYTHON:-/usr/bin/python3}"
 CODE_RUNNER_DAEMON_JSON="${CODE_RUNNER_DAEMON_JSON:-/etc/docker/daemon.json}"
 CODE_RUNNER_DOCKERD_LOG="${CODE_RUNNER_DOCKERD_LOG:-/var/log/code-runner-dockerd.log}"
 CODE_RUNNER_REDIS_PORT="${CODE_RUNNER_REDIS_PORT:-6379}"
+# Where a redis-server these scripts start keeps its append-only file.
+CODE_RUNNER_REDIS_DIR="${CODE_RUNNER_REDIS_DIR:-/var/lib/code-runner/redis}"
+# How every Redis of code-runner runs (docs/operations.md says what each
+# setting loses): every write in the append-only file, fsynced once a second
+# (a crash loses at most about a second of changes); a full Redis refuses
+# writes (submissions get 503) instead of evicting jobs, results or heartbeats.
+# tests/durability.rs starts its redis-server with exactly these arguments.
+CODE_RUNNER_REDIS_DURABLE_ARGS=(--appendonly yes --appendfsync everysec --maxmemory-policy noeviction)
 
 _svc_say() { echo "services: $*"; }
 _svc_die() {
@@ -180,8 +190,10 @@ ensure_redis() {
 		_svc_say "redis: running on 127.0.0.1:$CODE_RUNNER_REDIS_PORT"
 		return 0
 	fi
-	_svc_say ">>> STARTING REDIS: redis-server on 127.0.0.1:$CODE_RUNNER_REDIS_PORT (no persistence)"
-	redis-server --port "$CODE_RUNNER_REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no --daemonize yes >/dev/null ||
+	mkdir -p "$CODE_RUNNER_REDIS_DIR" || _svc_die "cannot create $CODE_RUNNER_REDIS_DIR" || return 1
+	_svc_say ">>> STARTING REDIS: redis-server on 127.0.0.1:$CODE_RUNNER_REDIS_PORT (${CODE_RUNNER_REDIS_DURABLE_ARGS[*]}, data in $CODE_RUNNER_REDIS_DIR)"
+	redis-server --port "$CODE_RUNNER_REDIS_PORT" --bind 127.0.0.1 --dir "$CODE_RUNNER_REDIS_DIR" \
+		"${CODE_RUNNER_REDIS_DURABLE_ARGS[@]}" --daemonize yes >/dev/null ||
 		_svc_die "redis-server failed to start" || return 1
 	local deadline=$((SECONDS + 10))
 	until _svc_redis_up; do
@@ -189,4 +201,26 @@ ensure_redis() {
 		sleep 0.2
 	done
 	_svc_say "redis: up on 127.0.0.1:$CODE_RUNNER_REDIS_PORT"
+}
+
+# The redis-server answering on $CODE_RUNNER_REDIS_PORT with AOF and noeviction, set at
+# run time when it runs without them (one started before, by an older scripts/up or by
+# hand); CONFIG REWRITE keeps them across its restarts when it has a config file.
+ensure_redis_durable() {
+	local cli=(redis-cli -h 127.0.0.1 -p "$CODE_RUNNER_REDIS_PORT")
+	local aof policy
+	aof="$("${cli[@]}" CONFIG GET appendonly 2>/dev/null | tail -n 1)"
+	policy="$("${cli[@]}" CONFIG GET maxmemory-policy 2>/dev/null | tail -n 1)"
+	if [[ "$aof" == yes && "$policy" == noeviction ]]; then
+		_svc_say "redis: durable (appendonly yes, maxmemory-policy noeviction)"
+		return 0
+	fi
+	_svc_say ">>> MAKING REDIS DURABLE: it runs with appendonly=$aof maxmemory-policy=$policy; setting ${CODE_RUNNER_REDIS_DURABLE_ARGS[*]}"
+	"${cli[@]}" CONFIG SET appendonly yes >/dev/null &&
+		"${cli[@]}" CONFIG SET appendfsync everysec >/dev/null &&
+		"${cli[@]}" CONFIG SET maxmemory-policy noeviction >/dev/null ||
+		_svc_die "could not make redis durable (CONFIG SET refused)" || return 1
+	if [[ "$("${cli[@]}" CONFIG REWRITE 2>&1)" != OK ]]; then
+		_svc_say "redis: WARNING: it has no config file to keep these settings in; start it with ${CODE_RUNNER_REDIS_DURABLE_ARGS[*]} after a restart"
+	fi
 }

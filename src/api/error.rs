@@ -47,6 +47,20 @@ pub enum ApiError {
     QueueFull { depth: u64 },
     #[error("this api key already has {active} queued or running jobs, its limit")]
     KeyLimit { active: u64 },
+    #[error(
+        "this api key's jobs hold {held} bytes in the job store and this job may need {needed} more, over the key's budget of {budget} bytes (CODE_RUNNER_KEY_MAX_STORED_MB); space comes back as finished jobs expire (CODE_RUNNER_RESULT_TTL_SECS) or as running ones end"
+    )]
+    KeyStorage { held: u64, needed: u64, budget: u64 },
+    #[error("{scope} has {open} open streams, the most allowed ({setting}); close one first")]
+    TooManyStreams {
+        scope: &'static str,
+        open: usize,
+        setting: &'static str,
+    },
+    #[error(
+        "this api key sends more than {rate} requests per second (CODE_RUNNER_KEY_RATE); retry after {wait_secs} s"
+    )]
+    RateLimited { rate: u64, wait_secs: u64 },
     #[error("the capacity schedule holds {entries} current entries, its limit; delete one first")]
     ScheduleFull { entries: usize },
     /// The process is shutting down: it still answers reads while its worker
@@ -85,7 +99,11 @@ impl ApiError {
             | ApiError::IdempotencyExpired
             | ApiError::ScheduleFull { .. } => StatusCode::CONFLICT,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::QueueFull { .. } | ApiError::KeyLimit { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull { .. }
+            | ApiError::KeyLimit { .. }
+            | ApiError::KeyStorage { .. }
+            | ApiError::TooManyStreams { .. }
+            | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
@@ -106,6 +124,9 @@ impl ApiError {
             ApiError::TooLarge { .. } => "too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::KeyLimit { .. } => "key_limit",
+            ApiError::KeyStorage { .. } => "key_storage",
+            ApiError::TooManyStreams { .. } => "too_many_streams",
+            ApiError::RateLimited { .. } => "rate_limited",
             ApiError::ScheduleFull { .. } => "schedule_full",
             ApiError::Unavailable(_) => "unavailable",
             ApiError::ShuttingDown => "shutting_down",
@@ -122,10 +143,13 @@ impl ApiError {
             ApiError::TooLarge { .. } => Some("too_large"),
             ApiError::QueueFull { .. } => Some("queue_full"),
             ApiError::KeyLimit { .. } => Some("key_limit"),
+            ApiError::KeyStorage { .. } => Some("key_storage"),
+            ApiError::RateLimited { .. } => Some("rate_limited"),
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed
             | ApiError::ScheduleFull { .. }
+            | ApiError::TooManyStreams { .. }
             | ApiError::AlreadyFinished { .. }
             | ApiError::Unavailable(_)
             | ApiError::ShuttingDown => None,
@@ -138,6 +162,9 @@ impl ApiError {
         match self {
             ApiError::QueueFull { .. } => Some(2),
             ApiError::KeyLimit { .. } => Some(1),
+            ApiError::KeyStorage { .. } => Some(30),
+            ApiError::TooManyStreams { .. } => Some(5),
+            ApiError::RateLimited { wait_secs, .. } => Some((*wait_secs).max(1)),
             ApiError::Unavailable(_) | ApiError::ShuttingDown => Some(1),
             _ => None,
         }
@@ -257,6 +284,32 @@ mod tests {
             (ApiError::TooLarge { limit: 10 }, 413, "too_large"),
             (ApiError::QueueFull { depth: 3 }, 429, "queue_full"),
             (ApiError::KeyLimit { active: 2 }, 429, "key_limit"),
+            (
+                ApiError::KeyStorage {
+                    held: 1,
+                    needed: 2,
+                    budget: 2,
+                },
+                429,
+                "key_storage",
+            ),
+            (
+                ApiError::TooManyStreams {
+                    scope: "this job",
+                    open: 1,
+                    setting: "X",
+                },
+                429,
+                "too_many_streams",
+            ),
+            (
+                ApiError::RateLimited {
+                    rate: 1,
+                    wait_secs: 1,
+                },
+                429,
+                "rate_limited",
+            ),
             (
                 ApiError::Unavailable(QueueError::Corrupt {
                     id: "j".into(),

@@ -17,7 +17,6 @@ use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tokio::time::Instant;
 
 use super::ApiState;
 use super::auth::Caller;
@@ -25,7 +24,7 @@ use super::error::ApiError;
 use super::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
-use crate::queue::{CancelOutcome, JobRecord, NewJob, SubmitOutcome};
+use crate::queue::{Admission, CancelOutcome, JobRecord, NewJob, SubmitOutcome};
 
 /// What `?wait=true` allows beyond the job's own wall limits (queueing,
 /// container start, removal), before `max_wait` caps it.
@@ -60,6 +59,7 @@ pub(super) struct JobView {
     status: Status,
     language: String,
     attempts: u32,
+    max_attempts: u32,
     worker: Option<String>,
     created_at: String,
     started_at: Option<String>,
@@ -87,6 +87,7 @@ impl JobView {
             status: record.status,
             language: record.language,
             attempts: record.attempts,
+            max_attempts: record.max_attempts,
             worker: record.worker,
             created_at: rfc3339(record.created_ms),
             started_at: record.started_ms.map(rfc3339),
@@ -295,6 +296,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
     let language = prepared.language.id.clone();
     let wait_budget = wait_budget(state, &prepared);
+    let admission = admission(config, &caller, &spec, &prepared);
     if let Some(carried) = &config.carried {
         // Before the job is queued: this process's worker may claim it at once.
         carried.insert(&new_id, prepared);
@@ -307,8 +309,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             api_key: &caller.name,
             language: &language,
             idempotency,
-            max_queue_depth: config.max_queue_depth,
-            key_limit: caller.max_active,
+            admission,
         })
         .await;
     if !matches!(outcome, Ok(SubmitOutcome::Accepted))
@@ -378,6 +379,29 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         SubmitOutcome::Conflict(_) => Err(ApiError::IdempotencyConflict),
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::KeyStorage { held } => Err(ApiError::KeyStorage {
+            held,
+            needed: admission.reserve,
+            budget: config.limits.key_storage_bytes,
+        }),
+    }
+}
+
+/// The fields of a new job every submission path sets alike: the queue
+/// and key limits, the attempts and the storage reserved for it.
+pub(super) fn admission(
+    config: &super::ApiConfig,
+    caller: &Caller,
+    spec: &JobSpec,
+    prepared: &crate::job::PreparedJob,
+) -> Admission {
+    let spec_bytes = serde_json::to_vec(spec).map_or(0, |json| json.len() as u64);
+    Admission {
+        max_queue_depth: config.max_queue_depth,
+        key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
+        max_attempts: prepared.max_attempts(config.limits.max_attempts),
+        reserve: crate::queue::storage_reserve(spec_bytes, prepared.output_limit_bytes()),
+        storage_budget: config.limits.key_storage_bytes,
     }
 }
 
@@ -398,14 +422,11 @@ pub(super) async fn wait_for_end(
     id: &str,
     budget: Duration,
 ) -> Result<Option<JobRecord>, crate::queue::QueueError> {
-    let queue = &state.inner.queue;
-    let deadline = Instant::now() + budget;
-    let mut conn = queue.dedicated().await?;
     tokio::select! {
-        ended = queue.await_exit(&mut conn, id, deadline - Instant::now()) => { ended?; }
+        ended = state.feeds.await_exit(id, budget) => { ended?; }
         () = state.shutdown.cancelled() => {}
     }
-    queue.get(id).await
+    state.inner.queue.get(id).await
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -582,6 +603,7 @@ mod tests {
             language: "python".into(),
             api_key: "alice".into(),
             attempts: 1,
+            max_attempts: 1,
             worker: Some("w1".into()),
             created_ms: 1_000,
             started_ms: Some(2_000),

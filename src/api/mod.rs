@@ -7,7 +7,11 @@
 //! - [`error`]: the one error type and its JSON answers.
 //! - `jobs`: submit, status, cancel; the job view.
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
-//! - `streams`: the job's WebSocket and Server-Sent Events.
+//! - `streams`: the job's WebSocket and Server-Sent Events; `feeds`: the
+//!   one Redis follower of each followed job in this process, fanned out to
+//!   the streams and to `?wait=true`; `stream_caps`: caps on open streams.
+//! - `ratelimit`: the per-key request rate limit (tower_governor);
+//!   `server`: the HTTP server loop, with header and idle timeouts.
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
 //! - [`web`]: the browser pages (playground, dashboard) embedded in the
 //!   binary; `playground` and `dashboard`: their routes under `/v1`.
@@ -39,9 +43,13 @@ mod capacity;
 mod compat;
 mod dashboard;
 pub mod error;
+mod feeds;
 mod jobs;
 mod ops;
 mod playground;
+mod ratelimit;
+pub mod server;
+mod stream_caps;
 mod streams;
 pub mod tokens;
 mod web;
@@ -66,6 +74,7 @@ pub use auth::{ApiKeys, Caller};
 pub use compat::CompatConfig;
 pub use error::ApiError;
 pub use playground::PlaygroundKey;
+pub use stream_caps::StreamLimits;
 pub use tokens::{AttachTokens, Scope, TokenError, TokenSigner};
 pub use web::{WebUi, page_path};
 
@@ -91,6 +100,43 @@ pub struct ApiConfig {
     /// Set when a worker shares the process: accepted jobs are left here
     /// prepared, so that worker does not parse and validate them again.
     pub carried: Option<crate::job::carry::CarriedJobs>,
+    pub limits: ApiLimits,
+}
+
+/// The API's limits, from configuration (see `config::ApiSettings`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// `max_attempts` of a job that does not give its own.
+    pub max_attempts: u32,
+    /// `max_active` of a key that does not give its own.
+    pub key_max_active: u64,
+    /// Most bytes one key's jobs may hold in Redis.
+    pub key_storage_bytes: u64,
+    /// Requests per second per key, and the burst above it.
+    pub key_rate: u64,
+    pub key_burst: u32,
+    pub streams: StreamLimits,
+    /// How long a client may take to send a request's headers (and an
+    /// idle keep-alive connection is kept).
+    pub header_timeout: Duration,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self {
+            max_attempts: 1,
+            key_max_active: 64,
+            key_storage_bytes: 512 << 20,
+            key_rate: 100,
+            key_burst: 200,
+            streams: StreamLimits {
+                total: 10_000,
+                per_key: 1000,
+                per_job: 256,
+            },
+            header_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Every `reason` of `code_runner_submissions_rejected_total`; each starts
@@ -101,6 +147,7 @@ pub const REJECTION_REASONS: &[&str] = &[
     "too_large",
     "queue_full",
     "key_limit",
+    "key_storage",
     "conflict",
     "malformed",
 ];
@@ -121,6 +168,9 @@ pub struct ApiState {
     web: Option<Arc<WebUi>>,
     /// Where the Piston and Judge0 APIs are served, and Piston's keyless mode.
     compat: Arc<CompatConfig>,
+    /// This process's followers of jobs' events.
+    feeds: feeds::Feeds,
+    stream_caps: stream_caps::StreamCaps,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -148,13 +198,28 @@ impl ApiState {
             ops::DockerCheck { engine, images }
         });
         let ops = ops::OpsState::new(config.queue.clone(), config.metrics.clone(), docker);
+        let shutdown = CancellationToken::new();
+        let feeds = feeds::Feeds::new(config.queue.clone(), shutdown.clone());
+        let stream_caps = stream_caps::StreamCaps::new(config.limits.streams);
         Self {
             inner: Arc::new(config),
             ops,
-            shutdown: CancellationToken::new(),
+            shutdown,
             sessions: TaskTracker::new(),
             web: None,
             compat: Arc::new(CompatConfig::default()),
+            feeds,
+            stream_caps,
+        }
+    }
+
+    /// What one job's stream clients may send it.
+    fn input_budgets(&self) -> crate::queue::InputBudgets {
+        crate::queue::InputBudgets {
+            stdin_bytes: self.inner.policy.max_stdin_bytes as u64,
+            signals: streams::MAX_SIGNALS,
+            messages: streams::MAX_CONTROL_MESSAGES,
+            key_storage: self.inner.limits.key_storage_bytes,
         }
     }
 
@@ -194,6 +259,7 @@ impl ApiState {
 
     /// The same state, ending its long requests when `shutdown` is cancelled.
     fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
+        self.feeds = feeds::Feeds::new(self.inner.queue.clone(), shutdown.clone());
         self.shutdown = shutdown;
         self
     }
@@ -203,15 +269,24 @@ impl ApiState {
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.inner.max_body_bytes;
     let pages = state.web.as_deref().map(web::routes).unwrap_or_default();
-    Router::new()
-        .merge(pages)
+    let limits = state.inner.limits;
+    // The routes that take an API key, rate limited per key.
+    let keyed = Router::new()
         .route("/v1/jobs", post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
+        .route("/v1/capacity", get(capacity::list).put(capacity::put))
+        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete));
+    let keyed = match ratelimit::layer(state.inner.keys.clone(), limits.key_rate, limits.key_burst)
+    {
+        Some(layer) => keyed.route_layer(layer),
+        None => keyed,
+    };
+    Router::new()
+        .merge(pages)
+        .merge(keyed)
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
         .route("/v1/jobs/{id}/events", get(streams::events))
         .route("/v1/languages", get(ops::languages))
-        .route("/v1/capacity", get(capacity::list).put(capacity::put))
-        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
         .merge(compat::router(&state.compat))
         .merge(ops::router(state.ops.clone()))
         .fallback(ops::no_route)
@@ -239,12 +314,11 @@ pub async fn serve(
     {
         tokio::spawn(dashboard::sample(state.clone(), shutdown.clone()));
     }
+    let header_timeout = state.inner.limits.header_timeout;
     let app = router(state.with_shutdown(shutdown.clone()));
-    // The peer address lets Piston's keyless mode serve loopback clients only.
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let served = axum::serve(no_delay(listener), app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await;
+    let served = server::serve(listener, app, shutdown.clone(), header_timeout).await;
+    // A failed listener: stop the long requests too.
+    shutdown.cancel();
     // The WebSocket sessions saw the same token: each sends its close (1001)
     // and waits a moment for the client's answer.
     sessions.close();
@@ -277,24 +351,7 @@ pub async fn serve_ops(
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));
-    axum::serve(no_delay(listener), app)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-}
-
-/// `listener` with Nagle's algorithm off on every connection: a stream's
-/// small frames (an echoed line, an event) go out at once instead of
-/// waiting up to a delayed ACK (40 ms) behind the previous one.
-fn no_delay(
-    listener: tokio::net::TcpListener,
-) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
-    use axum::serve::ListenerExt as _;
-    fn set_nodelay(tcp: &mut tokio::net::TcpStream) {
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
-        }
-    }
-    listener.tap_io(set_nodelay as fn(&mut tokio::net::TcpStream))
+    server::serve(listener, app, shutdown, server::OPS_HEADER_TIMEOUT).await
 }
 
 /// One debug line per request: method, path, status, time taken.

@@ -68,6 +68,10 @@ struct Readiness {
     ready: bool,
     /// Each check that failed, with why.
     failing: Vec<FailedCheck>,
+    /// What works but loses jobs when something goes wrong: a Redis with
+    /// no persistence (`redis_persistence`) or an evicting policy
+    /// (`redis_eviction`). Warnings do not make the process unready.
+    warnings: Vec<FailedCheck>,
 }
 
 #[derive(Debug, Serialize)]
@@ -93,11 +97,16 @@ async fn within_timeout<T, E: std::fmt::Display>(
 /// Docker answers and has every catalog image.
 async fn readyz(State(ops): State<OpsState>) -> Response {
     let mut failing = Vec::new();
-    if let Err(message) = within_timeout(ops.queue.ping()).await {
-        failing.push(FailedCheck {
+    let mut warnings = Vec::new();
+    match within_timeout(ops.queue.redis_health()).await {
+        Ok(health) => warnings.extend(health.warnings().into_iter().map(|warning| FailedCheck {
+            check: warning.check().into(),
+            message: warning.to_string(),
+        })),
+        Err(message) => failing.push(FailedCheck {
             check: "redis".into(),
             message,
-        });
+        }),
     }
     if let Some(check) = &ops.docker {
         let problems = check
@@ -119,7 +128,15 @@ async fn readyz(State(ops): State<OpsState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (status, Json(Readiness { ready, failing })).into_response()
+    (
+        status,
+        Json(Readiness {
+            ready,
+            failing,
+            warnings,
+        }),
+    )
+        .into_response()
 }
 
 /// Prometheus text; the queue depth is read from Redis at each scrape.

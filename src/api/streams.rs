@@ -2,11 +2,19 @@
 //! both ways) and `GET /v1/jobs/{id}/events` (Server-Sent Events, read-only).
 //!
 //! Both replay the job's events from its events stream (from the start, or
-//! after `?after=<seq>` / `Last-Event-ID`), then follow it live: one XREAD
-//! BLOCK of at most [`BLOCK_TIMEOUT`] at a time, on a Redis connection of the
-//! stream's own, until the `exit` event (then a normal close), the server's
+//! after `?after=<seq>` / `Last-Event-ID`), then follow it live through this
+//! process's one follower of the job ([`super::feeds`]: no Redis connection
+//! per stream), until the `exit` event (then a normal close), the server's
 //! shutdown (WebSocket close 1001: reconnect with `?after=`) or the client
 //! leaves. Each event goes out as [`StoredEvent::wire`], `seq` first.
+//!
+//! Caps ([`super::stream_caps`]): a stream past the cap of its job, of its
+//! key or of the process is refused before the upgrade with 429
+//! `too_many_streams`. A client that does not read what the server writes
+//! for [`WRITE_TIMEOUT`] is disconnected. Each job takes at most
+//! [`MAX_SIGNALS`] signals and [`MAX_CONTROL_MESSAGES`] client frames in
+//! all (besides its stdin byte budget); a frame past them gets an `error`
+//! event and is not delivered.
 //!
 //! Authentication: the API key (`Authorization: Bearer`; the job must be
 //! that key's, else 404) or one of the job's attach tokens (see
@@ -45,12 +53,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
 use super::error::ApiError;
+use super::feeds::{Step, Subscription};
 use super::jobs::{job_id, owned_job};
+use super::stream_caps::StreamPermit;
 use super::tokens::{Scope, TokenError};
 use crate::job::events::{JobEvent, StoredEvent};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
-use crate::queue::{BLOCK_TIMEOUT, Control, InputOutcome, JobRecord, Queue, QueueError};
+use crate::queue::{Control, InputBudgets, InputOutcome, JobRecord, Queue};
 
 /// The subprotocol the server selects.
 pub const SUBPROTOCOL: &str = "code-runner";
@@ -62,8 +72,12 @@ pub const MAX_CLIENT_FRAME_BYTES: usize = 64 * 1024;
 /// Largest message the WebSocket reads at all; above it the connection is
 /// closed with 1009.
 const MAX_WIRE_MESSAGE_BYTES: usize = 1 << 20;
-/// Most events read from Redis at once.
-const READ_BATCH: usize = 100;
+/// Most signals one job takes from its stream clients.
+pub const MAX_SIGNALS: u64 = 1000;
+/// Most client frames (stdin, stdin close, signals) one job takes.
+pub const MAX_CONTROL_MESSAGES: u64 = 20_000;
+/// How long the server waits for a client to take one frame.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the server waits for the client's answer to its close.
 const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// Frames waiting to be written to one WebSocket; a slow client holds the
@@ -166,23 +180,6 @@ async fn authorize(
     Ok((record, Access::Token(scope)))
 }
 
-// ---------------------------------------------------------------------------
-// following the events stream
-// ---------------------------------------------------------------------------
-
-/// What following the stream gave next.
-pub(super) enum Step {
-    /// New events, in order; the last may be `exit`.
-    Events(Vec<StoredEvent>),
-    /// The job has ended and every event up to its `exit` was given.
-    Ended,
-    /// The job does not exist any more (it expired).
-    Gone,
-    /// The server is shutting down.
-    Shutdown,
-    Failed(QueueError),
-}
-
 /// The `type` of a stored event.
 fn event_type(json: &str) -> String {
     #[derive(Deserialize)]
@@ -195,84 +192,6 @@ fn event_type(json: &str) -> String {
         .ok()
         .filter(|kind| !kind.is_empty() && !kind.contains(['\r', '\n', '\0']))
         .unwrap_or_else(|| "message".to_string())
-}
-
-/// Reads a job's events from `after` on, on a connection of its own.
-pub(super) struct Follower {
-    queue: Queue,
-    conn: deadpool_redis::redis::aio::MultiplexedConnection,
-    id: String,
-    after: u64,
-    /// The next read may block (the previous one found nothing new).
-    block: bool,
-    /// The last look at the job found it terminal.
-    terminal_seen: bool,
-    ended: bool,
-    shutdown: CancellationToken,
-}
-
-impl Follower {
-    pub(super) async fn new(state: &ApiState, id: &str, after: u64) -> Result<Self, QueueError> {
-        let queue = state.inner.queue.clone();
-        let conn = queue.dedicated().await?;
-        Ok(Self {
-            queue,
-            conn,
-            id: id.to_string(),
-            after,
-            block: false,
-            terminal_seen: false,
-            ended: false,
-            shutdown: state.shutdown.clone(),
-        })
-    }
-
-    pub(super) async fn next(&mut self) -> Step {
-        if self.ended {
-            return Step::Ended;
-        }
-        loop {
-            if self.shutdown.is_cancelled() {
-                return Step::Shutdown;
-            }
-            let block = self.block.then_some(BLOCK_TIMEOUT);
-            let read = tokio::select! {
-                read = self.queue.read_events(&mut self.conn, &self.id, self.after, READ_BATCH, block) => read,
-                () = self.shutdown.cancelled() => return Step::Shutdown,
-            };
-            let mut events = match read {
-                Ok(events) => events,
-                Err(error) => return Step::Failed(error),
-            };
-            if !events.is_empty() {
-                self.block = false;
-                self.terminal_seen = false;
-                if let Some(exit) = events.iter().position(|e| event_type(&e.json) == "exit") {
-                    events.truncate(exit + 1);
-                    self.ended = true;
-                }
-                self.after = events.last().map_or(self.after, |e| e.seq);
-                return Step::Events(events);
-            }
-            // Nothing new: a job that ended with its `exit` before `after`
-            // ends here; one that expired is gone.
-            match self.queue.status(&self.id).await {
-                Err(error) => return Step::Failed(error),
-                Ok(None) => return Step::Gone,
-                Ok(Some(status)) if status.is_terminal() => {
-                    // The exit event is written with the terminal status, in
-                    // one step: one more look finds it if it is new.
-                    if self.terminal_seen {
-                        self.ended = true;
-                        return Step::Ended;
-                    }
-                    self.terminal_seen = true;
-                    self.block = false;
-                }
-                Ok(Some(_)) => self.block = true,
-            }
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -307,11 +226,12 @@ pub(super) async fn websocket(
     let Query(query) = query.map_err(query_error)?;
     let after = parse_after(query.after.as_deref(), "after")?;
     let token = query.token.clone().or_else(|| subprotocol_token(&headers));
-    let (_, access) = authorize(&state, &headers, &id, token.as_deref()).await?;
+    let (record, access) = authorize(&state, &headers, &id, token.as_deref()).await?;
     let upgrade = upgrade.map_err(|rejection| ApiError::InvalidRequest {
         field: "upgrade",
         message: rejection.body_text().to_lowercase(),
     })?;
+    let permit = state.stream_caps.acquire(&record.api_key, &id)?;
     tracing::debug!(job.id = %id, after, "WebSocket stream opened.");
     let sessions = state.sessions.clone();
     Ok(upgrade
@@ -321,7 +241,9 @@ pub(super) async fn websocket(
         .on_failed_upgrade(|error| {
             tracing::debug!(error = %error, "A WebSocket upgrade failed.");
         })
-        .on_upgrade(move |socket| sessions.track_future(session(socket, state, id, after, access))))
+        .on_upgrade(move |socket| {
+            sessions.track_future(session(socket, state, id, after, access, permit))
+        }))
 }
 
 fn close(code: u16, reason: &'static str) -> Message {
@@ -338,13 +260,21 @@ fn error_frame(message: impl Into<String>) -> Message {
 /// One WebSocket: a writer task owns the sending half; a follower task feeds
 /// it the events; this task reads the client's frames and acts on them in
 /// order.
-async fn session(socket: WebSocket, state: ApiState, id: String, after: u64, access: Access) {
+async fn session(
+    socket: WebSocket,
+    state: ApiState,
+    id: String,
+    after: u64,
+    access: Access,
+    _permit: StreamPermit,
+) {
     let (sink, mut incoming) = socket.split();
     let (outbox, frames) = mpsc::channel::<Message>(OUTBOX);
     let closed = CancellationToken::new();
     let writer = tokio::spawn(write_frames(sink, frames, closed.clone()));
-    let follower = tokio::spawn(follow(state.clone(), id.clone(), after, outbox.clone()));
-    let max_stdin = state.inner.policy.max_stdin_bytes as u64;
+    let subscription = state.feeds.subscribe(&id, after);
+    let follower = tokio::spawn(follow(subscription, outbox.clone()));
+    let budgets = state.input_budgets();
     loop {
         let frame = tokio::select! {
             frame = incoming.next() => frame,
@@ -369,7 +299,7 @@ async fn session(socket: WebSocket, state: ApiState, id: String, after: u64, acc
             ),
             Some(Ok(Message::Text(text))) => match revoked(&state, &id, access).await {
                 Some(message) => Some(message),
-                None => handle_frame(&state.inner.queue, &id, text.as_str(), max_stdin).await,
+                None => handle_frame(&state.inner.queue, &id, text.as_str(), budgets).await,
             },
             Some(Err(error)) => {
                 tracing::debug!(job.id = %id, error = %error, "A WebSocket read failed.");
@@ -419,30 +349,25 @@ async fn write_frames(
 ) {
     while let Some(frame) = frames.recv().await {
         let last = matches!(frame, Message::Close(_));
-        if sink.send(frame).await.is_err() || last {
-            break;
+        match tokio::time::timeout(WRITE_TIMEOUT, sink.send(frame)).await {
+            Ok(Ok(())) if !last => {}
+            Ok(_) => break,
+            Err(_) => {
+                tracing::debug!(
+                    "A WebSocket client took no frame for {WRITE_TIMEOUT:?}; closing it."
+                );
+                break;
+            }
         }
     }
     closed.cancel();
 }
 
 /// Sends the job's events to the writer, then the close that fits.
-async fn follow(state: ApiState, id: String, after: u64, outbox: mpsc::Sender<Message>) {
-    let mut follower = match Follower::new(&state, &id, after).await {
-        Ok(follower) => follower,
-        Err(error) => {
-            tracing::warn!(job.id = %id, error = %error, "Cannot follow a job's events.");
-            let _ = outbox
-                .send(close(
-                    close_code::ERROR,
-                    "the job store is unavailable; reconnect with ?after=<last seq>",
-                ))
-                .await;
-            return;
-        }
-    };
+async fn follow(mut subscription: Subscription, outbox: mpsc::Sender<Message>) {
+    let id = subscription.id().to_string();
     let last = loop {
-        match follower.next().await {
+        match subscription.next().await {
             Step::Events(events) => {
                 for event in events {
                     if outbox.send(Message::text(event.wire())).await.is_err() {
@@ -476,7 +401,12 @@ async fn follow(state: ApiState, id: String, after: u64, outbox: mpsc::Sender<Me
 }
 
 /// Acts on one client frame; `Some(message)`: the error event to answer with.
-async fn handle_frame(queue: &Queue, id: &str, text: &str, max_stdin: u64) -> Option<String> {
+async fn handle_frame(
+    queue: &Queue,
+    id: &str,
+    text: &str,
+    budgets: InputBudgets,
+) -> Option<String> {
     if text.len() > MAX_CLIENT_FRAME_BYTES {
         return Some(format!(
             "the frame is {} bytes, over the limit of {MAX_CLIENT_FRAME_BYTES}; \
@@ -514,11 +444,24 @@ async fn handle_frame(queue: &Queue, id: &str, text: &str, max_stdin: u64) -> Op
         Control::Stdin(data) => data.len(),
         _ => 0,
     };
-    match queue.send_input(id, &control, max_stdin).await {
+    let max_stdin = budgets.stdin_bytes;
+    match queue.send_input(id, &control, budgets).await {
         Ok(InputOutcome::Sent { .. }) => None,
         Ok(InputOutcome::OverBudget { stdin_bytes }) => Some(format!(
             "stdin limit reached: a job takes at most {max_stdin} bytes of stdin and \
              {stdin_bytes} were sent; these {bytes} bytes were not delivered"
+        )),
+        Ok(InputOutcome::TooManySignals { signals }) => Some(format!(
+            "signal limit reached: a job takes at most {MAX_SIGNALS} signals and {signals} \
+             were sent; this one was not delivered (DELETE the job to cancel it)"
+        )),
+        Ok(InputOutcome::TooManyMessages { messages }) => Some(format!(
+            "frame limit reached: a job takes at most {MAX_CONTROL_MESSAGES} frames and \
+             {messages} were sent; this one was not delivered"
+        )),
+        Ok(InputOutcome::KeyStorage { held }) => Some(format!(
+            "the job's api key holds {held} bytes in the job store, its whole budget; \
+             this frame was not delivered"
         )),
         Ok(InputOutcome::Ended(_)) => Some("the job has ended".to_string()),
         Ok(InputOutcome::Missing) => Some("the job no longer exists".to_string()),
@@ -567,7 +510,8 @@ pub(super) async fn events(
         None => parse_after(query.after.as_deref(), "after")?,
     };
     let (record, _) = authorize(&state, &headers, &id, query.token.as_deref()).await?;
-    let mut follower = Follower::new(&state, &id, after).await?;
+    let permit = state.stream_caps.acquire(&record.api_key, &id)?;
+    let mut follower = state.feeds.subscribe(&id, after);
     // A finished job with nothing after `after`: 204, which tells an
     // EventSource to stop reconnecting.
     let first = if record.status.is_terminal() {
@@ -583,22 +527,22 @@ pub(super) async fn events(
     };
     tracing::debug!(job.id = %id, after, "Event stream opened.");
     let stream = futures_util::stream::unfold(
-        Some((follower, first)),
+        Some((follower, first, permit)),
         |state| async move {
-            let (mut follower, first) = state?;
+            let (mut follower, first, permit) = state?;
             if let Some(events) = first {
                 let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                return Some((batch, Some((follower, None))));
+                return Some((batch, Some((follower, None, permit))));
             }
             match follower.next().await {
                 Step::Events(events) => {
                     let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                    Some((batch, Some((follower, None))))
+                    Some((batch, Some((follower, None, permit))))
                 }
                 Step::Ended | Step::Shutdown => None,
                 Step::Gone => Some((vec![sse_error("the job no longer exists (it expired)")], None)),
                 Step::Failed(error) => {
-                    tracing::warn!(job.id = %follower.id, error = %error, "Following a job's events failed.");
+                    tracing::warn!(job.id = %follower.id(), error = %error, "Following a job's events failed.");
                     Some((
                         vec![sse_error(
                             "the job store is unavailable; reconnect with Last-Event-ID",

@@ -1,11 +1,14 @@
 //! `code-runner doctor`: checks what a worker needs and says what is wrong,
-//! one line per problem (and one `ok` line per check that passed).
+//! one line per problem (and one `ok` line per check that passed). The
+//! Redis in use is looked at too: one that would lose jobs (no persistence,
+//! an evicting policy) or does not answer gets a `warning` line; warnings
+//! do not change the exit code (a worker may start before its Redis).
 
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-use crate::config::SandboxSettings;
+use crate::config::{RedisSettings, SandboxSettings};
 use crate::exit;
 use crate::protocol::PROTOCOL_VERSION;
 use crate::sandbox::SandboxEngine;
@@ -21,6 +24,52 @@ impl Report {
     fn problem(&mut self, message: impl std::fmt::Display) {
         self.problems += 1;
         println!("problem: {message}");
+    }
+    fn warning(&self, message: impl std::fmt::Display) {
+        println!("warning: {message}");
+    }
+}
+
+/// What the Redis in use keeps and evicts.
+async fn check_redis(report: &mut Report, settings: &RedisSettings) {
+    let queue = match settings.build() {
+        Ok(queue) => queue,
+        Err(error) => {
+            report.problem(error);
+            return;
+        }
+    };
+    let url = redact(&settings.redis_url);
+    let health =
+        tokio::time::timeout(std::time::Duration::from_secs(5), queue.redis_health()).await;
+    match health {
+        Ok(Ok(health)) => {
+            report.ok(format!("redis at {url} answers"));
+            let warnings = health.warnings();
+            for warning in &warnings {
+                report.warning(warning);
+            }
+            if warnings.is_empty() {
+                report.ok("redis keeps an append-only file and never evicts keys");
+            }
+            if health.maxmemory == 0 {
+                println!(
+                    "note: redis has no maxmemory: it grows until the machine runs out; set one (see docs/operations.md)"
+                );
+            }
+        }
+        Ok(Err(error)) => report.warning(format!("redis at {url} does not answer: {error}")),
+        Err(_) => report.warning(format!("redis at {url} does not answer within 5 s")),
+    }
+}
+
+/// A Redis URL without its password.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://…@{}", &url[..scheme], &url[at + 1..])
+        }
+        _ => url.to_string(),
     }
 }
 
@@ -40,7 +89,7 @@ fn sha256_file(path: &PathBuf) -> Option<String> {
     Some(hex::encode(Sha256::digest(&bytes)))
 }
 
-pub async fn run(settings: &SandboxSettings) -> u8 {
+pub async fn run(settings: &SandboxSettings, redis: &RedisSettings) -> u8 {
     let mut report = Report { problems: 0 };
     let setup = match settings.build("doctor") {
         Ok(setup) => setup,
@@ -96,6 +145,8 @@ pub async fn run(settings: &SandboxSettings) -> u8 {
         }
         Err(error) => report.problem(format!("docker info failed: {error}")),
     }
+
+    check_redis(&mut report, redis).await;
 
     // Only the languages whose images are built are offered (an operator
     // builds the ones they want): a missing image is a note, not a problem.

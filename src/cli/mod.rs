@@ -64,6 +64,8 @@ pub struct LanguagesArgs {
 pub struct DoctorArgs {
     #[command(flatten)]
     pub sandbox: SandboxSettings,
+    #[command(flatten)]
+    pub redis: RedisSettings,
 }
 
 #[derive(Debug, Args)]
@@ -137,7 +139,7 @@ pub async fn main() -> ExitCode {
     let code = match cli.command {
         Command::Sandbox(SandboxCommand::Run(args)) => sandbox_run::run(*args).await,
         Command::Languages(args) => languages(&args.sandbox, args.json),
-        Command::Doctor(args) => doctor::run(&args.sandbox).await,
+        Command::Doctor(args) => doctor::run(&args.sandbox, &args.redis).await,
         Command::Serve(args) => {
             crate::app::run(
                 &args.sandbox,

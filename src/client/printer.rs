@@ -88,6 +88,26 @@ impl EventSink for Printer {
             write(stderr, &bytes);
         }
     }
+
+    /// An `attempt` event: the job's worker was lost and the job runs again
+    /// from the start. What was written of the lost attempt stays on the
+    /// terminal (it cannot be taken back); a line on stderr says it is void,
+    /// and the new attempt's output is counted from zero.
+    fn new_attempt(&mut self, attempt: u32) {
+        self.compiling = false;
+        self.held.clear();
+        self.compile = Seen::default();
+        self.run = Seen::default();
+        if !self.quiet {
+            write(
+                true,
+                format!(
+                    "\ncode-runner: the job's worker was lost; it runs again (attempt {attempt}) and its output starts over\n"
+                )
+                .as_bytes(),
+            );
+        }
+    }
 }
 
 fn rest(all: &[u8], seen: usize, stderr: bool) {

@@ -51,6 +51,9 @@ pub(crate) trait EventSink {
     fn output(&mut self, stderr: bool, bytes: Vec<u8>);
     /// The `exit` event arrived (before the connection is closed).
     fn exited(&mut self) {}
+    /// An `attempt` event: the job's worker was lost and the job runs again
+    /// from the start, as attempt `attempt`.
+    fn new_attempt(&mut self, _attempt: u32) {}
 }
 
 /// Where a [`Follower`] hears Ctrl-C.
@@ -338,6 +341,7 @@ impl<'a, S: EventSink> Follower<'a, S> {
                 self.sink.exited();
                 return Ok(Some(result));
             }
+            JobEvent::Attempt { attempt, .. } => self.sink.new_attempt(attempt),
             JobEvent::Stage { stage, state, .. } => {
                 if state == crate::job::events::StageState::Start {
                     self.sink.stage_started(&stage);

@@ -12,8 +12,14 @@
 //! ```
 //!
 //! `seq` numbers a job's events from 1 without gaps; it is the stream entry's
-//! id, so a client resumes after the last `seq` it saw. `exit` is always the
-//! last event. Output that is not UTF-8 is base64 with `"encoding":"base64"`.
+//! id, so a client resumes after the last `seq` it saw. `exit` is the last
+//! event, with one exception: a platform verdict (`worker_lost`,
+//! `deadline_exceeded`) can be followed, within the late-result window, by
+//! one more `exit` carrying `"replaces": <seq>` when the lost attempt's
+//! worker delivers its real result after all. A batch job whose worker was
+//! lost mid-run and that runs again gets an `attempt` event
+//! (`{"type":"attempt","attempt":2,"reason":"worker_lost"}`): what came
+//! before it belongs to the lost attempt. Output that is not UTF-8 is base64 with `"encoding":"base64"`.
 //! An `error` event (`{"type":"error","message":…}`, no `seq`) is sent to
 //! one connection only, about that connection (a bad frame), and never stored.
 
@@ -70,8 +76,21 @@ pub enum JobEvent {
         #[serde(default, skip_serializing_if = "is_utf8")]
         encoding: Encoding,
     },
+    /// The job's previous attempt was lost with its worker and the job
+    /// runs again: what a follower showed of its output is void.
+    Attempt {
+        attempt: u32,
+        reason: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worker: Option<String>,
+    },
     Exit {
         status: Status,
+        /// The `seq` of an earlier `exit` this one replaces: the platform's
+        /// verdict (`worker_lost`, `deadline_exceeded`) on an attempt whose
+        /// worker then delivered its real result.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replaces: Option<u64>,
         result: Box<JobResult>,
     },
     Error {

@@ -57,7 +57,15 @@ pub struct JobSpec {
     pub compile_limits: CompileLimitsRequest,
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub metadata: serde_json::Map<String, serde_json::Value>,
+    /// Most times the job may be started (1–[`MAX_ATTEMPTS_LIMIT`]): a batch
+    /// job whose worker is lost while it runs runs again until then. Unset:
+    /// the server's `CODE_RUNNER_MAX_ATTEMPTS`. An interactive job runs once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
 }
+
+/// The most `max_attempts` a job or the server may ask for.
+pub const MAX_ATTEMPTS_LIMIT: u32 = 10;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,10 +102,27 @@ pub struct PreparedJob {
     pub interactive: bool,
     /// Stdin given with the submission (delivered, then closed, unless interactive).
     pub stdin: Vec<u8>,
+    /// What the job asked for (`None`: the server's default).
+    pub max_attempts: Option<u32>,
     pub bundle: Bundle,
 }
 
 impl PreparedJob {
+    /// Most times the job may be started, `default` unless it asked: an
+    /// interactive job runs once.
+    pub fn max_attempts(&self, default: u32) -> u32 {
+        if self.interactive {
+            1
+        } else {
+            self.max_attempts.unwrap_or(default)
+        }
+    }
+
+    /// The output a job may leave at most: every stage's output limit.
+    pub fn output_limit_bytes(&self) -> u64 {
+        self.limits.output_bytes + self.compile_limits.map_or(0, |c| c.output_bytes)
+    }
+
     /// The longest the job may take once its container is up: every stage's
     /// wall limit added together.
     pub fn stages_wall_ms(&self) -> u64 {
@@ -182,6 +207,21 @@ pub fn prepare(
         ));
     }
 
+    if let Some(attempts) = spec.max_attempts {
+        if !(1..=MAX_ATTEMPTS_LIMIT).contains(&attempts) {
+            return Err(InvalidJob::new(
+                "max_attempts",
+                format!("{attempts} is not between 1 and {MAX_ATTEMPTS_LIMIT}"),
+            ));
+        }
+        if spec.interactive && attempts > 1 {
+            return Err(InvalidJob::new(
+                "max_attempts",
+                "an interactive job runs at most once (its input cannot be replayed)",
+            ));
+        }
+    }
+
     let sources = source_files(language, &entry, &files);
     let stages = build_stages(
         spec,
@@ -197,6 +237,7 @@ pub fn prepare(
         compile_limits,
         interactive: spec.interactive,
         stdin,
+        max_attempts: spec.max_attempts,
         bundle: Bundle {
             workspace: WORKSPACE.to_string(),
             uid: SANDBOX_UID,

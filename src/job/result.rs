@@ -240,6 +240,37 @@ impl JobResult {
     pub fn deciding_stage(&self) -> Option<&StageResult> {
         self.run.as_ref().or(self.compile.as_ref())
     }
+
+    /// The result without its output, and the output apart: compile
+    /// stdout, compile stderr, run stdout, run stderr (empty where a stage
+    /// did not run). The job store keeps the output as raw bytes next to
+    /// the rest of the result, so nothing is escaped or encoded twice.
+    pub fn split_output(&self) -> (JobResult, [Vec<u8>; 4]) {
+        let mut bare = self.clone();
+        let mut outputs: [Vec<u8>; 4] = Default::default();
+        for (index, stage) in [&mut bare.compile, &mut bare.run].into_iter().enumerate() {
+            if let Some(stage) = stage.as_mut() {
+                outputs[index * 2] = std::mem::take(&mut stage.stdout.0);
+                outputs[index * 2 + 1] = std::mem::take(&mut stage.stderr.0);
+            }
+        }
+        (bare, outputs)
+    }
+
+    /// The inverse of [`Self::split_output`]: puts the output back into the
+    /// stages that ran (output of a stage that did not run is dropped).
+    pub fn with_output(mut self, outputs: [Vec<u8>; 4]) -> JobResult {
+        let [compile_out, compile_err, run_out, run_err] = outputs;
+        if let Some(stage) = self.compile.as_mut() {
+            stage.stdout = Output(compile_out);
+            stage.stderr = Output(compile_err);
+        }
+        if let Some(stage) = self.run.as_mut() {
+            stage.stdout = Output(run_out);
+            stage.stderr = Output(run_err);
+        }
+        self
+    }
 }
 
 /// Name of a signal number (`9` → `SIGKILL`), or `SIG<n>` for unknown ones.
@@ -307,5 +338,29 @@ mod tests {
         );
         assert_eq!(JobResult::status_from_stages(None, None), Status::Error);
         assert_eq!(signal_name(9), "SIGKILL");
+    }
+
+    #[test]
+    fn output_splits_off_and_goes_back() {
+        let mut run = stage(Reason::Exited, Some(0));
+        run.stdout = Output(b"\x01\x02 text".to_vec());
+        run.stderr = Output(vec![0xff]);
+        let result = JobResult {
+            status: Status::Succeeded,
+            language: "python".into(),
+            version: "3".into(),
+            compile: None,
+            run: Some(run),
+            error: None,
+            reason: None,
+            start: None,
+            timings: Timings::default(),
+        };
+        let (bare, outputs) = result.split_output();
+        assert_eq!(bare.run.as_ref().unwrap().stdout, Output::default());
+        assert_eq!(outputs[2], b"\x01\x02 text");
+        assert_eq!(outputs[3], [0xff]);
+        assert!(outputs[0].is_empty() && outputs[1].is_empty());
+        assert_eq!(bare.with_output(outputs), result);
     }
 }

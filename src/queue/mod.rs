@@ -4,13 +4,22 @@
 //! Keys, all under an optional prefix:
 //! - `jobs:queue` — list of pending job ids (LPUSH by the API; a worker claims
 //!   with `BLMOVE jobs:queue worker:<wid>:processing RIGHT LEFT`).
-//! - `job:<id>` — hash: spec, status, attempts, worker, api key, timestamps,
-//!   result, and `requeues` (times the reaper put it back after its worker
-//!   died before starting it). Expires `RESULT_TTL` after the job ends.
+//! - `job:<id>` — hash: spec, status, attempts (starts), max attempts,
+//!   worker, its Docker host, api key, timestamps, the result (JSON without
+//!   its output) and its output (`out:<stage>:<stream>`, raw bytes),
+//!   `requeues` (times the reaper put it back after its worker died before
+//!   starting it), the late-result record (`lost_worker`, `lost_attempt`,
+//!   `lost_until`, `verdict_seq`) and the counters of its budgets. Expires
+//!   `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
-//!   (`cancel`, stdin, stdin close, signals). The job hash counts the stdin
-//!   stream clients sent (`stdin_bytes`).
-//! - `job:<id>:events` — stream of the job's events (live output; later).
+//!   (`cancel`, stdin, stdin close, signals); never trimmed, every message
+//!   counted against the job's budgets instead.
+//! - `job:<id>:events` — stream of the job's events (see [`events`]).
+//! - `apikey:<name>:stored` — hash: the bytes each live job (`j:<id>`) and
+//!   idempotency record (`i:<key>`) of the key holds, and their `total`;
+//!   `apikey:<name>:expiry` — sorted set: when each of them expires.
+//! - `feeds:<instance>:doorbell` — a tiny stream an API process rings to
+//!   wake its own events reader (expires on its own).
 //! - `worker:<wid>:processing` — list of the ids a worker has claimed.
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
 //! - `worker:<wid>:languages` — the language ids the worker has images of
@@ -30,13 +39,22 @@
 //!   fleet-wide schedule of warm sandboxes (see [`capacity`]).
 
 mod capacity;
+mod control;
+mod events;
+mod health;
 mod overview;
 mod reap;
 mod scripts;
 
 pub use capacity::{CapacityEntry, MAX_ENTRIES, PutOutcome};
+pub use control::{Control, InputBudgets, InputOutcome};
+pub use events::FeedRead;
+pub use health::{RedisHealth, RedisWarning};
 pub use overview::{JobSummary, LiveWorker, RECENT_JOBS_KEPT};
-pub use reap::{Fleet, ForgetOutcome, LostResults, ReapOutcome, RunningJob};
+pub use reap::{
+    Fleet, ForgetOutcome, LostJob, LostResults, ReapOutcome, ReapPolicy, Retry, RunningJob,
+};
+pub use scripts::{EVENT_OVERHEAD, IDEMPOTENCY_BYTES, JOB_OVERHEAD, MAX_OUTPUT_EVENTS};
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -44,7 +62,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use deadpool_redis::redis::{self, AsyncCommands, Script};
 use serde::{Deserialize, Serialize};
 
-use crate::job::events::{JobEvent, StoredEvent};
 use crate::job::{JobResult, JobSpec, Status};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +74,17 @@ pub enum QueueError {
     CreatePool(#[from] deadpool_redis::CreatePoolError),
     #[error("job {id} is corrupt in redis: {message}")]
     Corrupt { id: String, message: String },
+    /// A script answered something it never answers: a bug, or another
+    /// version of the scripts on the same Redis.
+    #[error("the {script} script gave an unexpected reply: {reply}")]
+    UnexpectedReply { script: &'static str, reply: String },
+}
+
+fn unexpected(script: &'static str, reply: impl std::fmt::Debug) -> QueueError {
+    QueueError::UnexpectedReply {
+        script,
+        reply: format!("{reply:?}"),
+    }
 }
 
 /// Key names under the configured prefix.
@@ -116,6 +144,15 @@ impl Keys {
     pub fn capacity(&self) -> String {
         format!("{}capacity:schedule", self.prefix)
     }
+    pub fn stored(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:stored", self.prefix)
+    }
+    pub fn expiry(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:expiry", self.prefix)
+    }
+    pub fn doorbell(&self, instance: &str) -> String {
+        format!("{}feeds:{instance}:doorbell", self.prefix)
+    }
 }
 
 /// A job as stored in `job:<id>`.
@@ -125,7 +162,11 @@ pub struct JobRecord {
     pub status: Status,
     pub language: String,
     pub api_key: String,
+    /// How many times the job was started (0 while it never was).
     pub attempts: u32,
+    /// Most times it may be started (1: never run again after its worker
+    /// was lost).
+    pub max_attempts: u32,
     pub worker: Option<String>,
     pub created_ms: u64,
     pub started_ms: Option<u64>,
@@ -145,9 +186,33 @@ pub struct NewJob<'a> {
     pub language: &'a str,
     /// Idempotency key and the hash of the request body.
     pub idempotency: Option<(&'a str, &'a str)>,
+    pub admission: Admission,
+}
+
+/// What a new job is admitted under: the queue and API key limits it must
+/// fit, and what it may use once admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
     pub max_queue_depth: u64,
     /// Most queued + running jobs of this API key (`None`: no limit).
     pub key_limit: Option<u64>,
+    /// Most times the job may be started (see [`JobRecord::max_attempts`]).
+    pub max_attempts: u32,
+    /// Bytes the job may come to hold in Redis at most
+    /// ([`storage_reserve`]); reserved against the key's budget until it
+    /// ends.
+    pub reserve: u64,
+    /// The API key's storage budget, in bytes.
+    pub storage_budget: u64,
+}
+
+/// The most a job can come to hold in Redis, reserved from its API key's
+/// storage budget while it is queued or running: its spec, its output
+/// twice (events and result, each capped at the stages' output limits, raw
+/// bytes), the entries of its output events and the job's fixed overhead.
+/// Stdin a client sends is counted as it comes, not reserved.
+pub fn storage_reserve(spec_bytes: u64, output_limit_bytes: u64) -> u64 {
+    spec_bytes + 2 * output_limit_bytes + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,6 +228,36 @@ pub enum SubmitOutcome {
     KeyLimit {
         active: u64,
     },
+    /// The key's jobs hold `held` bytes and this one would take the key
+    /// over its storage budget.
+    KeyStorage {
+        held: u64,
+    },
+}
+
+impl SubmitOutcome {
+    fn from_reply(outcome: &str, detail: String) -> Result<Self, QueueError> {
+        let number = |detail: &str| {
+            detail
+                .parse()
+                .map_err(|_| unexpected("submit", (outcome, detail)))
+        };
+        Ok(match outcome {
+            "accepted" => SubmitOutcome::Accepted,
+            "existing" => SubmitOutcome::Existing(detail),
+            "conflict" => SubmitOutcome::Conflict(detail),
+            "queue_full" => SubmitOutcome::QueueFull {
+                depth: number(&detail)?,
+            },
+            "key_limit" => SubmitOutcome::KeyLimit {
+                active: number(&detail)?,
+            },
+            "key_storage" => SubmitOutcome::KeyStorage {
+                held: number(&detail)?,
+            },
+            _ => return Err(unexpected("submit", (outcome, detail))),
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -189,6 +284,47 @@ pub enum ReleaseOutcome {
     Absent,
 }
 
+impl ReleaseOutcome {
+    fn from_reply(reply: &str) -> Result<Self, QueueError> {
+        Ok(match reply {
+            "requeued" => ReleaseOutcome::Requeued,
+            "dropped" => ReleaseOutcome::Dropped,
+            "absent" => ReleaseOutcome::Absent,
+            _ => return Err(unexpected("release", reply)),
+        })
+    }
+}
+
+/// What became of a result a worker wrote ([`Queue::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FinishOutcome {
+    /// The result of the worker's own running attempt: it is the job's.
+    Finished,
+    /// The real result of an attempt the platform had given up on, within
+    /// the late-result window: it replaced the verdict (or the retry).
+    Late,
+    /// Not this attempt's to settle any more (the job ended otherwise, or
+    /// another attempt holds it); it had this status. Only dropped from the
+    /// processing list.
+    Stale(Status),
+    /// The job is gone (expired).
+    Missing,
+}
+
+impl FinishOutcome {
+    fn from_reply(id: &str, reply: &str) -> Result<Self, QueueError> {
+        Ok(match reply {
+            "finished" => FinishOutcome::Finished,
+            "late" => FinishOutcome::Late,
+            "missing" => FinishOutcome::Missing,
+            _ => match reply.strip_prefix("stale:") {
+                Some(status) => FinishOutcome::Stale(parse_status(id, status)?),
+                None => return Err(unexpected("finish", reply)),
+            },
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CancelOutcome {
     /// It was queued and will never start.
@@ -200,35 +336,17 @@ pub enum CancelOutcome {
     NotFound,
 }
 
-/// What became of a control message a stream client sent
-/// ([`Queue::send_input`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InputOutcome {
-    /// On its way to the worker; `stdin_bytes` of stdin were sent so far.
-    Sent { stdin_bytes: u64 },
-    /// Refused whole: it would take the job's stdin past the budget, of
-    /// which `stdin_bytes` are used.
-    OverBudget { stdin_bytes: u64 },
-    /// The job has ended with this status: nothing was sent.
-    Ended(Status),
-    /// The job does not exist (any more).
-    Missing,
-}
-
-/// A control message for a running job, from `job:<id>:stdin`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Control {
-    Cancel,
-    Stdin(Vec<u8>),
-    StdinClose,
-    Signal(crate::protocol::SignalKind),
-}
-
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// How long the real result of an attempt the platform gave up on (a
+/// `worker_lost` or `deadline_exceeded` verdict, or a retry) may still come
+/// and win: its worker was alive after all (cut off from Redis, or slow).
+/// After it, the verdict is final.
+pub const LATE_RESULT_WINDOW: Duration = Duration::from_secs(600);
 
 /// How long a blocking read waits at most before returning to its loop.
 pub const BLOCK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -366,30 +484,26 @@ impl Queue {
             .key(idem_key)
             .key(self.keys.events(job.id))
             .key(self.keys.recent())
+            .key(self.keys.stored(job.api_key))
+            .key(self.keys.expiry(job.api_key))
             .arg(job.id)
             .arg(spec)
             .arg(job.api_key)
             .arg(job.language)
             .arg(now_ms())
-            .arg(job.max_queue_depth)
-            .arg(job.key_limit.unwrap_or(0))
+            .arg(job.admission.max_queue_depth)
+            .arg(job.admission.key_limit.unwrap_or(0))
             .arg(body_hash)
             .arg(self.result_ttl.as_secs().max(1) * 24)
             .arg(metadata)
             .arg(RECENT_JOBS_KEPT - 1)
+            .arg(job.admission.max_attempts)
+            .arg(job.admission.reserve)
+            .arg(job.admission.storage_budget)
+            .arg(format!("i:{}", job.idempotency.map_or("", |(key, _)| key)))
             .invoke_async(&mut conn)
             .await?;
-        Ok(match outcome.as_str() {
-            "accepted" => SubmitOutcome::Accepted,
-            "existing" => SubmitOutcome::Existing(detail),
-            "conflict" => SubmitOutcome::Conflict(detail),
-            "queue_full" => SubmitOutcome::QueueFull {
-                depth: detail.parse().unwrap_or(0),
-            },
-            _ => SubmitOutcome::KeyLimit {
-                active: detail.parse().unwrap_or(0),
-            },
-        })
+        SubmitOutcome::from_reply(&outcome, detail)
     }
 
     /// Reads a job (without its spec, which can be large and no reader of
@@ -397,9 +511,13 @@ impl Queue {
     /// expired).
     pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
         let mut conn = self.conn().await?;
-        let values: Vec<Option<String>> = redis::cmd("HMGET")
+        let (values, outputs): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) = redis::pipe()
+            .cmd("HMGET")
             .arg(self.keys.job(id))
             .arg(RECORD_FIELDS)
+            .cmd("HMGET")
+            .arg(self.keys.job(id))
+            .arg(OUTPUT_FIELDS)
             .query_async(&mut conn)
             .await?;
         let fields: HashMap<String, String> = RECORD_FIELDS
@@ -410,55 +528,21 @@ impl Queue {
         if fields.is_empty() {
             return Ok(None);
         }
-        record_from_fields(id, fields).map(Some)
+        record_from_fields(id, fields, outputs).map(Some)
     }
 
-    /// Waits until job `id` is terminal (its `exit` event is in its events
-    /// stream), at most `within`, blocking on the stream on `conn` (a
-    /// dedicated connection): nothing waits on a timer. `true` when it is
-    /// terminal or gone, `false` when `within` passed first.
-    pub async fn await_exit(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        id: &str,
-        within: Duration,
-    ) -> Result<bool, QueueError> {
-        let deadline = tokio::time::Instant::now() + within;
-        // The status and the last event's seq in one read: the terminal
-        // status and the `exit` event are written in one step, so either
-        // the status is terminal or the exit event comes after `seq`.
-        let (status, seq): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+    /// A job's whole result (with its output), if it has one.
+    pub async fn result(&self, id: &str) -> Result<Option<JobResult>, QueueError> {
+        let mut conn = self.conn().await?;
+        let (json, outputs): (Option<String>, Vec<Option<Vec<u8>>>) = redis::pipe()
+            .hget(self.keys.job(id), "result")
+            .cmd("HMGET")
             .arg(self.keys.job(id))
-            .arg("status")
-            .arg("event_seq")
-            .query_async(conn)
+            .arg(OUTPUT_FIELDS)
+            .query_async(&mut conn)
             .await?;
-        let Some(status) = status else {
-            return Ok(true);
-        };
-        if parse_status(id, &status)?.is_terminal() {
-            return Ok(true);
-        }
-        let mut after = seq.unwrap_or(0);
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            let block = (deadline - now)
-                .min(BLOCK_TIMEOUT)
-                .max(Duration::from_millis(1));
-            let events = self.read_events(conn, id, after, 512, Some(block)).await?;
-            if events.iter().any(StoredEvent::is_exit) {
-                return Ok(true);
-            }
-            if let Some(last) = events.last() {
-                after = last.seq;
-            } else if self.status(id).await?.is_none_or(|s| s.is_terminal()) {
-                // Expired or settled without a readable exit event.
-                return Ok(true);
-            }
-        }
+        json.map(|json| result_from_parts(id, &json, outputs))
+            .transpose()
     }
 
     /// Cancels a job: a queued one never starts; a running one is killed by
@@ -486,19 +570,11 @@ impl Queue {
             "cancelled" => CancelOutcome::Cancelled,
             "requested" => CancelOutcome::Requested,
             "missing" => CancelOutcome::NotFound,
-            other => CancelOutcome::AlreadyFinished(parse_status(
-                id,
-                other.strip_prefix("finished:").unwrap_or(other),
-            )?),
+            other => match other.strip_prefix("finished:") {
+                Some(status) => CancelOutcome::AlreadyFinished(parse_status(id, status)?),
+                None => return Err(unexpected("cancel", other)),
+            },
         })
-    }
-
-    /// Whether a running job's cancellation was asked for (and not yet
-    /// acted on by its worker).
-    pub async fn cancel_requested(&self, id: &str) -> Result<bool, QueueError> {
-        let mut conn = self.conn().await?;
-        let flag: Option<String> = conn.hget(self.keys.job(id), "cancel_requested").await?;
-        Ok(flag.is_some_and(|f| f == "1"))
     }
 
     /// The secret attach tokens are signed with: `candidate` if no API
@@ -546,6 +622,7 @@ impl Queue {
         &self,
         id: &str,
         worker: &str,
+        host: &str,
         with_spec: bool,
     ) -> Result<StartOutcome, QueueError> {
         let mut conn = self.conn().await?;
@@ -558,49 +635,54 @@ impl Queue {
             .arg(worker)
             .arg(now_ms())
             .arg(if with_spec { "1" } else { "0" })
+            .arg(host)
             .invoke_async(&mut conn)
             .await?;
         match reply.as_slice() {
             [start, spec, created, attempts] if start == "start" => Ok(StartOutcome::Start {
                 spec: spec.clone(),
-                created_ms: created.parse().unwrap_or(0),
-                attempts: attempts.parse().unwrap_or(1),
+                created_ms: created.parse().map_err(|_| unexpected("start", &reply))?,
+                attempts: attempts.parse().map_err(|_| unexpected("start", &reply))?,
             }),
-            [_, status] => Ok(StartOutcome::Skip(status.clone())),
-            _ => Err(QueueError::Corrupt {
-                id: id.to_string(),
-                message: format!("unexpected reply to start: {reply:?}"),
-            }),
+            [skip, status] if skip == "skip" => Ok(StartOutcome::Skip(status.clone())),
+            _ => Err(unexpected("start", reply)),
         }
     }
 
-    /// Records a job's result, sets its keys to expire, then drops it from
-    /// the worker's processing list (in one atomic step).
+    /// Records the result of `worker`'s `attempt` at a job, sets its keys
+    /// to expire, then drops it from the worker's processing list (in one
+    /// atomic step); see [`FinishOutcome`] for a result that comes late.
     pub async fn finish(
         &self,
         id: &str,
         worker: &str,
+        attempt: u32,
         result: &JobResult,
-    ) -> Result<(), QueueError> {
-        let json = serde_json::to_string(result).map_err(|e| QueueError::Corrupt {
+    ) -> Result<FinishOutcome, QueueError> {
+        let (bare, outputs) = result.split_output();
+        let json = serde_json::to_string(&bare).map_err(|e| QueueError::Corrupt {
             id: id.to_string(),
             message: e.to_string(),
         })?;
         let mut conn = self.conn().await?;
-        let _: String = self
-            .finish
-            .key(self.keys.job(id))
+        let mut invocation = self.finish.key(self.keys.job(id));
+        invocation
             .key(self.keys.processing(worker))
             .key(self.keys.events(id))
             .key(self.keys.stdin(id))
+            .key(self.keys.queue())
             .arg(id)
             .arg(result.status.as_str())
             .arg(json)
             .arg(now_ms())
             .arg(self.result_ttl.as_secs().max(1))
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(())
+            .arg(worker)
+            .arg(attempt);
+        for output in &outputs {
+            invocation.arg(output.as_slice());
+        }
+        let reply: String = invocation.invoke_async(&mut conn).await?;
+        FinishOutcome::from_reply(id, &reply)
     }
 
     /// Gives back a job `worker` claimed but will not start (it is shutting
@@ -616,11 +698,7 @@ impl Queue {
             .arg(id)
             .invoke_async(&mut conn)
             .await?;
-        Ok(match outcome.as_str() {
-            "requeued" => ReleaseOutcome::Requeued,
-            "dropped" => ReleaseOutcome::Dropped,
-            _ => ReleaseOutcome::Absent,
-        })
+        ReleaseOutcome::from_reply(&outcome)
     }
 
     /// Refreshes a worker's heartbeat (and records the worker id).
@@ -706,6 +784,30 @@ impl Queue {
         Ok(any.then_some(languages))
     }
 
+    /// A job's status and the `seq` of its last event, read together (the
+    /// terminal status and the `exit` event are written in one step);
+    /// `None` when the job does not exist.
+    pub async fn status_and_position(&self, id: &str) -> Result<Option<(Status, u64)>, QueueError> {
+        let mut conn = self.conn().await?;
+        let (status, seq): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+            .arg(self.keys.job(id))
+            .arg("status")
+            .arg("event_seq")
+            .query_async(&mut conn)
+            .await?;
+        match status {
+            None => Ok(None),
+            Some(status) => Ok(Some((parse_status(id, &status)?, seq.unwrap_or(0)))),
+        }
+    }
+
+    /// A job's status alone; `None` when the job does not exist.
+    pub async fn status(&self, id: &str) -> Result<Option<Status>, QueueError> {
+        let mut conn = self.conn().await?;
+        let status: Option<String> = conn.hget(self.keys.job(id), "status").await?;
+        status.map(|s| parse_status(id, &s)).transpose()
+    }
+
     /// Removes a worker's heartbeat at a clean shutdown.
     pub async fn retire(&self, worker: &str) -> Result<(), QueueError> {
         let mut conn = self.conn().await?;
@@ -717,205 +819,6 @@ impl Queue {
             .query_async::<()>(&mut conn)
             .await?;
         Ok(())
-    }
-
-    /// Appends a running job's events (in order); returns the last `seq`, or
-    /// `None` when the job is no longer running (nothing was appended).
-    pub async fn append_events(
-        &self,
-        id: &str,
-        events: &[JobEvent],
-    ) -> Result<Option<u64>, QueueError> {
-        if events.is_empty() {
-            return Ok(None);
-        }
-        let mut invocation = self.append_events.key(self.keys.job(id));
-        invocation.key(self.keys.events(id));
-        for event in events {
-            invocation.arg(event.to_json());
-        }
-        let mut conn = self.conn().await?;
-        let seq: u64 = invocation.invoke_async(&mut conn).await?;
-        Ok((seq > 0).then_some(seq))
-    }
-
-    /// The job's events after `after` (a `seq`), at most `count`; with
-    /// `block`, waits that long for the first one (use a dedicated
-    /// connection then). Empty when there are none (yet).
-    pub async fn read_events(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        id: &str,
-        after: u64,
-        count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<StoredEvent>, QueueError> {
-        let mut options = redis::streams::StreamReadOptions::default().count(count);
-        if let Some(block) = block {
-            options = options.block(block.as_millis() as usize);
-        }
-        let start = format!("{after}-0");
-        let reply: Option<redis::streams::StreamReadReply> = conn
-            .xread_options(&[self.keys.events(id)], &[start.as_str()], &options)
-            .await?;
-        let mut events = Vec::new();
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                let seq = entry
-                    .id
-                    .split_once('-')
-                    .and_then(|(seq, _)| seq.parse().ok())
-                    .unwrap_or(0);
-                let json = match entry.map.get("event") {
-                    Some(redis::Value::BulkString(bytes)) => {
-                        String::from_utf8_lossy(bytes).into_owned()
-                    }
-                    _ => continue,
-                };
-                events.push(StoredEvent { seq, json });
-            }
-        }
-        Ok(events)
-    }
-
-    /// Sends a control message (stdin, stdin close, a signal) to the worker
-    /// running the job, through `job:<id>:stdin`. Messages sent while the job
-    /// is queued wait there and are delivered in order once it starts.
-    pub async fn send_control(&self, id: &str, control: &Control) -> Result<(), QueueError> {
-        let fields = control_fields(control);
-        let mut conn = self.conn().await?;
-        let _: String = conn
-            .xadd_maxlen(
-                self.keys.stdin(id),
-                redis::streams::StreamMaxlen::Approx(10_000),
-                "*",
-                &fields,
-            )
-            .await?;
-        Ok(())
-    }
-
-    /// Sends a stream client's control message like [`Queue::send_control`],
-    /// but only while the job is queued or running, and with its stdin
-    /// counted against `max_stdin_bytes` per job (in the job hash, so every
-    /// connection and every API replica shares the count): one atomic step.
-    pub async fn send_input(
-        &self,
-        id: &str,
-        control: &Control,
-        max_stdin_bytes: u64,
-    ) -> Result<InputOutcome, QueueError> {
-        let bytes = match control {
-            Control::Stdin(data) => data.len() as u64,
-            _ => 0,
-        };
-        let mut invocation = self.send_input.key(self.keys.job(id));
-        invocation
-            .key(self.keys.stdin(id))
-            .arg(max_stdin_bytes)
-            .arg(bytes);
-        for (name, value) in control_fields(control) {
-            invocation.arg(name).arg(value);
-        }
-        let mut conn = self.conn().await?;
-        let (outcome, detail): (String, String) = invocation.invoke_async(&mut conn).await?;
-        Ok(match outcome.as_str() {
-            "sent" => InputOutcome::Sent {
-                stdin_bytes: detail.parse().unwrap_or(0),
-            },
-            "over" => InputOutcome::OverBudget {
-                stdin_bytes: detail.parse().unwrap_or(0),
-            },
-            "ended" => InputOutcome::Ended(parse_status(id, &detail)?),
-            _ => InputOutcome::Missing,
-        })
-    }
-
-    /// A job's status alone; `None` when the job does not exist.
-    pub async fn status(&self, id: &str) -> Result<Option<Status>, QueueError> {
-        let mut conn = self.conn().await?;
-        let status: Option<String> = conn.hget(self.keys.job(id), "status").await?;
-        status.map(|s| parse_status(id, &s)).transpose()
-    }
-
-    /// Reads control messages for a job after stream id `after`, waiting up
-    /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
-    /// read and the messages (unknown ones are skipped).
-    pub async fn read_control(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        id: &str,
-        after: &str,
-    ) -> Result<(String, Vec<Control>), QueueError> {
-        let options = redis::streams::StreamReadOptions::default()
-            .block(BLOCK_TIMEOUT.as_millis() as usize)
-            .count(100);
-        let reply: Option<redis::streams::StreamReadReply> = conn
-            .xread_options(&[self.keys.stdin(id)], &[after], &options)
-            .await?;
-        let mut last = after.to_string();
-        let mut messages = Vec::new();
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                last = entry.id.clone();
-                if let Some(control) = control_from_entry(&entry.map) {
-                    messages.push(control);
-                }
-            }
-        }
-        Ok((last, messages))
-    }
-}
-
-/// The fields of a control message in `job:<id>:stdin`.
-fn control_fields(control: &Control) -> Vec<(&'static str, String)> {
-    use base64::Engine as _;
-    match control {
-        Control::Cancel => vec![("type", "cancel".into())],
-        Control::StdinClose => vec![("type", "stdin_close".into())],
-        Control::Stdin(data) => vec![
-            ("type", "stdin".into()),
-            (
-                "data",
-                base64::engine::general_purpose::STANDARD.encode(data),
-            ),
-        ],
-        Control::Signal(signal) => vec![
-            ("type", "signal".into()),
-            (
-                "signal",
-                match signal {
-                    crate::protocol::SignalKind::Interrupt => "interrupt",
-                    crate::protocol::SignalKind::Kill => "kill",
-                }
-                .into(),
-            ),
-        ],
-    }
-}
-
-fn control_from_entry(map: &HashMap<String, redis::Value>) -> Option<Control> {
-    use base64::Engine as _;
-    let text = |name: &str| -> Option<String> {
-        match map.get(name)? {
-            redis::Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
-            redis::Value::SimpleString(text) => Some(text.clone()),
-            _ => None,
-        }
-    };
-    match text("type")?.as_str() {
-        "cancel" => Some(Control::Cancel),
-        "stdin_close" => Some(Control::StdinClose),
-        "stdin" => base64::engine::general_purpose::STANDARD
-            .decode(text("data")?)
-            .ok()
-            .map(Control::Stdin),
-        "signal" => match text("signal")?.as_str() {
-            "interrupt" => Some(Control::Signal(crate::protocol::SignalKind::Interrupt)),
-            "kill" => Some(Control::Signal(crate::protocol::SignalKind::Kill)),
-            _ => None,
-        },
-        _ => None,
     }
 }
 
@@ -934,6 +837,7 @@ const RECORD_FIELDS: &[&str] = &[
     "language",
     "api_key",
     "attempts",
+    "max_attempts",
     "worker",
     "created_ms",
     "started_ms",
@@ -942,20 +846,41 @@ const RECORD_FIELDS: &[&str] = &[
     "result",
 ];
 
+/// The hash fields of a result's output, in [`JobResult::split_output`]'s
+/// order (the scripts' `OUT_FIELDS`).
+const OUTPUT_FIELDS: &[&str] = &[
+    "out:compile:stdout",
+    "out:compile:stderr",
+    "out:run:stdout",
+    "out:run:stderr",
+];
+
+/// A result from its stored JSON and its output fields.
+fn result_from_parts(
+    id: &str,
+    json: &str,
+    outputs: Vec<Option<Vec<u8>>>,
+) -> Result<JobResult, QueueError> {
+    let bare: JobResult = serde_json::from_str(json).map_err(|e| QueueError::Corrupt {
+        id: id.to_string(),
+        message: format!("result: {e}"),
+    })?;
+    let mut parts: [Vec<u8>; 4] = Default::default();
+    for (part, output) in parts.iter_mut().zip(outputs) {
+        *part = output.unwrap_or_default();
+    }
+    Ok(bare.with_output(parts))
+}
+
 fn record_from_fields(
     id: &str,
     mut fields: HashMap<String, String>,
+    outputs: Vec<Option<Vec<u8>>>,
 ) -> Result<JobRecord, QueueError> {
-    let corrupt = |message: String| QueueError::Corrupt {
-        id: id.to_string(),
-        message,
-    };
     let number = |value: Option<&String>| value.and_then(|v| v.parse::<u64>().ok());
     let status = parse_status(id, fields.get("status").map_or("", String::as_str))?;
     let result = match fields.get("result") {
-        Some(json) => {
-            Some(serde_json::from_str(json).map_err(|e| corrupt(format!("result: {e}")))?)
-        }
+        Some(json) => Some(result_from_parts(id, json, outputs)?),
         None => None,
     };
     let metadata = fields
@@ -968,6 +893,7 @@ fn record_from_fields(
         language: fields.remove("language").unwrap_or_default(),
         api_key: fields.remove("api_key").unwrap_or_default(),
         attempts: number(fields.get("attempts")).unwrap_or(0) as u32,
+        max_attempts: number(fields.get("max_attempts")).unwrap_or(1) as u32,
         worker: fields.remove("worker"),
         created_ms: number(fields.get("created_ms")).unwrap_or(0),
         started_ms: number(fields.get("started_ms")),
@@ -976,4 +902,56 @@ fn record_from_fields(
         result,
         spec: fields.remove("spec"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unexpected_script_replies_are_errors() {
+        assert!(matches!(
+            SubmitOutcome::from_reply("nonsense", String::new()),
+            Err(QueueError::UnexpectedReply {
+                script: "submit",
+                ..
+            })
+        ));
+        assert!(matches!(
+            SubmitOutcome::from_reply("key_limit", "lots".into()),
+            Err(QueueError::UnexpectedReply { .. })
+        ));
+        assert_eq!(
+            SubmitOutcome::from_reply("key_limit", "3".into()).unwrap(),
+            SubmitOutcome::KeyLimit { active: 3 }
+        );
+        assert_eq!(
+            SubmitOutcome::from_reply("key_storage", "77".into()).unwrap(),
+            SubmitOutcome::KeyStorage { held: 77 }
+        );
+        assert!(matches!(
+            ReleaseOutcome::from_reply("gone"),
+            Err(QueueError::UnexpectedReply {
+                script: "release",
+                ..
+            })
+        ));
+        assert_eq!(
+            ReleaseOutcome::from_reply("absent").unwrap(),
+            ReleaseOutcome::Absent
+        );
+        assert!(FinishOutcome::from_reply("j", "weird").is_err());
+        assert_eq!(
+            FinishOutcome::from_reply("j", "stale:succeeded").unwrap(),
+            FinishOutcome::Stale(Status::Succeeded)
+        );
+    }
+
+    #[test]
+    fn a_reserve_covers_the_output_twice_and_the_overheads() {
+        assert_eq!(
+            storage_reserve(100, 1 << 20),
+            100 + (2 << 20) + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
+        );
+    }
 }

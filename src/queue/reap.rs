@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Queue, QueueError, now_ms};
+use super::{Queue, QueueError, now_ms, unexpected};
 use crate::job::JobResult;
 
 /// The workers of the fleet (the `workers` set), by whether their
@@ -26,6 +26,111 @@ pub struct LostResults {
     pub running: JobResult,
     /// For a job that was claimed but never started, and has no requeues left.
     pub dead: JobResult,
+    /// For a running job a client had asked to cancel.
+    pub cancelled: JobResult,
+}
+
+/// How the reaper settles one job of a lost worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReapPolicy {
+    /// Times a claimed-but-never-started job is put back in the queue.
+    pub max_requeues: u32,
+    /// Whether a running job with attempts left may run again.
+    pub retry: Retry,
+    /// How long the lost attempt's real result may still replace the
+    /// verdict (or the retry).
+    pub late_window: std::time::Duration,
+    /// The worker itself, restarted under the same id, recovers its own
+    /// list (its heartbeat lives).
+    pub own: bool,
+}
+
+/// Whether a lost attempt may be followed by another one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Now: its sandbox is known to be gone.
+    Allowed,
+    /// Not yet: its sandbox may still run; the job stays in the lost
+    /// worker's list until a later pass.
+    NotYet,
+    /// Never: the job is settled as lost even with attempts left.
+    Never,
+}
+
+impl Retry {
+    /// Whether `job`'s lost attempt may be followed by another now: only
+    /// once nothing of it can still run. On the Docker host it ran on
+    /// (`host`), that is once no container of the job is left; elsewhere,
+    /// once its deadline has passed (its sandbox's own limits have ended
+    /// it by then). `None` deadline: unknown, so never.
+    pub fn decide(
+        job: &LostJob,
+        host: &str,
+        containers_left: bool,
+        deadline_passed: Option<bool>,
+    ) -> Retry {
+        if containers_left {
+            return Retry::NotYet;
+        }
+        if job.host.as_deref() == Some(host) {
+            return Retry::Allowed;
+        }
+        match deadline_passed {
+            Some(true) => Retry::Allowed,
+            Some(false) => Retry::NotYet,
+            None => Retry::Never,
+        }
+    }
+}
+
+impl LostResults {
+    /// The results a job of the lost `worker` is settled with.
+    pub fn new(worker: &str, language: &str, version: &str, max_requeues: u32) -> Self {
+        let lost = |status: crate::job::Status, error: Option<String>, reason| JobResult {
+            status,
+            language: language.to_string(),
+            version: version.to_string(),
+            compile: None,
+            run: None,
+            error,
+            reason,
+            start: None,
+            timings: crate::job::Timings::default(),
+        };
+        let worker_lost = Some(crate::job::result::ErrorReason::WorkerLost);
+        LostResults {
+            running: lost(
+                crate::job::Status::Error,
+                Some(format!(
+                    "worker {worker} was lost (its heartbeat expired) while the job was running"
+                )),
+                worker_lost,
+            ),
+            dead: lost(
+                crate::job::Status::Error,
+                Some(format!(
+                    "the job was claimed {} times by workers that were lost before starting it (the last: {worker})",
+                    max_requeues + 1
+                )),
+                worker_lost,
+            ),
+            cancelled: lost(crate::job::Status::Cancelled, None, None),
+        }
+    }
+}
+
+/// What the reaper needs to know of a job of a lost worker before it
+/// settles it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LostJob {
+    pub status: Option<String>,
+    pub worker: Option<String>,
+    /// The Docker host its last attempt ran on.
+    pub host: Option<String>,
+    pub started_ms: Option<u64>,
+    pub language: String,
+    pub attempts: u32,
+    pub max_attempts: u32,
 }
 
 /// What the reaper did with one job of a dead worker.
@@ -36,8 +141,18 @@ pub enum ReapOutcome {
     /// Never started and out of requeues: `error` (`worker_lost`), and
     /// pushed onto `jobs:dead`.
     Dead { requeues: u32 },
-    /// It was running: `error` (`worker_lost`); it is not run again.
+    /// It was running and had no attempt left: `error` (`worker_lost`).
     WorkerLost,
+    /// It was running and runs again: back in the queue after `attempt`
+    /// attempts, with an `attempt` event.
+    Retried { attempt: u32 },
+    /// It was running and may run again, but its lost attempt's sandbox is
+    /// not known gone yet: left in the list for a later pass.
+    Waiting,
+    /// It was running and a client had asked to cancel it: `cancelled`.
+    Cancelled,
+    /// It runs on another worker now; only dropped from the list.
+    Moved,
     /// It had already ended with this status; only dropped from the list.
     Terminal(String),
     /// Its hash is gone (expired); only dropped from the list.
@@ -51,7 +166,36 @@ pub enum ReapOutcome {
 impl ReapOutcome {
     /// Whether this call changed anything (the job was settled now).
     pub fn settled(&self) -> bool {
-        !matches!(self, ReapOutcome::Absent | ReapOutcome::Alive)
+        !matches!(
+            self,
+            ReapOutcome::Absent | ReapOutcome::Alive | ReapOutcome::Waiting
+        )
+    }
+
+    fn from_reply(outcome: &str, detail: &str) -> Result<Self, QueueError> {
+        let number = || {
+            detail
+                .parse::<u32>()
+                .map_err(|_| unexpected("reap_job", (outcome, detail)))
+        };
+        Ok(match outcome {
+            "requeued" => ReapOutcome::Requeued {
+                requeues: number()?,
+            },
+            "dead" => ReapOutcome::Dead {
+                requeues: number()?,
+            },
+            "worker_lost" => ReapOutcome::WorkerLost,
+            "retried" => ReapOutcome::Retried { attempt: number()? },
+            "waiting" => ReapOutcome::Waiting,
+            "cancelled" => ReapOutcome::Cancelled,
+            "moved" => ReapOutcome::Moved,
+            "terminal" => ReapOutcome::Terminal(detail.to_string()),
+            "missing" => ReapOutcome::Missing,
+            "absent" => ReapOutcome::Absent,
+            "alive" => ReapOutcome::Alive,
+            _ => return Err(unexpected("reap_job", (outcome, detail))),
+        })
     }
 }
 
@@ -115,12 +259,14 @@ impl Queue {
     }
 
     /// Settles a job that outlived its deadline on a live worker with
-    /// `result`, if it is still the same run; whether it was settled.
+    /// `result`, if it is still the same run; whether it was settled. The
+    /// worker's real result may still replace it within `late_window`.
     pub async fn settle_stuck(
         &self,
         worker: &str,
         job: &RunningJob,
         result: &JobResult,
+        late_window: std::time::Duration,
     ) -> Result<bool, QueueError> {
         let json = serde_json::to_string(result).map_err(|e| QueueError::Corrupt {
             id: job.id.clone(),
@@ -139,6 +285,7 @@ impl Queue {
             .arg(now_ms())
             .arg(self.result_ttl.as_secs().max(1))
             .arg(json)
+            .arg(late_window.as_millis() as u64)
             .invoke_async(&mut conn)
             .await?;
         Ok(settled == 1)
@@ -173,10 +320,41 @@ impl Queue {
         Ok(conn.lrange(self.keys.processing(worker), 0, -1).await?)
     }
 
-    /// A job's language id; `None` when the job does not exist.
-    pub async fn job_language(&self, id: &str) -> Result<Option<String>, QueueError> {
+    /// What the reaper needs to know of a job in a lost worker's list.
+    pub async fn lost_job(&self, id: &str) -> Result<LostJob, QueueError> {
         let mut conn = self.conn().await?;
-        Ok(conn.hget(self.keys.job(id), "language").await?)
+        type Fields = (
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            Option<u64>,
+            Option<String>,
+            Option<u32>,
+            Option<u32>,
+        );
+        let (status, worker, host, started_ms, language, attempts, max_attempts): Fields =
+            redis::cmd("HMGET")
+                .arg(self.keys.job(id))
+                .arg(&[
+                    "status",
+                    "worker",
+                    "host",
+                    "started_ms",
+                    "language",
+                    "attempts",
+                    "max_attempts",
+                ])
+                .query_async(&mut conn)
+                .await?;
+        Ok(LostJob {
+            status,
+            worker,
+            host,
+            started_ms,
+            language: language.unwrap_or_default(),
+            attempts: attempts.unwrap_or(0),
+            max_attempts: max_attempts.unwrap_or(1),
+        })
     }
 
     /// Settles one job in the processing list of a worker whose heartbeat
@@ -186,7 +364,7 @@ impl Queue {
         &self,
         worker: &str,
         id: &str,
-        max_requeues: u32,
+        policy: ReapPolicy,
         results: &LostResults,
     ) -> Result<ReapOutcome, QueueError> {
         let json = |result: &JobResult| {
@@ -196,6 +374,7 @@ impl Queue {
             })
         };
         let (running, dead) = (json(&results.running)?, json(&results.dead)?);
+        let cancelled = json(&results.cancelled)?;
         let mut conn = self.conn().await?;
         let (outcome, detail): (String, String) = self
             .reap_job
@@ -209,25 +388,21 @@ impl Queue {
             .arg(id)
             .arg(now_ms())
             .arg(self.result_ttl.as_secs().max(1))
-            .arg(max_requeues)
+            .arg(policy.max_requeues)
             .arg(running)
             .arg(dead)
+            .arg(match policy.retry {
+                Retry::Allowed => "1",
+                Retry::NotYet => "0",
+                Retry::Never => "never",
+            })
+            .arg(policy.late_window.as_millis() as u64)
+            .arg(cancelled)
+            .arg(if policy.own { "1" } else { "0" })
+            .arg(worker)
             .invoke_async(&mut conn)
             .await?;
-        let requeues = || detail.parse().unwrap_or(0);
-        Ok(match outcome.as_str() {
-            "requeued" => ReapOutcome::Requeued {
-                requeues: requeues(),
-            },
-            "dead" => ReapOutcome::Dead {
-                requeues: requeues(),
-            },
-            "worker_lost" => ReapOutcome::WorkerLost,
-            "terminal" => ReapOutcome::Terminal(detail),
-            "missing" => ReapOutcome::Missing,
-            "alive" => ReapOutcome::Alive,
-            _ => ReapOutcome::Absent,
-        })
+        ReapOutcome::from_reply(&outcome, &detail)
     }
 
     /// Removes a dead worker whose processing list is empty from the
@@ -246,7 +421,8 @@ impl Queue {
             "forgotten" => ForgetOutcome::Forgotten,
             "alive" => ForgetOutcome::Alive,
             "busy" => ForgetOutcome::Busy,
-            _ => ForgetOutcome::Absent,
+            "absent" => ForgetOutcome::Absent,
+            other => return Err(unexpected("forget_worker", other)),
         })
     }
 }

@@ -61,10 +61,14 @@ pub fn is_gvisor(config: &SandboxConfig) -> bool {
     config.runtime.as_deref() == Some("runsc")
 }
 
-/// Container name for a job: predictable, so a guard can remove it even when
-/// the create call's answer was never seen.
+/// Container name for one run of a job, chosen before the create call, so a
+/// guard can remove it even when the create call's answer was never seen.
 pub fn container_name(job_id: &str) -> String {
-    format!("code-runner-{job_id}")
+    // A suffix of its own: a job that runs again (another attempt, after
+    // its worker was lost) never meets a late container of a lost attempt
+    // under the same name.
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("code-runner-{job_id}-{}", &suffix[..8])
 }
 
 /// Container name for a warm sandbox (no job yet).

@@ -147,6 +147,9 @@ pub struct SandboxEngine {
     uids: UidRange,
     /// Unix ms of the last time Docker answered a call of this engine.
     docker_answered_ms: Arc<AtomicU64>,
+    /// The Docker daemon's own id (`docker info`): which host's containers
+    /// this engine sees.
+    host_id: Arc<str>,
 }
 
 impl SandboxEngine {
@@ -159,12 +162,20 @@ impl SandboxEngine {
             .negotiate_version()
             .await
             .map_err(SandboxError::Ping)?;
+        let info = docker.info().await.map_err(SandboxError::Ping)?;
+        let host_id: Arc<str> = info
+            .id
+            .filter(|id| !id.is_empty())
+            .or(info.name)
+            .unwrap_or_default()
+            .into();
         let uids = UidRange::acquire(&config.uid_lock_dir, config.uid_base)?;
         let engine = Self {
             docker,
             config,
             uids,
             docker_answered_ms: Arc::new(AtomicU64::new(0)),
+            host_id,
         };
         engine.docker_answered();
         // Containers a dead previous holder of this uid range left behind.
@@ -191,6 +202,12 @@ impl SandboxEngine {
         let last = self.docker_answered_ms.load(Ordering::Relaxed);
         session::unix_ms(std::time::SystemTime::now()).saturating_sub(last)
             <= within.as_millis() as u64
+    }
+
+    /// The id of the Docker daemon this engine talks to: two engines with
+    /// the same id see the same containers.
+    pub fn host_id(&self) -> &str {
+        &self.host_id
     }
 
     /// This engine's range of sandbox uids.

@@ -1,7 +1,8 @@
 //! The control relay of a running job: reads `job:<id>:stdin` (through the
 //! queue module) on a connection of its own and turns each message into
 //! something the engine understands — `cancel` kills the job, stdin and
-//! signals go to the sandbox as [`JobInput`].
+//! signals go to the sandbox as [`JobInput`]. It also honours the job's
+//! `cancel_requested` flag, read whenever it (re)connects.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -55,10 +56,19 @@ impl ControlRelay<'_> {
                         connected = self.queue.dedicated() => connected,
                     };
                     match connected {
-                        Ok(new) => {
-                            conn = Some(new);
-                            continue;
-                        }
+                        // On every (re)connection, the job hash's
+                        // `cancel_requested` is read too: a cancel is
+                        // honoured even if its message never arrives.
+                        Ok(new) => match self.queue.cancel_requested(self.job_id).await {
+                            Ok(requested) => {
+                                conn = Some(new);
+                                if requested {
+                                    self.deliver(Control::Cancel, &mut cancelled).await;
+                                }
+                                continue;
+                            }
+                            Err(error) => Err(error),
+                        },
                         Err(error) => Err(error),
                     }
                 }

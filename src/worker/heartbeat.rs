@@ -66,6 +66,26 @@ impl Shared {
             .await
     }
 
+    /// After a Redis failure, before anything else goes to Redis: writes
+    /// the heartbeat, retrying with backoff (capped at the heartbeat
+    /// interval) until it is written, so a worker that comes back from an
+    /// outage is seen alive before it claims or writes anything. `false`
+    /// when `stop` was cancelled first.
+    pub(super) async fn reannounce(&self, stop: &CancellationToken) -> bool {
+        let mut backoff = Backoff::new(INITIAL, self.config.heartbeat_interval);
+        loop {
+            match self.beat().await {
+                Ok(()) => return true,
+                Err(error) => {
+                    tracing::debug!(worker.id = %self.config.id, %error, "could not re-announce the worker yet");
+                }
+            }
+            if !sleep_unless_cancelled(backoff.next_delay(), stop).await {
+                return false;
+            }
+        }
+    }
+
     /// Refreshes the heartbeat until `stop`; the first refresh is due after
     /// `first_delay`. A failure is retried sooner than the interval (with
     /// backoff capped at the interval) so a blip does not let it expire.

@@ -16,7 +16,7 @@ use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
 use super::stream::{EVENT_BUFFER, EventStream};
 use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, Timings, prepare};
-use crate::queue::{QueueError, ReleaseOutcome, StartOutcome, now_ms};
+use crate::queue::{FinishOutcome, QueueError, ReleaseOutcome, StartOutcome, now_ms};
 use crate::sandbox::{Cleanup, JobIo};
 
 /// Attempts to give a claimed job back to the queue at shutdown before it
@@ -105,7 +105,7 @@ impl Shared {
             Some(job) => job,
             None => match self.prepare_stored(id, &spec) {
                 Ok(job) => job,
-                Err(result) => return self.conclude(id, *result, None).await,
+                Err(result) => return self.conclude(id, attempts, *result, None).await,
             },
         };
         let language = job.language.id.as_str();
@@ -123,8 +123,8 @@ impl Shared {
             "job started"
         );
         let started = Instant::now();
-        let (result, cleanup) = self.execute(id, &job, claimed_at).await;
-        self.conclude(id, result, Some(started)).await;
+        let (result, cleanup) = self.execute(id, attempts, &job, claimed_at).await;
+        self.conclude(id, attempts, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
         // still within the job's slot. A removal Docker did not answer means
         // it is down: the claim loop then asks it before claiming again.
@@ -153,7 +153,8 @@ impl Shared {
         let mut backoff = Backoff::redis();
         let mut retried = false;
         loop {
-            let error = match self.queue.start(id, &self.config.id, with_spec).await {
+            let host = self.engine.host_id();
+            let error = match self.queue.start(id, &self.config.id, host, with_spec).await {
                 Ok(StartOutcome::Skip(status)) if retried && status == "running" => {
                     // An earlier START may have run with its reply lost: a
                     // job running on this worker is ours to run.
@@ -189,7 +190,9 @@ impl Shared {
                 retry_ms = delay.as_millis() as u64,
                 "could not mark the claimed job running; retrying"
             );
-            if !sleep_unless_cancelled(delay, &self.shutdown).await {
+            if !sleep_unless_cancelled(delay, &self.shutdown).await
+                || !self.reannounce(&self.shutdown).await
+            {
                 self.release(id).await;
                 return None;
             }
@@ -236,6 +239,7 @@ impl Shared {
     async fn execute(
         &self,
         id: &str,
+        attempt: u32,
         job: &PreparedJob,
         claimed_at: Instant,
     ) -> (JobResult, Cleanup) {
@@ -248,7 +252,13 @@ impl Shared {
             cancel: cancel.clone(),
         };
         let input_marks = Arc::new(AtomicU64::new(0));
-        let mut stream = EventStream::new(self.queue.clone(), id, Arc::clone(&input_marks));
+        let mut stream = EventStream::new(
+            self.queue.clone(),
+            id,
+            &self.config.id,
+            attempt,
+            Arc::clone(&input_marks),
+        );
         let done = CancellationToken::new();
         let relay = ControlRelay {
             queue: &self.queue,
@@ -291,12 +301,12 @@ impl Shared {
                 .observe(program_started.duration_since(claimed_at).as_secs_f64());
         }
         tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
-        stream.close(&result, &self.give_up).await;
+        stream.close(&result, self).await;
         (result, outcome.cleanup)
     }
 
     /// Writes the result, then counts and logs the job.
-    async fn conclude(&self, id: &str, result: JobResult, started: Option<Instant>) {
+    async fn conclude(&self, id: &str, attempt: u32, result: JobResult, started: Option<Instant>) {
         let language = result.language.as_str();
         if let Some(started) = started {
             self.metrics
@@ -314,7 +324,7 @@ impl Shared {
             .jobs
             .with_label_values(&[language, result.status.as_str()])
             .inc();
-        let written = self.write_result(id, &result).await;
+        let written = self.write_result(id, attempt, &result).await;
         let status = result.status.as_str();
         let total_ms = result.timings.total_ms;
         match (&result.error, result.status) {
@@ -331,12 +341,41 @@ impl Shared {
     /// Records the result durably (FINISH drops the id from the processing
     /// list only after the result is stored), retrying with backoff through
     /// Redis failures until it works or the worker gives up at exit; a result
-    /// given up is logged whole at error, never dropped silently.
-    async fn write_result(&self, id: &str, result: &JobResult) -> bool {
+    /// given up is logged whole at error, never dropped silently. After a
+    /// failure the worker re-announces itself (its heartbeat) before it
+    /// tries again, so a reaper never finds it silent once Redis is back.
+    async fn write_result(&self, id: &str, attempt: u32, result: &JobResult) -> bool {
         let mut backoff = Backoff::redis();
         loop {
-            let error = match self.queue.finish(id, &self.config.id, result).await {
-                Ok(()) => return true,
+            let error = match self
+                .queue
+                .finish(id, &self.config.id, attempt, result)
+                .await
+            {
+                Ok(FinishOutcome::Finished) => return true,
+                Ok(FinishOutcome::Late) => {
+                    tracing::info!(
+                        job.id = %id,
+                        attempt,
+                        status = result.status.as_str(),
+                        "the job's result came after the platform gave up on this attempt; it replaced the verdict"
+                    );
+                    return true;
+                }
+                Ok(FinishOutcome::Stale(status)) => {
+                    tracing::warn!(
+                        job.id = %id,
+                        attempt,
+                        status = status.as_str(),
+                        ours = result.status.as_str(),
+                        "the job had ended otherwise (or runs as another attempt); this attempt's result was not recorded"
+                    );
+                    return true;
+                }
+                Ok(FinishOutcome::Missing) => {
+                    tracing::warn!(job.id = %id, "the job expired before its result could be written");
+                    return true;
+                }
                 Err(error @ QueueError::Corrupt { .. }) => {
                     self.give_up_result(id, result, &error);
                     return false;
@@ -350,7 +389,9 @@ impl Shared {
                 retry_ms = delay.as_millis() as u64,
                 "could not write the job's result; retrying"
             );
-            if !sleep_unless_cancelled(delay, &self.give_up).await {
+            if !sleep_unless_cancelled(delay, &self.give_up).await
+                || !self.reannounce(&self.give_up).await
+            {
                 self.give_up_result(id, result, &error);
                 return false;
             }

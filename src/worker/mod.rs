@@ -28,6 +28,7 @@ mod backoff;
 mod control;
 mod heartbeat;
 mod job;
+mod recover;
 mod stream;
 pub mod warm;
 
@@ -87,6 +88,9 @@ pub struct WorkerConfig {
     pub warm_max: usize,
     /// A warm sandbox older than this is replaced.
     pub warm_lifetime: Duration,
+    /// Times a job claimed but never started is put back in the queue when
+    /// its worker is lost (here: when this worker recovers its own list).
+    pub max_requeues: u32,
 }
 
 /// The handles a worker and a reaper both work with (each cheap to clone).
@@ -231,12 +235,21 @@ impl Worker {
             }
         };
         let heartbeat_stop = CancellationToken::new();
+        // Nothing of this process runs before what an earlier process under
+        // this worker id left is settled.
+        let recovered = CancellationToken::new();
         let warm = async {
+            tokio::select! {
+                () = recovered.cancelled() => {}
+                () = shared.shutdown.cancelled() => return,
+            }
             if let Some(pool) = shared.pool.clone() {
                 shared.warm_loop(pool, shared.shutdown.clone()).await;
             }
         };
         let work = async {
+            shared.recover_own().await;
+            recovered.cancel();
             let tracker = TaskTracker::new();
             // Ends once the claim loop stopped (at shutdown) and every job
             // task it spawned ended.
@@ -301,7 +314,26 @@ impl Shared {
         let mut failing = false;
         let mut docker_backoff = Backoff::redis();
         let mut docker_failing = false;
+        // After a claim error: a BLMOVE may have moved an id into the list
+        // with its reply lost; the list is read back before the next claim.
+        let mut check_list = false;
         loop {
+            if check_list {
+                if !self.reannounce(&self.shutdown).await {
+                    return;
+                }
+                match self.adopt_stranded(&slots, tracker).await {
+                    Ok(()) => check_list = false,
+                    Err(error) => {
+                        let delay = backoff.next_delay();
+                        tracing::warn!(worker.id = %worker, %error, retry_ms = delay.as_millis() as u64, "could not read this worker's processing list; retrying");
+                        if !sleep_unless_cancelled(delay, &self.shutdown).await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
             let permit = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return,
@@ -388,6 +420,7 @@ impl Shared {
                     drop(permit);
                     conn = None;
                     failing = true;
+                    check_list = true;
                     let delay = backoff.next_delay();
                     tracing::warn!(
                         worker.id = %worker,

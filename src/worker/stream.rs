@@ -20,10 +20,12 @@
 //!   are held and the rest is dropped from the stream (with one warning; the
 //!   result still has it).
 //! - When the job ended, [`EventStream::close`] writes what is left (and the
-//!   end of a stage the sandbox never reported), retrying a few times, before
-//!   the worker writes the result: the `exit` event is always the last one.
-//!   Events that still cannot be written are given up with a warning; the
-//!   result is what matters.
+//!   end of a stage the sandbox never reported) before the worker writes the
+//!   result, so the `exit` event is the last one. Through a Redis outage it
+//!   retries as patiently as the result itself (the result cannot be written
+//!   before Redis is back either), so output held through an outage reaches
+//!   the stream; only when the worker gives up (at shutdown) are they given
+//!   up, with a warning.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,7 +35,6 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::job::JobResult;
@@ -59,8 +60,6 @@ const MAX_EVENT_BYTES: usize = 32 * 1024;
 const MAX_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 /// Longest wait for one `append_events` call.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Attempts to write the last events after the job ended.
-const CLOSE_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stream {
@@ -284,6 +283,10 @@ type InFlight = Pin<Box<dyn Future<Output = (Batch, Attempt)> + Send>>;
 pub(super) struct EventStream {
     queue: Queue,
     job_id: String,
+    /// This worker and the job's attempt it runs: only that attempt's
+    /// events are appended.
+    worker: String,
+    attempt: u32,
     coalescer: Coalescer,
     /// Events taken from the coalescer whose append failed, first in line.
     retry: Batch,
@@ -304,11 +307,19 @@ pub(super) struct EventStream {
 }
 
 impl EventStream {
-    pub(super) fn new(queue: Queue, job_id: &str, input_marks: Arc<AtomicU64>) -> Self {
+    pub(super) fn new(
+        queue: Queue,
+        job_id: &str,
+        worker: &str,
+        attempt: u32,
+        input_marks: Arc<AtomicU64>,
+    ) -> Self {
         Self {
             input_marks,
             queue,
             job_id: job_id.to_string(),
+            worker: worker.to_string(),
+            attempt,
             coalescer: Coalescer::default(),
             retry: Batch::default(),
             held: 0,
@@ -447,10 +458,11 @@ impl EventStream {
     fn attempt(&self, batch: Batch) -> InFlight {
         let queue = self.queue.clone();
         let id = self.job_id.clone();
+        let (worker, job_attempt) = (self.worker.clone(), self.attempt);
         Box::pin(async move {
             let attempt = match tokio::time::timeout(
                 ATTEMPT_TIMEOUT,
-                queue.append_events(&id, &batch.events),
+                queue.append_events(&id, &worker, job_attempt, &batch.events),
             )
             .await
             {
@@ -510,7 +522,11 @@ impl EventStream {
     /// Writes what is left once the job ended, with the end of a stage the
     /// sandbox never reported (killed mid-stage) taken from `result`; a few
     /// attempts, none after `give_up`.
-    pub(super) async fn close(mut self, result: &JobResult, give_up: &CancellationToken) {
+    /// Before every retry the worker re-announces itself (its heartbeat
+    /// goes first when Redis is back); nothing more is tried once the
+    /// worker gives up (`give_up`, at shutdown).
+    pub(super) async fn close(mut self, result: &JobResult, worker: &super::Shared) {
+        let give_up = &worker.give_up;
         if self.ended {
             return;
         }
@@ -525,8 +541,8 @@ impl EventStream {
             }
         }
         let mut batch = self.next_batch(true);
-        // A few quick attempts (about 1.5 s of waits), whatever the
-        // backoff reached while the job ran: the result waits for this.
+        // Quick attempts at first, whatever the backoff reached while the
+        // job ran: the result waits for this.
         self.backoff.reset();
         let mut attempts = 0;
         while !batch.events.is_empty() {
@@ -540,7 +556,7 @@ impl EventStream {
             let Some(delay) = self.settle(returned, attempt, false) else {
                 return;
             };
-            if attempts >= CLOSE_ATTEMPTS || !sleep_unless_cancelled(delay, give_up).await {
+            if !sleep_unless_cancelled(delay, give_up).await || !worker.reannounce(give_up).await {
                 tracing::warn!(
                     job.id = %self.job_id,
                     %error,

@@ -85,3 +85,96 @@ pub fn remove_labelled(label: String, select: impl Fn(&ContainerSummary) -> bool
     })
     .join();
 }
+
+/// Per job id: (container id, started ns, died ns) of each of its containers.
+type Lives = std::sync::Arc<std::sync::Mutex<HashMap<String, Vec<(String, i64, Option<i64>)>>>>;
+
+/// Records, from Docker's event stream, when each job container started and
+/// when it died, so a test can tell whether a job ever ran in two sandboxes
+/// at once. Stops when dropped.
+pub struct Lifetimes {
+    seen: Lives,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Lifetimes {
+    /// Starts recording job containers (label `code-runner.job`).
+    pub async fn record(docker: &bollard::Docker) -> Self {
+        use futures_util::StreamExt;
+        let seen: Lives = Default::default();
+        let filters = HashMap::from([
+            ("type".to_string(), vec!["container".to_string()]),
+            (
+                "label".to_string(),
+                vec![code_runner::sandbox::LABEL_JOB.to_string()],
+            ),
+            (
+                "event".to_string(),
+                vec!["start".to_string(), "die".to_string()],
+            ),
+        ]);
+        let options = bollard::query_parameters::EventsOptionsBuilder::new()
+            .filters(&filters)
+            .build();
+        let mut events = docker.events(Some(options));
+        let recorder = std::sync::Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Some(Ok(event)) = events.next().await {
+                let Some(actor) = event.actor else { continue };
+                let attributes = actor.attributes.unwrap_or_default();
+                let (Some(id), Some(job), Some(time)) = (
+                    actor.id,
+                    attributes.get(code_runner::sandbox::LABEL_JOB).cloned(),
+                    event.time_nano,
+                ) else {
+                    continue;
+                };
+                let mut seen = recorder.lock().unwrap();
+                let lives = seen.entry(job).or_default();
+                match event.action.as_deref() {
+                    Some("start") => lives.push((id, time, None)),
+                    Some("die") => {
+                        if let Some(life) = lives.iter_mut().find(|l| l.0 == id && l.2.is_none()) {
+                            life.2 = Some(time);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+        // The stream is open once Docker answered the request.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Self { seen, task }
+    }
+
+    /// How many containers each job started in.
+    pub fn starts(&self, job: &str) -> usize {
+        self.seen.lock().unwrap().get(job).map_or(0, Vec::len)
+    }
+
+    /// The jobs that had two containers alive at once, described.
+    pub fn overlaps(&self) -> Vec<String> {
+        let seen = self.seen.lock().unwrap();
+        let mut overlaps = Vec::new();
+        for (job, lives) in seen.iter() {
+            let mut lives = lives.clone();
+            lives.sort_by_key(|l| l.1);
+            for pair in lives.windows(2) {
+                let (first, second) = (&pair[0], &pair[1]);
+                if first.2.is_none_or(|died| died > second.1) {
+                    overlaps.push(format!(
+                        "job {job}: container {} (started {}, died {:?}) and {} (started {})",
+                        first.0, first.1, first.2, second.0, second.1
+                    ));
+                }
+            }
+        }
+        overlaps
+    }
+}
+
+impl Drop for Lifetimes {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -100,6 +100,7 @@ pub struct DaemonBuilder {
     role: Role,
     redis_url: String,
     env: HashMap<String, String>,
+    worker_id: Option<String>,
 }
 
 impl DaemonBuilder {
@@ -119,7 +120,14 @@ impl DaemonBuilder {
             role,
             redis_url: redis_url.to_string(),
             env,
+            worker_id: None,
         }
+    }
+
+    /// A fixed worker id (default: `test-<uuid>`, new for every daemon).
+    pub fn worker_id(mut self, id: &str) -> Self {
+        self.worker_id = Some(id.to_string());
+        self
     }
 
     /// Sets (or overrides) a `CODE_RUNNER_*` variable.
@@ -137,7 +145,10 @@ impl DaemonBuilder {
 
     /// Starts the process without waiting for it.
     pub fn spawn(self) -> Daemon {
-        let worker_id = format!("test-{}", uuid::Uuid::new_v4());
+        let worker_id = self
+            .worker_id
+            .clone()
+            .unwrap_or_else(|| format!("test-{}", uuid::Uuid::new_v4()));
         let listen = format!("127.0.0.1:{}", free_port());
         let worker_listen = format!("127.0.0.1:{}", free_port());
         let url = match self.role {

@@ -10,6 +10,7 @@ pub mod compat;
 pub mod containers;
 pub mod daemon;
 pub mod programs;
+pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
 

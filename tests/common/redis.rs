@@ -1,6 +1,7 @@
 //! A redis-server of one test only: a child process on a free loopback port,
-//! with no persistence of its own, killed by its pid when dropped (also when
-//! the test fails).
+//! with no persistence of its own unless the test gives its settings
+//! ([`RedisServer::start_with`], e.g. the AOF settings of scripts/up), killed
+//! by its pid when dropped (also when the test fails).
 //!
 //! Its data directory is a temporary one, so [`RedisServer::stop`]
 //! (`SHUTDOWN SAVE`) and [`RedisServer::restart`] on the same port keep the
@@ -29,6 +30,8 @@ pub struct RedisServer {
     child: Option<Child>,
     pub port: u16,
     dir: tempfile::TempDir,
+    /// The persistence and memory settings it runs with.
+    args: Vec<String>,
 }
 
 impl RedisServer {
@@ -36,11 +39,17 @@ impl RedisServer {
     /// answers PING. Another process may take the port between choosing it
     /// and the bind: tries a few.
     pub fn start() -> Self {
+        Self::start_with(&["--save", "", "--appendonly", "no"])
+    }
+
+    /// Like [`Self::start`], with these settings instead of none.
+    pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let mut server = Self {
             child: None,
             port: 0,
             dir,
+            args: args.iter().map(|a| a.to_string()).collect(),
         };
         for _ in 0..5 {
             server.port = free_port();
@@ -58,7 +67,7 @@ impl RedisServer {
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
+            .args(&self.args)
             .arg("--dir")
             .arg(self.dir.path())
             .stdin(Stdio::null())
@@ -127,6 +136,33 @@ impl RedisServer {
     /// with the default key prefix.
     pub fn job_field(&self, id: &str, field: &str) -> String {
         self.cli(&["HGET", &format!("job:{id}"), field])
+    }
+
+    /// The stored result of a job (default key prefix), as JSON, with its
+    /// output (stored raw beside it; here UTF-8 text) put back.
+    pub fn stored_result(&self, id: &str) -> serde_json::Value {
+        let text = self.job_field(id, "result");
+        let mut result: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("result of {id} ({e}): {text:?}"));
+        for stage in ["compile", "run"] {
+            for stream in ["stdout", "stderr"] {
+                if result[stage].is_object() {
+                    let output: Option<Vec<u8>> = redis::Client::open(self.url())
+                        .and_then(|client| client.get_connection())
+                        .and_then(|mut conn| {
+                            redis::cmd("HGET")
+                                .arg(format!("job:{id}"))
+                                .arg(format!("out:{stage}:{stream}"))
+                                .query(&mut conn)
+                        })
+                        .expect("the test's redis-server answers");
+                    result[stage][stream] = serde_json::Value::String(
+                        String::from_utf8_lossy(&output.unwrap_or_default()).into_owned(),
+                    );
+                }
+            }
+        }
+        result
     }
 
     /// `LLEN jobs:queue`, for a daemon with the default key prefix.

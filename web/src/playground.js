@@ -443,6 +443,12 @@ function handle(job, event) {
       terminal.write(decode(event));
       terminal.write(RESET);
       break;
+    case "attempt":
+      // The job's worker was lost and the job runs again from the start:
+      // what the terminal shows belongs to the lost attempt.
+      terminal.reset();
+      note(`[the worker running this job was lost; it runs again (attempt ${event.attempt})]`);
+      break;
     case "exit":
       finish(event.result);
       break;

@@ -151,6 +151,7 @@ async fn submit_uncounted(
         return Err(ApiError::ShuttingDown);
     }
     let prepared = prepare(spec, catalog, &config.policy)?;
+    let admission = super::jobs::admission(config, caller, spec, &prepared);
     let outcome = config
         .queue
         .submit(NewJob {
@@ -159,8 +160,7 @@ async fn submit_uncounted(
             api_key: &caller.name,
             language: &prepared.language.id,
             idempotency: None,
-            max_queue_depth: config.max_queue_depth,
-            key_limit: caller.max_active,
+            admission,
         })
         .await?;
     match outcome {
@@ -176,6 +176,11 @@ async fn submit_uncounted(
         }
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::KeyStorage { held } => Err(ApiError::KeyStorage {
+            held,
+            needed: admission.reserve,
+            budget: admission.storage_budget,
+        }),
         // No idempotency key was given: these cannot happen.
         SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
             Err(ApiError::IdempotencyConflict)

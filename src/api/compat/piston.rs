@@ -37,8 +37,8 @@ use tokio::sync::mpsc;
 use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
+use super::super::feeds::Step;
 use super::super::jobs::{wait_budget, wait_for_end};
-use super::super::streams::{Follower, Step};
 use super::{compat_caller, new_job_id, semver3, submit};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
@@ -841,10 +841,20 @@ async fn handle_message(
 /// Passes stdin or a signal to the job; a job that has ended takes nothing
 /// more (its `exit` is on its way).
 async fn send_control(state: &ApiState, id: &str, control: Control) -> Result<(), Message> {
-    let max = state.inner.policy.max_stdin_bytes as u64;
-    match state.inner.queue.send_input(id, &control, max).await {
+    let budgets = state.input_budgets();
+    match state.inner.queue.send_input(id, &control, budgets).await {
         Ok(InputOutcome::Sent { .. } | InputOutcome::Ended(_)) => Ok(()),
-        Ok(InputOutcome::OverBudget { stdin_bytes }) => Err(over_budget(stdin_bytes, max)),
+        Ok(InputOutcome::OverBudget { stdin_bytes }) => {
+            Err(over_budget(stdin_bytes, budgets.stdin_bytes))
+        }
+        Ok(
+            refused @ (InputOutcome::TooManySignals { .. }
+            | InputOutcome::TooManyMessages { .. }
+            | InputOutcome::KeyStorage { .. }),
+        ) => {
+            tracing::debug!(job.id = %id, ?refused, "A Piston session's input was refused.");
+            Err(close(4002, "Notified Error"))
+        }
         Ok(InputOutcome::Missing) => Err(close(4002, "Notified Error")),
         Err(error) => {
             tracing::warn!(job.id = %id, error = %error, "Cannot pass Piston stdin on.");
@@ -860,18 +870,7 @@ fn over_budget(used: u64, max: u64) -> Message {
 
 /// Turns the job's events into Piston's messages until it ends.
 async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
-    let mut follower = match Follower::new(&state, &id, 0).await {
-        Ok(follower) => follower,
-        Err(error) => {
-            let _ = outbox
-                .send(frame(
-                    json!({"type": "error", "message": error.to_string()}),
-                ))
-                .await;
-            let _ = outbox.send(close(4002, "Notified Error")).await;
-            return;
-        }
-    };
+    let mut follower = state.feeds.subscribe(&id, 0);
     loop {
         let events = match follower.next().await {
             Step::Events(events) => events,
@@ -905,7 +904,7 @@ async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
                 JobEvent::Stderr { data, encoding } => {
                     json!({"type": "data", "stream": "stderr", "data": decoded(data, encoding)})
                 }
-                JobEvent::Exit { status, result } => {
+                JobEvent::Exit { status, result, .. } => {
                     if status == Status::Error {
                         let message = result.error.unwrap_or_else(|| "the platform failed".into());
                         let _ = outbox
@@ -916,7 +915,11 @@ async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
                     }
                     continue;
                 }
-                JobEvent::Status { .. } | JobEvent::Error { .. } => continue,
+                // An interactive job is never run again, so never has an
+                // `attempt` event.
+                JobEvent::Status { .. } | JobEvent::Error { .. } | JobEvent::Attempt { .. } => {
+                    continue;
+                }
             };
             if outbox.send(frame(message)).await.is_err() {
                 return;

@@ -1,0 +1,435 @@
+//! One Redis follower per job in this API process, fanned out to every
+//! connection that follows it (WebSocket, SSE, `?wait=true`).
+//!
+//! A single reader task holds one dedicated Redis connection and follows
+//! every followed job at once (one blocking `XREAD` over all their events
+//! streams, [`Queue::read_feeds`]); what it reads goes to each job's
+//! followers through a broadcast channel. A new job is added to the read by
+//! ringing this process's doorbell stream, which wakes the blocked read at
+//! once. So the process holds one connection for all its streams and
+//! waits, however many clients follow however many jobs.
+//!
+//! A [`Subscription`] replays what came before it from Redis (on the pool,
+//! never blocking), then takes the broadcast. `seq` numbers a job's events
+//! without gaps, so a subscriber that sees a gap (it joined between two
+//! reads) or fell behind (a slow client: the channel dropped its oldest
+//! updates) reads the missing events from Redis again: nothing is lost,
+//! and a slow client costs Redis reads, not memory.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use crate::job::events::StoredEvent;
+use crate::queue::{BLOCK_TIMEOUT, Queue, QueueError};
+
+/// Updates one job's channel holds for its slowest follower.
+const CHANNEL_CAPACITY: usize = 256;
+/// Events one replay read returns at most.
+const REPLAY_BATCH: usize = 100;
+/// How often followed jobs are checked for having expired.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
+
+/// What a job's channel carries.
+#[derive(Debug, Clone)]
+enum Update {
+    Events(Arc<Vec<StoredEvent>>),
+    /// The `exit` event was read: nothing more comes.
+    Ended,
+    /// The job does not exist any more (it expired).
+    Gone,
+    /// Redis failed; followers close and clients reconnect.
+    Failed,
+}
+
+/// What following a job gave next.
+pub(super) enum Step {
+    /// New events, in order; the last may be `exit`.
+    Events(Vec<StoredEvent>),
+    /// The job has ended and every event up to its `exit` was given.
+    Ended,
+    /// The job does not exist any more (it expired).
+    Gone,
+    /// The server is shutting down.
+    Shutdown,
+    Failed(QueueError),
+}
+
+struct Feed {
+    sender: broadcast::Sender<Update>,
+    followers: usize,
+    /// The last `seq` the reader read (`None` until it looked).
+    position: Option<u64>,
+}
+
+#[derive(Default)]
+struct State {
+    feeds: HashMap<String, Feed>,
+    reader_started: bool,
+}
+
+struct Inner {
+    queue: Queue,
+    /// This process's doorbell.
+    instance: String,
+    state: Mutex<State>,
+    changed: Notify,
+    shutdown: CancellationToken,
+}
+
+/// The followers of this process's jobs. Cheap to clone.
+#[derive(Clone)]
+pub(super) struct Feeds {
+    inner: Arc<Inner>,
+}
+
+impl Feeds {
+    pub(super) fn new(queue: Queue, shutdown: CancellationToken) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                queue,
+                instance: uuid::Uuid::new_v4().simple().to_string(),
+                state: Mutex::default(),
+                changed: Notify::new(),
+                shutdown,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Follows job `id` from after `after` (a `seq`).
+    pub(super) fn subscribe(&self, id: &str, after: u64) -> Subscription {
+        let (receiver, new_feed, start_reader) = {
+            let mut state = self.lock();
+            let start_reader = !std::mem::replace(&mut state.reader_started, true);
+            let new_feed = !state.feeds.contains_key(id);
+            let feed = state.feeds.entry(id.to_string()).or_insert_with(|| Feed {
+                sender: broadcast::channel(CHANNEL_CAPACITY).0,
+                followers: 0,
+                position: None,
+            });
+            feed.followers += 1;
+            (feed.sender.subscribe(), new_feed, start_reader)
+        };
+        if start_reader {
+            tokio::spawn(self.clone().read());
+        }
+        if new_feed {
+            self.inner.changed.notify_one();
+            let queue = self.inner.queue.clone();
+            let instance = self.inner.instance.clone();
+            tokio::spawn(async move {
+                if let Err(error) = queue.ring_doorbell(&instance).await {
+                    tracing::debug!(error = %error, "Cannot ring the events reader's doorbell.");
+                }
+            });
+        }
+        Subscription {
+            feeds: self.clone(),
+            id: id.to_string(),
+            receiver,
+            after,
+            replay: true,
+            finishing: None,
+        }
+    }
+
+    fn unsubscribe(&self, id: &str) {
+        let mut state = self.lock();
+        if let Some(feed) = state.feeds.get_mut(id) {
+            feed.followers = feed.followers.saturating_sub(1);
+            if feed.followers == 0 {
+                state.feeds.remove(id);
+            }
+        }
+    }
+
+    /// Jobs with followers that `unknown` lists have no position yet.
+    fn followed(&self) -> (Vec<(String, u64)>, Vec<String>) {
+        let state = self.lock();
+        let mut known = Vec::new();
+        let mut unknown = Vec::new();
+        for (id, feed) in &state.feeds {
+            match feed.position {
+                Some(position) => known.push((id.clone(), position)),
+                None => unknown.push(id.clone()),
+            }
+        }
+        (known, unknown)
+    }
+
+    fn publish(&self, id: &str, update: Update, position: Option<u64>) {
+        let mut state = self.lock();
+        let remove = matches!(update, Update::Ended | Update::Gone);
+        if let Some(feed) = state.feeds.get_mut(id) {
+            if let Some(position) = position {
+                feed.position = Some(position);
+            }
+            let _ = feed.sender.send(update);
+        }
+        if remove {
+            state.feeds.remove(id);
+        }
+    }
+
+    fn publish_all(&self, update: Update) {
+        let mut state = self.lock();
+        for feed in state.feeds.values() {
+            let _ = feed.sender.send(update.clone());
+        }
+        state.feeds.clear();
+    }
+
+    /// The reader: one dedicated connection, one blocking read over every
+    /// followed job, until shutdown.
+    async fn read(self) {
+        let queue = self.inner.queue.clone();
+        let shutdown = self.inner.shutdown.clone();
+        let mut conn = None;
+        let mut doorbell = "0-0".to_string();
+        let mut last_sweep = tokio::time::Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let (mut known, unknown) = self.followed();
+            if known.is_empty() && unknown.is_empty() {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = self.inner.changed.notified() => continue,
+                }
+            }
+            let step = async {
+                if !unknown.is_empty() {
+                    let positions = queue.event_positions(&unknown).await?;
+                    for (id, position) in unknown.iter().zip(positions) {
+                        match position {
+                            Some(position) => {
+                                self.publish(id, Update::Events(Arc::default()), Some(position));
+                                known.push((id.clone(), position));
+                            }
+                            None => self.publish(id, Update::Gone, None),
+                        }
+                    }
+                }
+                if last_sweep.elapsed() >= SWEEP_INTERVAL {
+                    last_sweep = tokio::time::Instant::now();
+                    let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
+                    let positions = queue.event_positions(&ids).await?;
+                    for (id, position) in ids.iter().zip(positions) {
+                        if position.is_none() {
+                            self.publish(id, Update::Gone, None);
+                        }
+                    }
+                }
+                if conn.is_none() {
+                    conn = Some(queue.dedicated().await?);
+                }
+                let Some(connection) = conn.as_mut() else {
+                    return Ok(());
+                };
+                let read = queue
+                    .read_feeds(
+                        connection,
+                        &self.inner.instance,
+                        &doorbell,
+                        &known,
+                        BLOCK_TIMEOUT,
+                    )
+                    .await?;
+                if let Some(rung) = read.doorbell {
+                    doorbell = rung;
+                }
+                for (id, events) in read.events {
+                    let Some(last) = events.last().map(|e| e.seq) else {
+                        continue;
+                    };
+                    let ended = events.iter().any(StoredEvent::is_exit);
+                    self.publish(&id, Update::Events(Arc::new(events)), Some(last));
+                    if ended {
+                        self.publish(&id, Update::Ended, None);
+                    }
+                }
+                Ok::<(), QueueError>(())
+            };
+            let outcome = tokio::select! {
+                () = shutdown.cancelled() => return,
+                outcome = step => outcome,
+            };
+            match outcome {
+                Ok(()) => backoff = Duration::from_millis(100),
+                Err(error) => {
+                    tracing::warn!(error = %error, "Reading the followed jobs' events failed; their streams close.");
+                    conn = None;
+                    self.publish_all(Update::Failed);
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    /// Waits until job `id` is terminal (woken by its `exit` event), at
+    /// most `within` or until shutdown; `true` when it is terminal or gone.
+    pub(super) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, QueueError> {
+        let deadline = tokio::time::Instant::now() + within;
+        let queue = &self.inner.queue;
+        // The status and the last event's seq in one read: the terminal
+        // status and the `exit` event are written in one step.
+        let Some((status, seq)) = queue.status_and_position(id).await? else {
+            return Ok(true);
+        };
+        if status.is_terminal() {
+            return Ok(true);
+        }
+        let mut subscription = self.subscribe(id, seq);
+        loop {
+            let step = tokio::select! {
+                step = subscription.next() => step,
+                () = tokio::time::sleep_until(deadline) => return Ok(false),
+            };
+            match step {
+                Step::Events(events) if events.iter().any(StoredEvent::is_exit) => return Ok(true),
+                Step::Events(_) => {}
+                Step::Ended | Step::Gone => return Ok(true),
+                Step::Shutdown => return Ok(false),
+                Step::Failed(error) => return Err(error),
+            }
+        }
+    }
+}
+
+/// One follower of one job; see the module documentation.
+pub(super) struct Subscription {
+    feeds: Feeds,
+    id: String,
+    receiver: broadcast::Receiver<Update>,
+    /// The last `seq` given.
+    after: u64,
+    /// Read from Redis before taking the broadcast again.
+    replay: bool,
+    /// The channel said how it ends; given once the replay caught up.
+    finishing: Option<Update>,
+}
+
+impl Subscription {
+    pub(super) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Reads from Redis what came after `after`; `None` when caught up.
+    async fn replay(&mut self) -> Result<Option<Vec<StoredEvent>>, QueueError> {
+        let mut events = self
+            .feeds
+            .inner
+            .queue
+            .events_since(&self.id, self.after, REPLAY_BATCH)
+            .await?;
+        if events.is_empty() {
+            return Ok(None);
+        }
+        if let Some(exit) = events.iter().position(StoredEvent::is_exit) {
+            events.truncate(exit + 1);
+            self.finishing = Some(Update::Ended);
+        }
+        self.after = events.last().map_or(self.after, |e| e.seq);
+        Ok(Some(events))
+    }
+
+    /// The next step: events, or how the stream ends.
+    pub(super) async fn next(&mut self) -> Step {
+        loop {
+            if self.feeds.inner.shutdown.is_cancelled() {
+                return Step::Shutdown;
+            }
+            if self.replay || self.finishing.is_some() {
+                match self.replay().await {
+                    Err(error) => return Step::Failed(error),
+                    Ok(Some(events)) => return Step::Events(events),
+                    Ok(None) => self.replay = false,
+                }
+                if self.finishing.is_none() {
+                    // Caught up: a job that has ended (or expired) has
+                    // nothing more to give; one more look catches an `exit`
+                    // written meanwhile.
+                    match self.feeds.inner.queue.status_and_position(&self.id).await {
+                        Err(error) => return Step::Failed(error),
+                        Ok(None) => {
+                            self.finishing = Some(Update::Gone);
+                            continue;
+                        }
+                        Ok(Some((status, _))) if status.is_terminal() => {
+                            self.finishing = Some(Update::Ended);
+                            continue;
+                        }
+                        Ok(Some(_)) => {}
+                    }
+                }
+                if let Some(update) = self.finishing.take() {
+                    // Ended for good: nothing more is asked of Redis.
+                    self.finishing = Some(update.clone());
+                    return match update {
+                        Update::Gone => Step::Gone,
+                        Update::Failed => Step::Failed(QueueError::UnexpectedReply {
+                            script: "events reader",
+                            reply: "the events reader failed".into(),
+                        }),
+                        _ => Step::Ended,
+                    };
+                }
+            }
+            let update = tokio::select! {
+                () = self.feeds.inner.shutdown.cancelled() => return Step::Shutdown,
+                update = self.receiver.recv() => update,
+            };
+            match update {
+                Ok(Update::Events(events)) => {
+                    let fresh: Vec<StoredEvent> = events
+                        .iter()
+                        .filter(|e| e.seq > self.after)
+                        .cloned()
+                        .collect();
+                    match fresh.first() {
+                        None => continue,
+                        Some(first) if first.seq > self.after + 1 => self.replay = true,
+                        Some(_) => {
+                            let mut fresh = fresh;
+                            if let Some(exit) = fresh.iter().position(StoredEvent::is_exit) {
+                                fresh.truncate(exit + 1);
+                                self.finishing = Some(Update::Ended);
+                            }
+                            self.after = fresh.last().map_or(self.after, |e| e.seq);
+                            return Step::Events(fresh);
+                        }
+                    }
+                }
+                Ok(update @ (Update::Ended | Update::Gone | Update::Failed)) => {
+                    // What the reader read before it may not have reached
+                    // this follower (it joined late): one more look first.
+                    self.finishing = Some(update);
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => self.replay = true,
+                Err(broadcast::error::RecvError::Closed) => self.finishing = Some(Update::Ended),
+            }
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.feeds.unsubscribe(&self.id);
+    }
+}

@@ -1,0 +1,139 @@
+//! Caps on the open job streams (WebSocket and SSE) of this API process:
+//! per job, per API key (a stream opened with an attach token counts for
+//! the job's key) and in total. A stream over a cap is refused before the
+//! upgrade with 429 `too_many_streams`, naming the cap.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::error::ApiError;
+
+/// The caps, from configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    pub total: usize,
+    pub per_key: usize,
+    pub per_job: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    total: usize,
+    keys: HashMap<String, usize>,
+    jobs: HashMap<String, usize>,
+}
+
+/// The open streams, counted. Cheap to clone.
+#[derive(Debug, Clone)]
+pub(super) struct StreamCaps {
+    limits: StreamLimits,
+    counts: Arc<Mutex<Counts>>,
+}
+
+/// One open stream; dropping it gives its place back.
+#[derive(Debug)]
+pub(super) struct StreamPermit {
+    counts: Arc<Mutex<Counts>>,
+    key: String,
+    job: String,
+}
+
+impl StreamCaps {
+    pub(super) fn new(limits: StreamLimits) -> Self {
+        Self {
+            limits,
+            counts: Arc::default(),
+        }
+    }
+
+    /// A place for one more stream of `job` (of API key `key`), or the
+    /// refusal that names the cap it would pass.
+    pub(super) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let refuse = |scope: &'static str, open: usize, setting: &'static str| {
+            Err(ApiError::TooManyStreams {
+                scope,
+                open,
+                setting,
+            })
+        };
+        let of_job = counts.jobs.get(job).copied().unwrap_or(0);
+        if of_job >= self.limits.per_job {
+            return refuse("this job", of_job, "CODE_RUNNER_MAX_STREAMS_PER_JOB");
+        }
+        let of_key = counts.keys.get(key).copied().unwrap_or(0);
+        if of_key >= self.limits.per_key {
+            return refuse("this key's jobs", of_key, "CODE_RUNNER_MAX_STREAMS_PER_KEY");
+        }
+        if counts.total >= self.limits.total {
+            return refuse("this server", counts.total, "CODE_RUNNER_MAX_STREAMS");
+        }
+        counts.total += 1;
+        *counts.keys.entry(key.to_string()).or_default() += 1;
+        *counts.jobs.entry(job.to_string()).or_default() += 1;
+        Ok(StreamPermit {
+            counts: Arc::clone(&self.counts),
+            key: key.to_string(),
+            job: job.to_string(),
+        })
+    }
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        counts.total = counts.total.saturating_sub(1);
+        let Counts { keys, jobs, .. } = &mut *counts;
+        for (map, name) in [(keys, &self.key), (jobs, &self.job)] {
+            if let Some(count) = map.get_mut(name) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    map.remove(name);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cap_refuses_the_stream_past_it_and_frees_on_drop() {
+        let caps = StreamCaps::new(StreamLimits {
+            total: 3,
+            per_key: 2,
+            per_job: 1,
+        });
+        let first = caps.acquire("a", "j1").unwrap();
+        assert!(matches!(
+            caps.acquire("a", "j1"),
+            Err(ApiError::TooManyStreams {
+                scope: "this job",
+                open: 1,
+                ..
+            })
+        ));
+        let _second = caps.acquire("a", "j2").unwrap();
+        assert!(matches!(
+            caps.acquire("a", "j3"),
+            Err(ApiError::TooManyStreams {
+                scope: "this key's jobs",
+                open: 2,
+                ..
+            })
+        ));
+        let _third = caps.acquire("b", "j4").unwrap();
+        assert!(matches!(
+            caps.acquire("c", "j5"),
+            Err(ApiError::TooManyStreams {
+                scope: "this server",
+                open: 3,
+                ..
+            })
+        ));
+        drop(first);
+        assert!(caps.acquire("c", "j1").is_ok());
+    }
+}

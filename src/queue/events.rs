@@ -1,0 +1,292 @@
+//! A job's events stream (`job:<id>:events`): appending a running attempt's
+//! events, and reading them back as [`StoredEvent`]s (the wire JSON without
+//! `seq`).
+//!
+//! Stored forms (see `scripts.rs`): `event <json>` for status, stage,
+//! attempt and verdict events; `t <stdout|stderr> d <raw bytes>` for output;
+//! `x <json>` for an `exit` whose result is the job's stored one. Reading
+//! turns each into its JSON: output is encoded for the wire only then, and
+//! an `x` exit gets the job's result put in.
+//!
+//! An API process follows many jobs with one reader ([`Queue::read_feeds`]:
+//! one blocking XREAD over every followed stream), which its own doorbell
+//! stream wakes when the set of followed jobs changes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use deadpool_redis::redis::{self, AsyncCommands};
+
+use super::{Queue, QueueError, unexpected};
+use crate::job::events::{JobEvent, StoredEvent};
+
+/// What one read of many jobs' streams gave.
+#[derive(Debug, Default)]
+pub struct FeedRead {
+    /// New events per job id, in order.
+    pub events: Vec<(String, Vec<StoredEvent>)>,
+    /// The doorbell's last entry id, when it rang.
+    pub doorbell: Option<String>,
+}
+
+/// Most entries one read returns per stream.
+const READ_COUNT: usize = 200;
+/// Doorbell entries kept (only the newest matters).
+const DOORBELL_KEPT: usize = 16;
+/// A doorbell nobody rings expires after this.
+const DOORBELL_TTL_SECS: i64 = 3600;
+
+/// A stream entry as stored.
+enum Stored {
+    Json(String),
+    Output(bool, Vec<u8>),
+    /// An `exit` to be completed with the job's stored result.
+    Exit(String),
+}
+
+fn field(map: &HashMap<String, redis::Value>, name: &str) -> Option<Vec<u8>> {
+    match map.get(name)? {
+        redis::Value::BulkString(bytes) => Some(bytes.clone()),
+        redis::Value::SimpleString(text) => Some(text.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn stored(map: &HashMap<String, redis::Value>) -> Option<Stored> {
+    if let Some(json) = field(map, "event") {
+        return String::from_utf8(json).ok().map(Stored::Json);
+    }
+    if let Some(json) = field(map, "x") {
+        return String::from_utf8(json).ok().map(Stored::Exit);
+    }
+    let kind = field(map, "t")?;
+    let data = field(map, "d").unwrap_or_default();
+    match kind.as_slice() {
+        b"stdout" => Some(Stored::Output(false, data)),
+        b"stderr" => Some(Stored::Output(true, data)),
+        _ => None,
+    }
+}
+
+/// The `seq` of a stream entry id (`<seq>-0`).
+fn seq_of(id: &str) -> u64 {
+    id.split_once('-')
+        .and_then(|(seq, _)| seq.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Queue {
+    /// Appends a running attempt's events (in order) for `worker`'s
+    /// `attempt`; `None` when the job is not running that attempt any more
+    /// (nothing was appended). Output is stored raw; output past the
+    /// per-job cap of events is left out of the stream (the result keeps
+    /// it). Returns the last `seq` appended (0 if none).
+    pub async fn append_events(
+        &self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+        events: &[JobEvent],
+    ) -> Result<Option<u64>, QueueError> {
+        if events.is_empty() {
+            return Ok(Some(0));
+        }
+        let mut invocation = self.append_events.key(self.keys.job(id));
+        invocation
+            .key(self.keys.events(id))
+            .arg(worker)
+            .arg(attempt);
+        for event in events {
+            match event {
+                JobEvent::Stdout { .. } => {
+                    invocation
+                        .arg("stdout")
+                        .arg(event.output_bytes().unwrap_or_default());
+                }
+                JobEvent::Stderr { .. } => {
+                    invocation
+                        .arg("stderr")
+                        .arg(event.output_bytes().unwrap_or_default());
+                }
+                _ => {
+                    invocation.arg("event").arg(event.to_json());
+                }
+            }
+        }
+        let mut conn = self.conn().await?;
+        let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;
+        match reply.as_slice() {
+            [ended] if ended == "ended" => Ok(None),
+            [ok, seq, _dropped] if ok == "ok" => Ok(Some(
+                seq.parse()
+                    .map_err(|_| unexpected("append_events", &reply))?,
+            )),
+            _ => Err(unexpected("append_events", reply)),
+        }
+    }
+
+    /// The job's events after `after` (a `seq`), at most `count`; with
+    /// `block`, waits that long for the first one (use a dedicated
+    /// connection then). Empty when there are none (yet).
+    pub async fn read_events(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        id: &str,
+        after: u64,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<StoredEvent>, QueueError> {
+        let mut options = redis::streams::StreamReadOptions::default().count(count);
+        if let Some(block) = block {
+            options = options.block(block.as_millis() as usize);
+        }
+        let start = format!("{after}-0");
+        let reply: Option<redis::streams::StreamReadReply> = conn
+            .xread_options(&[self.keys.events(id)], &[start.as_str()], &options)
+            .await?;
+        let entries = reply
+            .map(|r| r.keys)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|key| key.ids)
+            .collect();
+        self.to_events(id, entries).await
+    }
+
+    /// The job's events after `after`, at most `count`, on the pool
+    /// (never blocks): a replay.
+    pub async fn events_since(
+        &self,
+        id: &str,
+        after: u64,
+        count: usize,
+    ) -> Result<Vec<StoredEvent>, QueueError> {
+        let mut conn = self.conn().await?;
+        let reply: redis::streams::StreamRangeReply = conn
+            .xrange_count(self.keys.events(id), format!("({after}-0"), "+", count)
+            .await?;
+        self.to_events(id, reply.ids).await
+    }
+
+    /// The `seq` of each job's last event (`None`: the job is gone), in
+    /// the order given.
+    pub async fn event_positions(&self, ids: &[String]) -> Result<Vec<Option<u64>>, QueueError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.keys.job(id), "event_seq");
+        }
+        let mut conn = self.conn().await?;
+        Ok(pipe.query_async(&mut conn).await?)
+    }
+
+    /// Reads, on `conn` (dedicated: this blocks), the new events of every
+    /// job in `jobs` (id, last `seq` read), and whether the doorbell of
+    /// `instance` rang after `doorbell_after`; waits up to `block` for the
+    /// first.
+    pub async fn read_feeds(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        instance: &str,
+        doorbell_after: &str,
+        jobs: &[(String, u64)],
+        block: Duration,
+    ) -> Result<FeedRead, QueueError> {
+        let doorbell = self.keys.doorbell(instance);
+        let mut keys = vec![doorbell.clone()];
+        let mut ids = vec![doorbell_after.to_string()];
+        let mut by_key = HashMap::new();
+        for (id, after) in jobs {
+            let key = self.keys.events(id);
+            by_key.insert(key.clone(), id.clone());
+            keys.push(key);
+            ids.push(format!("{after}-0"));
+        }
+        let options = redis::streams::StreamReadOptions::default()
+            .count(READ_COUNT)
+            .block(block.as_millis() as usize);
+        let reply: Option<redis::streams::StreamReadReply> =
+            conn.xread_options(&keys, &ids, &options).await?;
+        let mut read = FeedRead::default();
+        for key in reply.map(|r| r.keys).unwrap_or_default() {
+            if key.key == doorbell {
+                read.doorbell = key.ids.last().map(|entry| entry.id.clone());
+                continue;
+            }
+            let Some(id) = by_key.get(&key.key) else {
+                continue;
+            };
+            let events = self.to_events(id, key.ids).await?;
+            read.events.push((id.clone(), events));
+        }
+        Ok(read)
+    }
+
+    /// Rings the doorbell of `instance`: its reader's blocking read returns
+    /// at once. Returns the entry's id.
+    pub async fn ring_doorbell(&self, instance: &str) -> Result<String, QueueError> {
+        let key = self.keys.doorbell(instance);
+        let mut conn = self.conn().await?;
+        let (id,): (String,) = redis::pipe()
+            .xadd_maxlen(
+                &key,
+                redis::streams::StreamMaxlen::Approx(DOORBELL_KEPT),
+                "*",
+                &[("r", "1")],
+            )
+            .expire(&key, DOORBELL_TTL_SECS)
+            .ignore()
+            .query_async(&mut conn)
+            .await?;
+        Ok(id)
+    }
+
+    /// Stream entries of job `id` as events; an `exit` stored without its
+    /// result gets the job's stored result.
+    async fn to_events(
+        &self,
+        id: &str,
+        entries: Vec<redis::streams::StreamId>,
+    ) -> Result<Vec<StoredEvent>, QueueError> {
+        let mut events = Vec::with_capacity(entries.len());
+        let mut result_json: Option<String> = None;
+        for entry in entries {
+            let seq = seq_of(&entry.id);
+            let json = match stored(&entry.map) {
+                None => continue,
+                Some(Stored::Json(json)) => json,
+                Some(Stored::Output(stderr, bytes)) => {
+                    let event = if stderr {
+                        JobEvent::stderr(bytes)
+                    } else {
+                        JobEvent::stdout(bytes)
+                    };
+                    event.to_json()
+                }
+                Some(Stored::Exit(exit)) => {
+                    if result_json.is_none() {
+                        let result = self.result(id).await?;
+                        result_json = Some(match result {
+                            Some(result) => {
+                                serde_json::to_string(&result).map_err(|e| QueueError::Corrupt {
+                                    id: id.to_string(),
+                                    message: e.to_string(),
+                                })?
+                            }
+                            None => "null".to_string(),
+                        });
+                    }
+                    let result = result_json.as_deref().unwrap_or("null");
+                    match exit.strip_suffix('}') {
+                        Some(head) => format!("{head},\"result\":{result}}}"),
+                        None => exit,
+                    }
+                }
+            };
+            events.push(StoredEvent { seq, json });
+        }
+        Ok(events)
+    }
+}

@@ -1,0 +1,154 @@
+//! Durable by default (issue 11, item 2): a redis-server run with exactly the
+//! settings scripts/up gives it (`CODE_RUNNER_REDIS_DURABLE_ARGS` in
+//! scripts/lib/services.sh) loses no queued job, idempotency record or token
+//! secret when it is killed (`SIGKILL`, no save) and started again; and
+//! `/readyz` and `doctor` warn about a Redis that would lose them.
+//!
+//! Real redis-server per test, the real binary; every process is killed by
+//! its guard, also when a test fails.
+
+mod common;
+
+use std::time::Duration;
+
+use common::daemon::{DaemonBuilder, KEY_A, Role, python, run_to_end};
+use common::redis_server::RedisServer;
+use reqwest::StatusCode;
+use serde_json::Value;
+
+/// The Redis arguments scripts/up (through scripts/lib/services.sh) runs
+/// Redis with.
+fn durable_args() -> Vec<String> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lib/services.sh");
+    let text = std::fs::read_to_string(path).expect("scripts/lib/services.sh");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("CODE_RUNNER_REDIS_DURABLE_ARGS=("))
+        .expect("services.sh defines CODE_RUNNER_REDIS_DURABLE_ARGS");
+    let inner = line
+        .trim_start_matches("CODE_RUNNER_REDIS_DURABLE_ARGS=(")
+        .trim_end_matches(')');
+    inner.split_whitespace().map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_token_secret() {
+    let args = durable_args();
+    assert!(
+        args.windows(2).any(|w| w == ["--appendonly", "yes"]),
+        "{args:?}"
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut redis = RedisServer::start_with(&args);
+    // An API only: nothing claims the jobs, they stay queued.
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let mut queued = Vec::new();
+    for n in 0..20 {
+        let answer = api.submit(&python(&format!("print({n})"))).await;
+        assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:#?}");
+        queued.push(answer.id());
+    }
+    let body = serde_json::to_vec(&python("print('once')")).unwrap();
+    let first = api
+        .post_raw(Some(KEY_A), body.clone(), false, Some("order-42"))
+        .await;
+    let token = first.body["token"].as_str().unwrap().to_string();
+    let idempotent = first.id();
+    queued.push(idempotent.clone());
+    // appendfsync everysec: what is a second old is on disk.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(api);
+
+    redis.kill();
+    redis.restart();
+
+    let mut in_queue: Vec<String> = redis
+        .cli(&["LRANGE", "jobs:queue", "0", "-1"])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    in_queue.sort();
+    let mut expected = queued.clone();
+    expected.sort();
+    assert_eq!(in_queue, expected, "the queue after the restart");
+    for id in &queued {
+        assert_eq!(redis.job_field(id, "status"), "queued", "job {id}");
+    }
+    // A new API process: the same idempotency record, and the attach token
+    // signed before the restart still opens the job's stream.
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let again = api
+        .post_raw(Some(KEY_A), body, false, Some("order-42"))
+        .await;
+    assert_eq!(again.status, StatusCode::OK, "{again:#?}");
+    assert_eq!(again.id(), idempotent);
+    let response = api
+        .http
+        .get(format!(
+            "{}/v1/jobs/{idempotent}/events?token={token}",
+            api.url
+        ))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("the stream answers");
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+async fn readiness(api: &common::daemon::Daemon) -> Value {
+    let answer = api.get("/readyz", None).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:#?}");
+    answer.body
+}
+
+fn warned(readiness: &Value) -> Vec<String> {
+    readiness["warnings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no warnings list: {readiness:#}"))
+        .iter()
+        .map(|w| w["check"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_and_doctor_warn_about_a_redis_that_would_lose_jobs() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let body = readiness(&api).await;
+    assert_eq!(body["ready"], true, "{body:#}");
+    assert_eq!(warned(&body), ["redis_persistence"], "{body:#}");
+    let message = body["warnings"][0]["message"].as_str().unwrap();
+    assert!(message.contains("appendonly yes"), "{message}");
+
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
+    let body = readiness(&api).await;
+    assert_eq!(
+        warned(&body),
+        ["redis_persistence", "redis_eviction"],
+        "{body:#}"
+    );
+
+    let url = redis.url();
+    let doctor = run_to_end(&["doctor"], &[("CODE_RUNNER_REDIS_URL", &url)]);
+    let out = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        out.contains("warning: redis has no persistence"),
+        "doctor said:\n{out}"
+    );
+    assert!(
+        out.contains("warning: redis evicts keys when full (maxmemory-policy allkeys-lru)"),
+        "doctor said:\n{out}"
+    );
+
+    redis.cli(&["CONFIG", "SET", "appendonly", "yes"]);
+    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    let body = readiness(&api).await;
+    assert!(warned(&body).is_empty(), "{body:#}");
+    let doctor = run_to_end(&["doctor"], &[("CODE_RUNNER_REDIS_URL", &url)]);
+    let out = String::from_utf8_lossy(&doctor.stdout);
+    assert!(
+        out.contains("ok: redis keeps an append-only file and never evicts keys"),
+        "doctor said:\n{out}"
+    );
+    assert!(!out.contains("warning: redis"), "doctor said:\n{out}");
+}

@@ -1,0 +1,172 @@
+//! The HTTP server's limits (issue 11, items 4 and 7): header and idle
+//! timeouts, the per-key request rate, the caps on open streams, and a
+//! process that exits non-zero when its listener fails.
+//!
+//! Real redis-server per test and the real binary (an `api` needs no
+//! Docker); every process is killed by its guard, also when a test fails.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::daemon::{DaemonBuilder, KEY_A, KEY_B, Role, python};
+use common::redis_server::RedisServer;
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+fn port_of(url: &str) -> u16 {
+    url.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serve_exits_non_zero_when_its_listener_fails() {
+    let redis = RedisServer::start();
+    let mut daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let port = port_of(&daemon.url);
+    // Destroy the listening socket from outside (iproute2 `ss -K`): accept
+    // fails with EINVAL from then on.
+    let killed = std::process::Command::new("ss")
+        .args(["-K", "-l", "-t", &format!("sport = :{port}")])
+        .output()
+        .expect("ss runs (apt-get install iproute2)");
+    assert!(killed.status.success(), "{killed:?}");
+    let status = daemon.wait_exit(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(69), "log:\n{}", daemon.log());
+    assert!(
+        daemon.log().contains("the HTTP server failed"),
+        "{}",
+        daemon.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_headers_and_idle_connections_are_closed() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS", 1000)
+        .start()
+        .await;
+    let address = api.url.trim_start_matches("http://").to_string();
+
+    // Half a request, then nothing.
+    let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buffer = [0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buffer))
+        .await
+        .expect("the server closes a connection whose headers do not come");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    // Closed (0) or answered with 408 and closed.
+    if let Ok(n) = read
+        && n > 0
+    {
+        let text = String::from_utf8_lossy(&buffer[..n]);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    }
+
+    // A keep-alive connection that stays idle after a request.
+    let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let n = idle.read(&mut buffer).await.unwrap();
+    assert!(String::from_utf8_lossy(&buffer[..n]).starts_with("HTTP/1.1 200"));
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match idle.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the idle connection stayed open");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_over_its_rate_gets_429_and_other_keys_do_not() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_KEY_RATE", 2)
+        .env("CODE_RUNNER_KEY_BURST", 5)
+        .start()
+        .await;
+    let path = format!("/v1/jobs/{}", uuid::Uuid::new_v4());
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for _ in 0..10 {
+        let answer = api.get(&path, Some(KEY_A)).await;
+        statuses.push(answer.status.as_u16());
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            limited = Some(answer);
+        }
+    }
+    assert_eq!(&statuses[..5], [404; 5], "{statuses:?}");
+    assert!(statuses[5..].contains(&429), "{statuses:?}");
+    let limited = limited.unwrap();
+    let (code, message) = limited.error();
+    assert_eq!(code, "rate_limited");
+    assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
+    assert!(limited.retry_after() >= 1);
+    // Another key has its own bucket; the probes have none.
+    assert_eq!(
+        api.get(&path, Some(KEY_B)).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(api.get("/healthz", None).await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_MAX_STREAMS_PER_JOB", 2)
+        .start()
+        .await;
+    // Nothing runs it: it stays queued, its streams stay open.
+    let id = api.submit(&python("print(1)")).await.id();
+    let url = format!("{}/v1/jobs/{id}/ws", api.url.replacen("http", "ws", 1));
+    let open = || async {
+        let mut request = url.clone().into_client_request().unwrap();
+        request
+            .headers_mut()
+            .insert("authorization", format!("Bearer {KEY_A}").parse().unwrap());
+        tokio_tungstenite::connect_async(request).await
+    };
+    let first = open().await.expect("the first stream opens");
+    let _second = open().await.expect("the second stream opens");
+    match open().await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 429);
+            let body: serde_json::Value =
+                serde_json::from_slice(response.body().as_deref().unwrap_or_default()).unwrap();
+            assert_eq!(body["error"]["code"], "too_many_streams", "{body:#}");
+            let message = body["error"]["message"].as_str().unwrap();
+            assert!(
+                message.contains("this job has 2 open streams")
+                    && message.contains("CODE_RUNNER_MAX_STREAMS_PER_JOB"),
+                "{message}"
+            );
+        }
+        other => panic!("a third stream was not refused: {other:?}"),
+    }
+    // SSE counts the same.
+    let sse = api.get(&format!("/v1/jobs/{id}/events"), Some(KEY_A)).await;
+    assert_eq!(sse.status, StatusCode::TOO_MANY_REQUESTS, "{sse:#?}");
+    // A closed stream gives its place back.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if open().await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the place did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

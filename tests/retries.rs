@@ -1,0 +1,158 @@
+//! Retries of lost batch jobs (issue 11, item 6): a batch job whose worker
+//! is killed while it runs runs again on another worker (an `attempt` event
+//! in its stream, its output from the new attempt only, never two sandboxes
+//! of it at once); an interactive job on the same worker is never run
+//! again.
+//!
+//! Real redis-server, real dockerd, the real binary; every process and
+//! container is removed by its guard, also when the test fails.
+
+mod common;
+
+use std::time::Duration;
+
+use code_runner::job::events::JobEvent;
+use code_runner::queue::Queue;
+use common::containers::{Lifetimes, docker};
+use common::daemon::{DaemonBuilder, Role, job_containers, python};
+use common::redis_server::RedisServer;
+use common::wait_for;
+use serde_json::json;
+
+fn fast(builder: DaemonBuilder) -> DaemonBuilder {
+    builder
+        .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
+        .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
+        .env("CODE_RUNNER_REAPER_INTERVAL_MS", 300)
+        .env("CODE_RUNNER_REAPER_GRACE_MS", 1000)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
+    let redis = RedisServer::start();
+    let docker = docker().await;
+    let lifetimes = Lifetimes::record(&docker).await;
+    // Every job may be started twice unless it says otherwise.
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_MAX_ATTEMPTS", 2)
+        .start()
+        .await;
+    let mut doomed = fast(DaemonBuilder::new(Role::Worker, &redis))
+        .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
+        .start()
+        .await;
+    let batch = api
+        .submit(&python(
+            "import time\nprint('attempt output', flush=True)\ntime.sleep(3)\nprint('done')\n",
+        ))
+        .await
+        .id();
+    let mut interactive = python("import time\ninput()\n");
+    interactive["interactive"] = json!(true);
+    let interactive = api.submit(&interactive).await.id();
+    for id in [&batch, &interactive] {
+        api.wait_status(id, &["running"], Duration::from_secs(60))
+            .await;
+        wait_for("the job's container", Duration::from_secs(30), || async {
+            (!job_containers(&docker, id).await.is_empty()).then_some(())
+        })
+        .await;
+    }
+    let view = api.job(&batch).await;
+    assert_eq!(view["max_attempts"], 2, "{view:#}");
+    assert_eq!(api.job(&interactive).await["max_attempts"], 1);
+    let queue = Queue::new(&redis.url(), "", Duration::from_secs(3600), 2).unwrap();
+    wait_for(
+        "the first attempt's output",
+        Duration::from_secs(30),
+        || async {
+            let events = queue.events_since(&batch, 0, 100).await.unwrap();
+            events
+                .iter()
+                .any(|e| e.json.contains("attempt output"))
+                .then_some(())
+        },
+    )
+    .await;
+
+    doomed.kill9().await;
+    let survivor = fast(DaemonBuilder::new(Role::Worker, &redis)).start().await;
+
+    let view = api.wait_terminal(&batch, Duration::from_secs(60)).await;
+    assert_eq!(view["status"], "succeeded", "{view:#}");
+    assert_eq!(view["attempts"], 2, "{view:#}");
+    assert_eq!(view["worker"], survivor.worker_id.as_str());
+    assert_eq!(view["result"]["run"]["stdout"], "attempt output\ndone\n");
+    let events: Vec<JobEvent> = queue
+        .events_since(&batch, 0, 1000)
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.event().unwrap())
+        .collect();
+    let attempt = events
+        .iter()
+        .position(|e| matches!(e, JobEvent::Attempt { .. }))
+        .unwrap_or_else(|| panic!("no attempt event: {events:#?}"));
+    match &events[attempt] {
+        JobEvent::Attempt {
+            attempt,
+            reason,
+            worker,
+        } => {
+            assert_eq!(*attempt, 2);
+            assert_eq!(reason, "worker_lost");
+            assert_eq!(worker.as_deref(), Some(doomed.worker_id.as_str()));
+        }
+        other => panic!("{other:?}"),
+    }
+    // The first attempt's output comes before the attempt event, the
+    // second attempt's after it.
+    let output_after: usize = events[attempt..]
+        .iter()
+        .filter(|e| matches!(e, JobEvent::Stdout { .. }))
+        .count();
+    assert!(output_after >= 1, "{events:#?}");
+    assert_eq!(
+        lifetimes.starts(&batch),
+        2,
+        "two sandboxes, one after the other"
+    );
+
+    let view = api
+        .wait_terminal(&interactive, Duration::from_secs(30))
+        .await;
+    assert_eq!(view["status"], "error", "{view:#}");
+    assert_eq!(view["result"]["reason"], "worker_lost", "{view:#}");
+    assert_eq!(view["attempts"], 1, "{view:#}");
+    assert_eq!(lifetimes.starts(&interactive), 1);
+
+    let overlaps = lifetimes.overlaps();
+    assert!(
+        overlaps.is_empty(),
+        "a job ran twice at once: {overlaps:#?}"
+    );
+    survivor.assert_no_containers(&docker).await;
+    doomed.assert_no_containers(&docker).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_attempts_is_checked_per_job() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    for (max_attempts, interactive, field_says) in [
+        (json!(0), false, "0 is not between 1 and 10"),
+        (json!(11), false, "11 is not between 1 and 10"),
+        (json!(2), true, "an interactive job runs at most once"),
+    ] {
+        let mut job = python("print(1)");
+        job["max_attempts"] = max_attempts;
+        job["interactive"] = json!(interactive);
+        let answer = api.submit(&job).await;
+        assert_eq!(answer.status.as_u16(), 400, "{answer:#?}");
+        let (code, message) = answer.error();
+        assert_eq!(code, "invalid_job");
+        assert_eq!(answer.body["error"]["field"], "max_attempts");
+        assert!(message.contains(field_says), "{message}");
+    }
+}

@@ -1,0 +1,210 @@
+//! Bounded streams (issue 11, item 4): 2000 WebSocket connections to one job
+//! while other jobs run. Every connection gets every event of the job; the
+//! worker keeps claiming and heartbeating and every job finishes; the API
+//! process holds a bounded number of Redis connections (one follower per
+//! job, fanned out, not one per stream), and the 2001st stream of the job
+//! is refused.
+//!
+//! Real redis-server, real dockerd, the real binary (`api` and `worker` as
+//! separate processes, so the API's own Redis connections can be counted);
+//! every process and container is removed by its guard, also when the test
+//! fails.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::containers::docker;
+use common::daemon::{DaemonBuilder, KEY_A, Role, python};
+use common::redis_server::RedisServer;
+use futures_util::StreamExt;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const CONNECTIONS: usize = 2000;
+/// Redis connections the API may hold: its pool (16), the events reader,
+/// and slack for one being replaced.
+const API_REDIS_CONNECTIONS: usize = 16 + 1 + 2;
+
+/// The TCP connections from process `pid` to the Redis on `port` (`ss`).
+fn redis_connections_of(pid: u32, port: u16) -> usize {
+    let output = std::process::Command::new("ss")
+        .args(["-tnp", "state", "established", &format!("dport = :{port}")])
+        .output()
+        .expect("ss runs (apt-get install iproute2)");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|line| line.contains(&format!("pid={pid},")))
+        .count()
+}
+
+/// Raises this process's open files limit to its hard limit (2000 sockets).
+fn raise_open_files() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    assert!(
+        hard >= 5000,
+        "the hard open files limit ({hard}) is too low"
+    );
+}
+
+/// What one client saw: the stdout it was sent and whether the exit came.
+async fn follow(
+    url: String,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    connected: Arc<AtomicUsize>,
+) -> Result<(String, bool), String> {
+    let mut request = url.into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {KEY_A}").parse().unwrap());
+    let (mut socket, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    drop(permit);
+    connected.fetch_add(1, Ordering::SeqCst);
+    let mut stdout = String::new();
+    let mut exited = false;
+    while let Some(frame) = socket.next().await {
+        let Ok(Message::Text(text)) = frame else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(text.as_str()).map_err(|e| e.to_string())?;
+        match event["type"].as_str() {
+            Some("stdout") => stdout.push_str(event["data"].as_str().unwrap_or_default()),
+            Some("exit") => exited = true,
+            _ => {}
+        }
+    }
+    Ok((stdout, exited))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_thousand_websockets_to_one_job_share_one_follower() {
+    raise_open_files();
+    let redis = RedisServer::start();
+    let docker = docker().await;
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_MAX_STREAMS_PER_JOB", CONNECTIONS)
+        .env("CODE_RUNNER_MAX_STREAMS_PER_KEY", CONNECTIONS + 100)
+        .start()
+        .await;
+    let lines = 30;
+    let followed = api
+        .submit(&python(&format!(
+            "import time\nfor n in range({lines}):\n    print(f'tick {{n}}', flush=True)\n    time.sleep(0.1)\n"
+        )))
+        .await
+        .id();
+    let url = format!(
+        "{}/v1/jobs/{followed}/ws",
+        api.url.replacen("http", "ws", 1)
+    );
+
+    // Every client connects while the job waits in the queue.
+    // At most 200 handshakes at a time.
+    let gate = Arc::new(Semaphore::new(200));
+    let connected = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::with_capacity(CONNECTIONS);
+    for _ in 0..CONNECTIONS {
+        let permit = Arc::clone(&gate).acquire_owned().await.unwrap();
+        clients.push(tokio::spawn(follow(
+            url.clone(),
+            permit,
+            Arc::clone(&connected),
+        )));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while connected.load(Ordering::SeqCst) < CONNECTIONS {
+        let open = redis_connections_of(api.pid(), redis.port);
+        assert!(
+            open <= API_REDIS_CONNECTIONS,
+            "the API holds {open} Redis connections"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "only {} clients connected",
+            connected.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The stream past the job's cap is refused.
+    let mut request = url.clone().into_client_request().unwrap();
+    request
+        .headers_mut()
+        .insert("authorization", format!("Bearer {KEY_A}").parse().unwrap());
+    match tokio_tungstenite::connect_async(request).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 429);
+        }
+        other => panic!("the 2001st stream was not refused: {other:?}"),
+    }
+
+    // Now a worker, and other jobs beside the followed one.
+    let worker = DaemonBuilder::new(Role::Worker, &redis)
+        .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 3)
+        .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 500)
+        .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 2000)
+        .start()
+        .await;
+    let mut others = Vec::new();
+    for n in 0..8 {
+        others.push(
+            api.submit(&python(&format!("print('other {n}')")))
+                .await
+                .id(),
+        );
+    }
+    let heartbeat = format!("worker:{}:hb", worker.worker_id);
+    let mut most = 0;
+    let mut heartbeat_missed = 0;
+    let all_done = Instant::now() + Duration::from_secs(120);
+    loop {
+        most = most.max(redis_connections_of(api.pid(), redis.port));
+        if redis.cli(&["EXISTS", &heartbeat]) != "1" {
+            heartbeat_missed += 1;
+        }
+        let mut done = true;
+        for id in others.iter().chain([&followed]) {
+            let status = redis.job_field(id, "status");
+            done &= !matches!(status.as_str(), "queued" | "running");
+        }
+        if done || Instant::now() > all_done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for id in others.iter().chain([&followed]) {
+        assert_eq!(redis.job_field(id, "status"), "succeeded", "job {id}");
+    }
+    assert_eq!(heartbeat_missed, 0, "the worker's heartbeat lapsed");
+
+    let expected: String = (0..lines).map(|n| format!("tick {n}\n")).collect();
+    let mut complete = 0;
+    let mut failures = Vec::new();
+    for client in clients {
+        match tokio::time::timeout(Duration::from_secs(60), client).await {
+            Ok(Ok(Ok((stdout, true)))) if stdout == expected => complete += 1,
+            other => failures.push(format!("{other:?}")),
+        }
+    }
+    println!(
+        "fan-out: {complete} of {CONNECTIONS} clients got every event; the API held at most {most} Redis connections"
+    );
+    assert_eq!(
+        complete,
+        CONNECTIONS,
+        "{:?}",
+        &failures[..failures.len().min(5)]
+    );
+    assert!(
+        most <= API_REDIS_CONNECTIONS,
+        "the API held {most} Redis connections"
+    );
+    worker.assert_no_containers(&docker).await;
+}
