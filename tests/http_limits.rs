@@ -170,3 +170,49 @@ async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn piston_connections_count_against_the_keys_stream_cap() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_MAX_STREAMS_PER_KEY", 1)
+        .start()
+        .await;
+    let url = format!("{}/api/v2/connect", api.url.replacen("http", "ws", 1));
+    let open = |key: &'static str| {
+        let url = url.clone();
+        async move {
+            let mut request = url.into_client_request().unwrap();
+            request
+                .headers_mut()
+                .insert("authorization", format!("Bearer {key}").parse().unwrap());
+            tokio_tungstenite::connect_async(request).await
+        }
+    };
+    let first = open(KEY_A).await.expect("the key's first stream opens");
+    match open(KEY_A).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 429);
+            assert!(response.headers().contains_key("retry-after"));
+            // Piston's error shape: {"message": …}.
+            let body: serde_json::Value =
+                serde_json::from_slice(response.body().as_deref().unwrap_or_default()).unwrap();
+            let message = body["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("this API key has 1 open streams")
+                    && message.contains("CODE_RUNNER_MAX_STREAMS_PER_KEY"),
+                "{body:#}"
+            );
+        }
+        other => panic!("a second Piston connection of the key was not refused: {other:?}"),
+    }
+    // Another key has its own count.
+    let _other = open(KEY_B).await.expect("another key's stream opens");
+    // A closed connection gives its place back.
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while open(KEY_A).await.is_err() {
+        assert!(Instant::now() < deadline, "the place did not come back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -63,7 +63,7 @@ impl StreamCaps {
         }
         let of_key = counts.keys.get(key).copied().unwrap_or(0);
         if of_key >= self.limits.per_key {
-            return refuse("this key's jobs", of_key, "CODE_RUNNER_MAX_STREAMS_PER_KEY");
+            return refuse("this API key", of_key, "CODE_RUNNER_MAX_STREAMS_PER_KEY");
         }
         if counts.total >= self.limits.total {
             return refuse("this server", counts.total, "CODE_RUNNER_MAX_STREAMS");
@@ -119,7 +119,7 @@ mod tests {
         assert!(matches!(
             caps.acquire("a", "j3"),
             Err(ApiError::TooManyStreams {
-                scope: "this key's jobs",
+                scope: "this API key",
                 open: 2,
                 ..
             })

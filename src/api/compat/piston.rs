@@ -39,6 +39,7 @@ use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::feeds::Step;
 use super::super::jobs::{wait_budget, wait_for_end};
+use super::super::stream_caps::StreamPermit;
 use super::{compat_caller, new_job_id, semver3, submit};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
@@ -700,15 +701,28 @@ async fn connect(State(state): State<ApiState>, request: Request) -> Response {
         Ok(upgrade) => upgrade,
         Err(rejection) => return piston_error(rejection.status(), rejection.body_text()),
     };
+    // The job's id is chosen now, so the connection counts against the
+    // stream caps before the upgrade, as `/v1/jobs/{id}/ws` does.
+    let id = new_job_id();
+    let permit = match state.stream_caps.acquire(&caller.name, &id) {
+        Ok(permit) => permit,
+        Err(error) => return from_api_error(error),
+    };
     let sessions = state.sessions.clone();
     upgrade
-        .on_upgrade(move |socket| sessions.track_future(session(socket, state, caller)))
+        .on_upgrade(move |socket| sessions.track_future(session(socket, state, caller, id, permit)))
         .into_response()
 }
 
 /// One Piston WebSocket: `init` submits an interactive job; its events go
 /// out as Piston's messages; `data` and `signal` go to the job.
-async fn session(socket: WebSocket, state: ApiState, caller: Caller) {
+async fn session(
+    socket: WebSocket,
+    state: ApiState,
+    caller: Caller,
+    id: String,
+    _permit: StreamPermit,
+) {
     let (mut sink, mut incoming) = socket.split();
     let (outbox, mut frames) = mpsc::channel::<Message>(OUTBOX);
     let writer = tokio::spawn(async move {
@@ -738,7 +752,7 @@ async fn session(socket: WebSocket, state: ApiState, caller: Caller) {
             Some(Ok(Message::Binary(bytes))) => String::from_utf8_lossy(&bytes).into_owned(),
             Some(Ok(_)) => continue,
         };
-        let outcome = handle_message(&state, &caller, &text, &mut job, &outbox).await;
+        let outcome = handle_message(&state, &caller, &id, &text, &mut job, &outbox).await;
         match outcome {
             Ok(Some(id)) => {
                 follower = Some(tokio::spawn(follow(state.clone(), id, outbox.clone())));
@@ -757,11 +771,13 @@ async fn session(socket: WebSocket, state: ApiState, caller: Caller) {
     let _ = tokio::time::timeout(Duration::from_secs(5), writer).await;
 }
 
-/// Acts on one client message. `Ok(Some(id))`: a job was started;
+/// Acts on one client message; `id` is the job an `init` submits.
+/// `Ok(Some(id))`: the job was started;
 /// `Err(close)`: the socket closes with that frame.
 async fn handle_message(
     state: &ApiState,
     caller: &Caller,
+    id: &str,
     text: &str,
     job: &mut Option<String>,
     outbox: &mpsc::Sender<Message>,
@@ -788,7 +804,7 @@ async fn handle_message(
             };
             // Initial stdin is delivered first, then what `data` sends.
             let initial = std::mem::take(&mut spec.stdin);
-            let submitted = match submit(state, caller, new_job_id(), &spec, &catalog).await {
+            let submitted = match submit(state, caller, id.to_string(), &spec, &catalog).await {
                 Ok(submitted) => submitted,
                 Err(error) => return Err(notify(error.to_string()).await),
             };
