@@ -26,6 +26,7 @@ use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::sandbox::SandboxEngine;
+use crate::worker::backoff::{Backoff, sleep_unless_cancelled};
 use crate::worker::{Services, Worker, WorkerConfig};
 
 fn config_error(error: ConfigError) -> u8 {
@@ -210,23 +211,37 @@ pub async fn run(
     let ready_status = format!("{} listening on {listen}", roles.join(" + "));
     let served = match (api, keys) {
         (Some(settings), Some(keys)) => {
-            let tokens = match TokenSigner::from_config(
-                token_secret,
-                &keys,
-                &queue,
-                Duration::from_secs(settings.token_ttl_secs),
-            )
-            .await
-            {
-                Ok(tokens) => tokens,
-                Err(error) => {
-                    eprintln!("code-runner: cannot set up attach tokens: {error}");
-                    root.cancel();
-                    tracker.close();
-                    tracker.wait().await;
-                    return exit::UNAVAILABLE;
+            // The attach tokens' secret is derived from a salt kept in Redis:
+            // a Redis that is not up yet (started after this process) is
+            // waited for, as the worker and the reaper wait for it.
+            let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
+            let mut warned = false;
+            let tokens = loop {
+                match TokenSigner::from_config(
+                    token_secret,
+                    &keys,
+                    &queue,
+                    Duration::from_secs(settings.token_ttl_secs),
+                )
+                .await
+                {
+                    Ok(tokens) => break tokens,
+                    Err(error) => {
+                        if !warned {
+                            tracing::warn!(%error, "Redis does not answer; the API waits for it before it serves (the attach tokens' salt is kept there)");
+                            warned = true;
+                        }
+                        if !sleep_unless_cancelled(backoff.next_delay(), &root).await {
+                            tracker.close();
+                            tracker.wait().await;
+                            return 0;
+                        }
+                    }
                 }
             };
+            if warned {
+                tracing::info!("Redis answers; the API starts");
+            }
             let state = ApiState::new(ApiConfig {
                 queue: queue.clone(),
                 catalog: offered.clone(),

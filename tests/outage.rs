@@ -229,3 +229,29 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
     drop(worker);
     harness.assert_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_api_started_before_its_redis_waits_for_it() {
+    let redis = RedisServer::start();
+    let proxy = RedisProxy::start(redis.port);
+    // Redis is not reachable yet when the API starts.
+    proxy.cut();
+    let mut api = DaemonBuilder::with_redis_url(Role::Api, &proxy.url()).spawn();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        api.running(),
+        "the API exited while Redis was unreachable; log:\n{}",
+        api.log()
+    );
+    assert!(
+        api.log()
+            .contains("Redis does not answer; the API waits for it"),
+        "{}",
+        api.log()
+    );
+    proxy.restore();
+    api.wait_healthy().await;
+    let answer = api.submit(&python("print(1)")).await;
+    assert_eq!(answer.status, reqwest::StatusCode::ACCEPTED, "{answer:#?}");
+    assert!(answer.body["tokens"]["read"].is_string(), "{answer:#?}");
+}

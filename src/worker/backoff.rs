@@ -7,20 +7,20 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// First delay after a failure.
-pub(super) const INITIAL: Duration = Duration::from_millis(100);
+pub(crate) const INITIAL: Duration = Duration::from_millis(100);
 /// Longest delay between two attempts of the claim loop or a result write.
-pub(super) const CAP: Duration = Duration::from_secs(5);
+pub(crate) const CAP: Duration = Duration::from_secs(5);
 
 /// Delays that double from `initial` up to `cap`.
 #[derive(Debug, Clone)]
-pub(super) struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     cap: Duration,
     next: Duration,
 }
 
 impl Backoff {
-    pub(super) fn new(initial: Duration, cap: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, cap: Duration) -> Self {
         let initial = initial.min(cap);
         Self {
             initial,
@@ -31,25 +31,25 @@ impl Backoff {
 
     /// The schedule of the claim loop and of result writes: 100 ms doubling
     /// to 5 s.
-    pub(super) fn redis() -> Self {
+    pub(crate) fn redis() -> Self {
         Self::new(INITIAL, CAP)
     }
 
     /// The delay before the next attempt; each call doubles the one after.
-    pub(super) fn next_delay(&mut self) -> Duration {
+    pub(crate) fn next_delay(&mut self) -> Duration {
         let delay = self.next;
         self.next = self.next.saturating_mul(2).min(self.cap);
         delay
     }
 
     /// Back to the first delay, after a success.
-    pub(super) fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.next = self.initial;
     }
 }
 
 /// Sleeps for `delay` unless `token` is cancelled first; `false` when it was.
-pub(super) async fn sleep_unless_cancelled(delay: Duration, token: &CancellationToken) -> bool {
+pub(crate) async fn sleep_unless_cancelled(delay: Duration, token: &CancellationToken) -> bool {
     tokio::select! {
         () = token.cancelled() => false,
         () = tokio::time::sleep(delay) => true,

@@ -24,7 +24,7 @@
 //!   through the drain kill token (they are settled as `error`, with the
 //!   reason), wait for their results, stop the heartbeat and retire it.
 
-mod backoff;
+pub(crate) mod backoff;
 mod control;
 mod heartbeat;
 mod job;

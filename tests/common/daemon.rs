@@ -249,6 +249,12 @@ impl Daemon {
         self.child.id()
     }
 
+    /// Whether the process is still running (it has not exited).
+    #[allow(dead_code)] // not every test binary asks
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// What the process wrote to stderr so far (its log).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_dir.path().join("stderr")).unwrap_or_default()
