@@ -212,8 +212,9 @@ pub async fn run(
     let served = match (api, keys) {
         (Some(settings), Some(keys)) => {
             // The attach tokens' secret is derived from a salt kept in Redis:
-            // a Redis that is not up yet (started after this process) is
-            // waited for, as the worker and the reaper wait for it.
+            // a Redis that refuses connections (not started yet, or
+            // restarting) is waited for, as the worker and the reaper wait
+            // for it; any other failure ends the process.
             let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(5));
             let mut warned = false;
             let tokens = loop {
@@ -226,6 +227,15 @@ pub async fn run(
                 .await
                 {
                     Ok(tokens) => break tokens,
+                    Err(error) if !error.is_unreachable() => {
+                        // TLS, authentication, a non-Redis peer: waiting
+                        // does not mend these.
+                        eprintln!("code-runner: cannot set up attach tokens: {error}");
+                        root.cancel();
+                        tracker.close();
+                        tracker.wait().await;
+                        return exit::UNAVAILABLE;
+                    }
                     Err(error) => {
                         if !warned {
                             tracing::warn!(%error, "Redis does not answer; the API waits for it before it serves (the attach tokens' salt is kept there)");

@@ -232,15 +232,14 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_started_before_its_redis_waits_for_it() {
-    let redis = RedisServer::start();
-    let proxy = RedisProxy::start(redis.port);
-    // Redis is not reachable yet when the API starts.
-    proxy.cut();
-    let mut api = DaemonBuilder::with_redis_url(Role::Api, &proxy.url()).spawn();
+    // Nothing listens on the port yet: connections are refused.
+    let port = common::redis_server::free_port();
+    let mut api =
+        DaemonBuilder::with_redis_url(Role::Api, &format!("redis://127.0.0.1:{port}")).spawn();
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         api.running(),
-        "the API exited while Redis was unreachable; log:\n{}",
+        "the API exited while Redis was not up; log:\n{}",
         api.log()
     );
     assert!(
@@ -249,7 +248,7 @@ async fn an_api_started_before_its_redis_waits_for_it() {
         "{}",
         api.log()
     );
-    proxy.restore();
+    let _redis = RedisServer::start_on(port);
     api.wait_healthy().await;
     let answer = api.submit(&python("print(1)")).await;
     assert_eq!(answer.status, reqwest::StatusCode::ACCEPTED, "{answer:#?}");

@@ -80,6 +80,21 @@ pub enum QueueError {
     UnexpectedReply { script: &'static str, reply: String },
 }
 
+impl QueueError {
+    /// Whether Redis is simply not there (yet): nothing accepts the
+    /// connection, or it timed out. Not a TLS, authentication or protocol
+    /// failure, which waiting does not mend.
+    pub fn is_unreachable(&self) -> bool {
+        let redis_error = match self {
+            QueueError::Pool(deadpool_redis::PoolError::Timeout(_)) => return true,
+            QueueError::Pool(deadpool_redis::PoolError::Backend(error))
+            | QueueError::Redis(error) => error,
+            _ => return false,
+        };
+        redis_error.is_connection_refusal() || redis_error.is_timeout()
+    }
+}
+
 fn unexpected(script: &'static str, reply: impl std::fmt::Debug) -> QueueError {
     QueueError::UnexpectedReply {
         script,

@@ -42,6 +42,22 @@ impl RedisServer {
         Self::start_with(&["--save", "", "--appendonly", "no"])
     }
 
+    /// Like [`Self::start`], on `port` (chosen by the caller, who has
+    /// pointed something at it before the server exists).
+    #[allow(dead_code)] // not every test binary asks
+    pub fn start_on(port: u16) -> Self {
+        let mut server = Self {
+            child: None,
+            port,
+            dir: tempfile::tempdir().expect("a temporary directory"),
+            args: ["--save", "", "--appendonly", "no"]
+                .map(String::from)
+                .to_vec(),
+        };
+        assert!(server.spawn(), "redis-server did not start on port {port}");
+        server
+    }
+
     /// Like [`Self::start`], with these settings instead of none.
     pub fn start_with(args: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
