@@ -54,7 +54,7 @@ async fn submit(queue: &Queue, spec: &JobSpec) -> String {
                 max_queue_depth: 10_000,
                 key_limit: None,
                 max_attempts: 1,
-                reserve: 0,
+                output_limit_bytes: 0,
                 storage_budget: 1 << 40,
             },
         })

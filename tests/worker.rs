@@ -140,7 +140,7 @@ impl World {
                     max_queue_depth: 1000,
                     key_limit: None,
                     max_attempts: 1,
-                    reserve: 0,
+                    output_limit_bytes: 0,
                     storage_budget: u64::MAX >> 1,
                 },
             })

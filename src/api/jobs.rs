@@ -296,7 +296,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
     let language = prepared.language.id.clone();
     let wait_budget = wait_budget(state, &prepared);
-    let admission = admission(config, &caller, &spec, &prepared);
+    let admission = admission(config, &caller, &prepared);
     if let Some(carried) = &config.carried {
         // Before the job is queued: this process's worker may claim it at once.
         carried.insert(&new_id, prepared);
@@ -379,28 +379,27 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         SubmitOutcome::Conflict(_) => Err(ApiError::IdempotencyConflict),
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
-        SubmitOutcome::KeyStorage { held } => Err(ApiError::KeyStorage {
+        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
             held,
-            needed: admission.reserve,
+            needed,
             budget: config.limits.key_storage_bytes,
         }),
     }
 }
 
 /// The fields of a new job every submission path sets alike: the queue
-/// and key limits, the attempts and the storage reserved for it.
+/// and key limits, the attempts, and the output that sizes the storage
+/// reserved for it.
 pub(super) fn admission(
     config: &super::ApiConfig,
     caller: &Caller,
-    spec: &JobSpec,
     prepared: &crate::job::PreparedJob,
 ) -> Admission {
-    let spec_bytes = serde_json::to_vec(spec).map_or(0, |json| json.len() as u64);
     Admission {
         max_queue_depth: config.max_queue_depth,
         key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
         max_attempts: prepared.max_attempts(config.limits.max_attempts),
-        reserve: crate::queue::storage_reserve(spec_bytes, prepared.output_limit_bytes()),
+        output_limit_bytes: prepared.output_limit_bytes(),
         storage_budget: config.limits.key_storage_bytes,
     }
 }

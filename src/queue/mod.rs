@@ -213,10 +213,10 @@ pub struct Admission {
     pub key_limit: Option<u64>,
     /// Most times the job may be started (see [`JobRecord::max_attempts`]).
     pub max_attempts: u32,
-    /// Bytes the job may come to hold in Redis at most
-    /// ([`storage_reserve`]); reserved against the key's budget until it
-    /// ends.
-    pub reserve: u64,
+    /// The most output the job's stages may write, in bytes: with the size
+    /// of the stored spec it makes the job's [`storage_reserve`], held
+    /// against the key's budget until it ends.
+    pub output_limit_bytes: u64,
     /// The API key's storage budget, in bytes.
     pub storage_budget: u64,
 }
@@ -243,15 +243,16 @@ pub enum SubmitOutcome {
     KeyLimit {
         active: u64,
     },
-    /// The key's jobs hold `held` bytes and this one would take the key
-    /// over its storage budget.
+    /// The key's jobs hold `held` bytes and this one, which would reserve
+    /// `needed`, would take the key over its storage budget.
     KeyStorage {
         held: u64,
+        needed: u64,
     },
 }
 
 impl SubmitOutcome {
-    fn from_reply(outcome: &str, detail: String) -> Result<Self, QueueError> {
+    fn from_reply(outcome: &str, detail: String, reserve: u64) -> Result<Self, QueueError> {
         let number = |detail: &str| {
             detail
                 .parse()
@@ -269,6 +270,7 @@ impl SubmitOutcome {
             },
             "key_storage" => SubmitOutcome::KeyStorage {
                 held: number(&detail)?,
+                needed: reserve,
             },
             _ => return Err(unexpected("submit", (outcome, detail))),
         })
@@ -485,6 +487,8 @@ impl Queue {
             id: job.id.to_string(),
             message: e.to_string(),
         })?;
+        // The reserve counts the spec as stored: the JSON just made.
+        let reserve = storage_reserve(spec.len() as u64, job.admission.output_limit_bytes);
         let metadata = serde_json::to_string(&job.spec.metadata).unwrap_or_else(|_| "{}".into());
         let (idem_key, body_hash) = match job.idempotency {
             Some((key, hash)) => (self.keys.idempotency(job.api_key, key), hash.to_string()),
@@ -513,12 +517,12 @@ impl Queue {
             .arg(metadata)
             .arg(RECENT_JOBS_KEPT - 1)
             .arg(job.admission.max_attempts)
-            .arg(job.admission.reserve)
+            .arg(reserve)
             .arg(job.admission.storage_budget)
             .arg(format!("i:{}", job.idempotency.map_or("", |(key, _)| key)))
             .invoke_async(&mut conn)
             .await?;
-        SubmitOutcome::from_reply(&outcome, detail)
+        SubmitOutcome::from_reply(&outcome, detail, reserve)
     }
 
     /// Reads a job (without its spec, which can be large and no reader of
@@ -926,23 +930,26 @@ mod tests {
     #[test]
     fn unexpected_script_replies_are_errors() {
         assert!(matches!(
-            SubmitOutcome::from_reply("nonsense", String::new()),
+            SubmitOutcome::from_reply("nonsense", String::new(), 0),
             Err(QueueError::UnexpectedReply {
                 script: "submit",
                 ..
             })
         ));
         assert!(matches!(
-            SubmitOutcome::from_reply("key_limit", "lots".into()),
+            SubmitOutcome::from_reply("key_limit", "lots".into(), 0),
             Err(QueueError::UnexpectedReply { .. })
         ));
         assert_eq!(
-            SubmitOutcome::from_reply("key_limit", "3".into()).unwrap(),
+            SubmitOutcome::from_reply("key_limit", "3".into(), 0).unwrap(),
             SubmitOutcome::KeyLimit { active: 3 }
         );
         assert_eq!(
-            SubmitOutcome::from_reply("key_storage", "77".into()).unwrap(),
-            SubmitOutcome::KeyStorage { held: 77 }
+            SubmitOutcome::from_reply("key_storage", "77".into(), 1024).unwrap(),
+            SubmitOutcome::KeyStorage {
+                held: 77,
+                needed: 1024
+            }
         );
         assert!(matches!(
             ReleaseOutcome::from_reply("gone"),

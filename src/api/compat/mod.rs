@@ -151,7 +151,7 @@ async fn submit_uncounted(
         return Err(ApiError::ShuttingDown);
     }
     let prepared = prepare(spec, catalog, &config.policy)?;
-    let admission = super::jobs::admission(config, caller, spec, &prepared);
+    let admission = super::jobs::admission(config, caller, &prepared);
     let outcome = config
         .queue
         .submit(NewJob {
@@ -176,9 +176,9 @@ async fn submit_uncounted(
         }
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
-        SubmitOutcome::KeyStorage { held } => Err(ApiError::KeyStorage {
+        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
             held,
-            needed: admission.reserve,
+            needed,
             budget: admission.storage_budget,
         }),
         // No idempotency key was given: these cannot happen.
