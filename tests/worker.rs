@@ -814,15 +814,14 @@ async fn a_job_this_worker_cannot_run_ends_as_an_error_without_a_sandbox() {
 
 /// Every event of the job's stream, from the start (`seq` 0), read in pages.
 async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
-    let mut conn = world.queue.dedicated().await.expect("connection");
     let mut events: Vec<StoredEvent> = Vec::new();
     loop {
         let after = events.last().map_or(0, |e| e.seq);
         let page = world
             .queue
-            .read_events(&mut conn, id, after, 1000, None)
+            .events_since(id, after, 1000)
             .await
-            .expect("XREAD");
+            .expect("XRANGE");
         if page.is_empty() {
             return events;
         }

@@ -55,19 +55,11 @@ pub enum InputOutcome {
 }
 
 impl Queue {
-    /// Sends a control message (stdin, stdin close, a signal) to the worker
-    /// running the job, through `job:<id>:stdin`, without any budget (tests
-    /// and operators). Messages sent while the job is queued wait there and
-    /// are delivered in order once it starts.
-    pub async fn send_control(&self, id: &str, control: &Control) -> Result<(), QueueError> {
-        let fields = control_fields(control);
-        let mut conn = self.conn().await?;
-        let _: String = conn.xadd(self.keys.stdin(id), "*", &fields).await?;
-        Ok(())
-    }
-
-    /// Sends a stream client's control message like [`Queue::send_control`],
-    /// but only while the job is queued or running and within its budgets
+    /// Sends a stream client's control message (stdin, stdin close, a
+    /// signal) to the worker running the job, through `job:<id>:stdin`
+    /// (messages sent while the job is queued wait there and are delivered
+    /// in order once it starts), only while the job is queued or running
+    /// and within its budgets
     /// (counted in the job hash, so every connection and every API replica
     /// shares them): one atomic step.
     pub async fn send_input(

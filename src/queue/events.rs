@@ -125,34 +125,6 @@ impl Queue {
         }
     }
 
-    /// The job's events after `after` (a `seq`), at most `count`; with
-    /// `block`, waits that long for the first one (use a dedicated
-    /// connection then). Empty when there are none (yet).
-    pub async fn read_events(
-        &self,
-        conn: &mut redis::aio::MultiplexedConnection,
-        id: &str,
-        after: u64,
-        count: usize,
-        block: Option<Duration>,
-    ) -> Result<Vec<StoredEvent>, QueueError> {
-        let mut options = redis::streams::StreamReadOptions::default().count(count);
-        if let Some(block) = block {
-            options = options.block(block.as_millis() as usize);
-        }
-        let start = format!("{after}-0");
-        let reply: Option<redis::streams::StreamReadReply> = conn
-            .xread_options(&[self.keys.events(id)], &[start.as_str()], &options)
-            .await?;
-        let entries = reply
-            .map(|r| r.keys)
-            .unwrap_or_default()
-            .into_iter()
-            .flat_map(|key| key.ids)
-            .collect();
-        self.to_events(id, entries).await
-    }
-
     /// The job's events after `after`, at most `count`, on the pool
     /// (never blocks): a replay.
     pub async fn events_since(

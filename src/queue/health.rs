@@ -22,8 +22,6 @@ pub struct RedisHealth {
     pub maxmemory_policy: String,
     /// `maxmemory` in bytes (0: none).
     pub maxmemory: u64,
-    /// Seconds since the server started.
-    pub uptime_secs: u64,
 }
 
 /// Something about the Redis in use that loses jobs.
@@ -97,13 +95,11 @@ impl Queue {
     /// `CONFIG GET save` where allowed).
     pub async fn redis_health(&self) -> Result<RedisHealth, QueueError> {
         let mut conn = self.conn().await?;
-        let (persistence, memory, server): (String, String, String) = redis::pipe()
+        let (persistence, memory): (String, String) = redis::pipe()
             .cmd("INFO")
             .arg("persistence")
             .cmd("INFO")
             .arg("memory")
-            .cmd("INFO")
-            .arg("server")
             .query_async(&mut conn)
             .await?;
         let save: Result<Vec<String>, _> = redis::cmd("CONFIG")
@@ -126,7 +122,6 @@ impl Queue {
                 .trim()
                 .to_string(),
             maxmemory: number(&memory, "maxmemory"),
-            uptime_secs: number(&server, "uptime_in_seconds"),
         })
     }
 
@@ -154,7 +149,6 @@ mod tests {
             snapshots,
             maxmemory_policy: policy.into(),
             maxmemory: 0,
-            uptime_secs: 1,
         }
     }
 

@@ -508,15 +508,11 @@ fn piston_stage(stage: &StageResult, output: Option<String>) -> PistonStage {
 /// the job's events stream; `None` where it cannot be read.
 async fn interleaved_output(state: &ApiState, id: &str) -> Option<(String, String)> {
     let queue = &state.inner.queue;
-    let mut conn = queue.dedicated().await.ok()?;
     let (mut compile, mut run) = (String::new(), String::new());
     let mut stage = "";
     let mut after = 0;
     loop {
-        let events = queue
-            .read_events(&mut conn, id, after, 1000, None)
-            .await
-            .ok()?;
+        let events = queue.events_since(id, after, 1000).await.ok()?;
         let Some(last) = events.last() else { break };
         after = last.seq;
         for stored in &events {
