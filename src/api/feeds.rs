@@ -61,8 +61,10 @@ pub(super) enum Step {
 struct Feed {
     sender: broadcast::Sender<Update>,
     followers: usize,
-    /// The last `seq` the reader read (`None` until it looked).
-    position: Option<u64>,
+    /// The last `seq` the reader read; at first, where the follower that
+    /// opened the feed starts. Any event after it, even one written while
+    /// the feed was being set up (an `exit` among them), is read.
+    position: u64,
 }
 
 #[derive(Default)]
@@ -115,7 +117,7 @@ impl Feeds {
             let feed = state.feeds.entry(id.to_string()).or_insert_with(|| Feed {
                 sender: broadcast::channel(CHANNEL_CAPACITY).0,
                 followers: 0,
-                position: None,
+                position: after,
             });
             feed.followers += 1;
             (feed.sender.subscribe(), new_feed, start_reader)
@@ -153,18 +155,14 @@ impl Feeds {
         }
     }
 
-    /// Jobs with followers that `unknown` lists have no position yet.
-    fn followed(&self) -> (Vec<(String, u64)>, Vec<String>) {
+    /// The followed jobs and where the reader is in each.
+    fn followed(&self) -> Vec<(String, u64)> {
         let state = self.lock();
-        let mut known = Vec::new();
-        let mut unknown = Vec::new();
-        for (id, feed) in &state.feeds {
-            match feed.position {
-                Some(position) => known.push((id.clone(), position)),
-                None => unknown.push(id.clone()),
-            }
-        }
-        (known, unknown)
+        state
+            .feeds
+            .iter()
+            .map(|(id, feed)| (id.clone(), feed.position))
+            .collect()
     }
 
     fn publish(&self, id: &str, update: Update, position: Option<u64>) {
@@ -172,7 +170,7 @@ impl Feeds {
         let remove = matches!(update, Update::Ended | Update::Gone);
         if let Some(feed) = state.feeds.get_mut(id) {
             if let Some(position) = position {
-                feed.position = Some(position);
+                feed.position = position;
             }
             let _ = feed.sender.send(update);
         }
@@ -202,26 +200,14 @@ impl Feeds {
             if shutdown.is_cancelled() {
                 return;
             }
-            let (mut known, unknown) = self.followed();
-            if known.is_empty() && unknown.is_empty() {
+            let known = self.followed();
+            if known.is_empty() {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = self.inner.changed.notified() => continue,
                 }
             }
             let step = async {
-                if !unknown.is_empty() {
-                    let positions = queue.event_positions(&unknown).await?;
-                    for (id, position) in unknown.iter().zip(positions) {
-                        match position {
-                            Some(position) => {
-                                self.publish(id, Update::Events(Arc::default()), Some(position));
-                                known.push((id.clone(), position));
-                            }
-                            None => self.publish(id, Update::Gone, None),
-                        }
-                    }
-                }
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
                     last_sweep = tokio::time::Instant::now();
                     let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
