@@ -395,26 +395,16 @@ impl Shared {
                         return;
                     }
                     // Docker may have gone away while the claim blocked:
-                    // such a job goes back to the head of the queue.
+                    // such a job goes back to the head of the queue, and the
+                    // check before the next claim waits for Docker.
                     if let Some(problem) = self.docker_problem().await {
                         drop(permit);
-                        tracing::warn!(worker.id = %worker, job.id = %id, error = %problem, "docker stopped answering while claiming; gave the job back, not claiming until it answers");
+                        tracing::debug!(worker.id = %worker, job.id = %id, error = %problem, "docker stopped answering while claiming; giving the job back");
                         self.release(&id).await;
-                        docker_failing = true;
-                        if !sleep_unless_cancelled(docker_backoff.next_delay(), &self.shutdown)
-                            .await
-                        {
-                            return;
-                        }
                         continue;
                     }
                     tracing::debug!(job.id = %id, worker.id = %worker, "claimed a job");
-                    let claimed_at = std::time::Instant::now();
-                    let slot = Slot::take(Arc::clone(&self), id, permit);
-                    tracker.spawn(async move {
-                        slot.shared.run_claimed(&slot.id, claimed_at).await;
-                        drop(slot);
-                    });
+                    Arc::clone(&self).spawn_claimed(tracker, id, permit);
                 }
                 Err(error) => {
                     drop(permit);
@@ -434,6 +424,22 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// Runs the claimed job `id` in the slot `permit` holds, as a task of
+    /// `tracker`.
+    fn spawn_claimed(
+        self: Arc<Self>,
+        tracker: &TaskTracker,
+        id: String,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let claimed_at = std::time::Instant::now();
+        let slot = Slot::take(self, id, permit);
+        tracker.spawn(async move {
+            slot.shared.run_claimed(&slot.id, claimed_at).await;
+            drop(slot);
+        });
     }
 
     /// Why Docker cannot run a job now, if it cannot: asked of Docker only

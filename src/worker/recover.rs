@@ -17,8 +17,8 @@ use std::sync::Arc;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
+use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
-use super::{Shared, Slot};
 use crate::queue::{LostResults, ReapOutcome, ReapPolicy, Retry};
 
 impl Shared {
@@ -134,12 +134,7 @@ impl Shared {
                 worker.id = %self.config.id,
                 "a job was in this worker's processing list without a slot (a claim whose reply was lost); starting it"
             );
-            let claimed_at = std::time::Instant::now();
-            let slot = Slot::take(Arc::clone(self), id, permit);
-            tracker.spawn(async move {
-                slot.shared.run_claimed(&slot.id, claimed_at).await;
-                drop(slot);
-            });
+            Arc::clone(self).spawn_claimed(tracker, id, permit);
         }
         Ok(())
     }
