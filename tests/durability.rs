@@ -34,10 +34,16 @@ fn durable_args() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_token_secret() {
     let args = durable_args();
-    assert!(
-        args.windows(2).any(|w| w == ["--appendonly", "yes"]),
-        "{args:?}"
-    );
+    for setting in [
+        ["--appendonly", "yes"],
+        ["--appendfsync", "everysec"],
+        ["--maxmemory-policy", "noeviction"],
+    ] {
+        assert!(
+            args.windows(2).any(|w| w == setting),
+            "{setting:?} in {args:?}"
+        );
+    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut redis = RedisServer::start_with(&args);
     // An API only: nothing claims the jobs, they stay queued.
@@ -61,6 +67,18 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
 
     redis.kill();
     redis.restart();
+    // The restarted server runs with the same settings.
+    for (name, value) in [
+        ("appendonly", "yes"),
+        ("appendfsync", "everysec"),
+        ("maxmemory-policy", "noeviction"),
+    ] {
+        assert_eq!(
+            redis.cli(&["CONFIG", "GET", name]).lines().nth(1),
+            Some(value),
+            "{name} after the restart"
+        );
+    }
 
     let mut in_queue: Vec<String> = redis
         .cli(&["LRANGE", "jobs:queue", "0", "-1"])

@@ -236,16 +236,26 @@ async fn an_api_started_before_its_redis_waits_for_it() {
     let port = common::redis_server::free_port();
     let mut api =
         DaemonBuilder::with_redis_url(Role::Api, &format!("redis://127.0.0.1:{port}")).spawn();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = api.log_path();
+    wait_for(
+        "the API's log line saying it waits for Redis",
+        Duration::from_secs(30),
+        || {
+            let log = log.clone();
+            async move {
+                std::fs::read_to_string(&log)
+                    .ok()?
+                    .contains("Redis does not answer; the API waits for it")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // It keeps waiting: a few retries later it is still there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
         api.running(),
         "the API exited while Redis was not up; log:\n{}",
-        api.log()
-    );
-    assert!(
-        api.log()
-            .contains("Redis does not answer; the API waits for it"),
-        "{}",
         api.log()
     );
     let _redis = RedisServer::start_on(port);

@@ -11,6 +11,9 @@ mod common;
 
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use code_runner::job::Encoding;
 use code_runner::job::events::JobEvent;
 use code_runner::queue::Queue;
 use common::containers::{Lifetimes, docker};
@@ -108,11 +111,28 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     }
     // The first attempt's output comes before the attempt event, the
     // second attempt's after it.
-    let output_after: usize = events[attempt..]
-        .iter()
-        .filter(|e| matches!(e, JobEvent::Stdout { .. }))
-        .count();
-    assert!(output_after >= 1, "{events:#?}");
+    let stdout = |events: &[JobEvent]| -> String {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                JobEvent::Stdout { data, encoding } => Some(match encoding {
+                    Encoding::Utf8 => data.clone(),
+                    Encoding::Base64 => String::from_utf8(STANDARD.decode(data).unwrap()).unwrap(),
+                }),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        stdout(&events[..attempt]),
+        "attempt output\n",
+        "{events:#?}"
+    );
+    assert_eq!(
+        stdout(&events[attempt..]),
+        "attempt output\ndone\n",
+        "{events:#?}"
+    );
     assert_eq!(
         lifetimes.starts(&batch),
         2,

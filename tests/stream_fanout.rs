@@ -36,6 +36,11 @@ fn redis_connections_of(pid: u32, port: u16) -> usize {
         .args(["-tnp", "state", "established", &format!("dport = :{port}")])
         .output()
         .expect("ss runs (apt-get install iproute2)");
+    assert!(
+        output.status.success(),
+        "ss failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .filter(|line| line.contains(&format!("pid={pid},")))
@@ -202,8 +207,10 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
         "{:?}",
         &failures[..failures.len().min(5)]
     );
+    // The probe sees the API's connections at all (its feed reader's, at
+    // least), and never more than the bound.
     assert!(
-        most <= API_REDIS_CONNECTIONS,
+        (1..=API_REDIS_CONNECTIONS).contains(&most),
         "the API held {most} Redis connections"
     );
     worker.assert_no_containers(&docker).await;
