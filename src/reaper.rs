@@ -92,10 +92,10 @@ impl Connectivity {
 
     /// Redis answered now, having been up `uptime` (a restart, even one
     /// between two probes, counts as an outage).
-    fn answered(&mut self, uptime: Option<Duration>) {
+    fn answered(&mut self, uptime: Duration) {
         let now = Instant::now();
         let since = self.healthy_since.unwrap_or(now);
-        let started = uptime.and_then(|up| now.checked_sub(up)).unwrap_or(since);
+        let started = now.checked_sub(uptime).unwrap_or(since);
         self.healthy_since = Some(since.max(started));
     }
 
@@ -237,7 +237,7 @@ impl Reaper {
                 answer = tokio::time::timeout(PROBE_INTERVAL * 4, self.queue.redis_uptime()) => answer,
             };
             match answer {
-                Ok(Ok(uptime)) => self.lock_connectivity().answered(Some(uptime)),
+                Ok(Ok(uptime)) => self.lock_connectivity().answered(uptime),
                 _ => self.lock_connectivity().failed(),
             }
             tokio::select! {
@@ -285,7 +285,7 @@ impl Reaper {
     pub async fn pass(&self) -> PassReport {
         let mut report = PassReport::default();
         match self.queue.redis_uptime().await {
-            Ok(uptime) => self.lock_connectivity().answered(Some(uptime)),
+            Ok(uptime) => self.lock_connectivity().answered(uptime),
             Err(_) => self.lock_connectivity().failed(),
         }
         let may_judge = self.may_judge();
@@ -602,20 +602,20 @@ mod tests {
         let mut connectivity = Connectivity::default();
         assert!(!connectivity.healthy_for(Duration::ZERO), "never asked");
         // Up for an hour, first seen now: counted from now.
-        connectivity.answered(Some(Duration::from_secs(3600)));
+        connectivity.answered(Duration::from_secs(3600));
         assert!(!connectivity.healthy_for(span));
         std::thread::sleep(span);
-        connectivity.answered(Some(Duration::from_secs(3600)));
+        connectivity.answered(Duration::from_secs(3600));
         assert!(connectivity.healthy_for(span));
         // A failure starts the count again.
         connectivity.failed();
-        connectivity.answered(Some(Duration::from_secs(3600)));
+        connectivity.answered(Duration::from_secs(3600));
         assert!(!connectivity.healthy_for(span));
         std::thread::sleep(span);
         assert!(connectivity.healthy_for(span));
         // Redis restarted between two asks (up for less than the span): as
         // good as a failure.
-        connectivity.answered(Some(Duration::ZERO));
+        connectivity.answered(Duration::ZERO);
         assert!(!connectivity.healthy_for(span));
     }
 
