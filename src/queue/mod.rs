@@ -469,12 +469,6 @@ impl Queue {
             .await?)
     }
 
-    pub async fn ping(&self) -> Result<(), QueueError> {
-        let mut conn = self.conn().await?;
-        let _: String = redis::cmd("PING").query_async(&mut conn).await?;
-        Ok(())
-    }
-
     pub async fn queue_depth(&self) -> Result<u64, QueueError> {
         let mut conn = self.conn().await?;
         Ok(conn.llen(self.keys.queue()).await?)
@@ -818,13 +812,6 @@ impl Queue {
             None => Ok(None),
             Some(status) => Ok(Some((parse_status(id, &status)?, seq.unwrap_or(0)))),
         }
-    }
-
-    /// A job's status alone; `None` when the job does not exist.
-    pub async fn status(&self, id: &str) -> Result<Option<Status>, QueueError> {
-        let mut conn = self.conn().await?;
-        let status: Option<String> = conn.hget(self.keys.job(id), "status").await?;
-        status.map(|s| parse_status(id, &s)).transpose()
     }
 
     /// Removes a worker's heartbeat at a clean shutdown.
