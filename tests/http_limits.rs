@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::daemon::{DaemonBuilder, KEY_A, KEY_B, Role, python};
+use common::daemon::{Answer, DaemonBuilder, KEY_A, KEY_B, Role, metric, python};
 use common::redis_server::RedisServer;
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -120,6 +120,78 @@ async fn a_key_over_its_rate_gets_429_and_other_keys_do_not() {
         StatusCode::NOT_FOUND
     );
     assert_eq!(api.get("/healthz", None).await.status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_piston_and_judge0_routes_share_the_keys_rate() {
+    let redis = RedisServer::start();
+    // No worker: nothing here runs a job.
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_KEY_RATE", 1)
+        .env("CODE_RUNNER_KEY_BURST", 3)
+        .start()
+        .await;
+    let send = |request: reqwest::RequestBuilder| async move {
+        Answer::from(request.send().await.expect("answered")).await
+    };
+    let piston_execute = || {
+        api.http
+            .post(format!("{}/api/v2/execute", api.url))
+            .header("authorization", KEY_A)
+            .body("{}")
+    };
+    let judge0_submit = || {
+        api.http
+            .post(format!("{}/judge0/submissions", api.url))
+            .header("x-auth-token", KEY_A)
+            .json(&serde_json::json!({"source_code": "print(1)", "language_id": 71}))
+    };
+    let judge0_show = |key: &str| {
+        api.http
+            .get(format!(
+                "{}/judge0/submissions/{}",
+                api.url,
+                uuid::Uuid::new_v4()
+            ))
+            .header("x-auth-token", key)
+    };
+    let v1_show = format!("/v1/jobs/{}", uuid::Uuid::new_v4());
+    // The burst of 3, spent across the three APIs.
+    assert_eq!(
+        api.get(&v1_show, Some(KEY_A)).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(send(judge0_show(KEY_A)).await.status, StatusCode::NOT_FOUND);
+    let piston = send(piston_execute()).await;
+    assert_eq!(piston.status, StatusCode::BAD_REQUEST, "{piston:#?}");
+    // Now each refuses in its own shape, with Retry-After.
+    let piston = send(piston_execute()).await;
+    assert_eq!(piston.status, StatusCode::TOO_MANY_REQUESTS, "{piston:#?}");
+    let message = piston.body["message"].as_str().unwrap();
+    assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
+    assert_eq!(piston.retry_after(), 1);
+    let judge0 = send(judge0_submit()).await;
+    assert_eq!(judge0.status, StatusCode::TOO_MANY_REQUESTS, "{judge0:#?}");
+    let message = judge0.body["error"].as_str().unwrap();
+    assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
+    assert_eq!(judge0.retry_after(), 1);
+    let v1 = api.get(&v1_show, Some(KEY_A)).await;
+    assert_eq!(v1.status, StatusCode::TOO_MANY_REQUESTS, "{v1:#?}");
+    assert_eq!(v1.error().0, "rate_limited");
+    let v1 = api.submit_as(Some(KEY_A), &python("print(1)"), false).await;
+    assert_eq!(v1.status, StatusCode::TOO_MANY_REQUESTS, "{v1:#?}");
+    // Another key has its own bucket.
+    assert_eq!(send(judge0_show(KEY_B)).await.status, StatusCode::NOT_FOUND);
+    // The three refused submissions are counted; the refused read is not.
+    let metrics = api.metrics().await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "code_runner_submissions_rejected_total{reason=\"rate_limited\"}"
+        ),
+        Some(3.0),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

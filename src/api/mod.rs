@@ -10,7 +10,8 @@
 //! - `streams`: the job's WebSocket and Server-Sent Events; `feeds`: the
 //!   one Redis follower of each followed job in this process, fanned out to
 //!   the streams and to `?wait=true`; `stream_caps`: caps on open streams.
-//! - `ratelimit`: the per-key request rate limit (tower_governor);
+//! - `ratelimit`: the per-key request rate limit (governor), for `/v1` and
+//!   the compatible APIs;
 //!   `server`: the HTTP server loop, with header and idle timeouts.
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
 //! - [`web`]: the browser pages (playground, dashboard) embedded in the
@@ -150,6 +151,7 @@ pub const REJECTION_REASONS: &[&str] = &[
     "key_storage",
     "conflict",
     "malformed",
+    "rate_limited",
 ];
 
 /// The shared state of every handler: cheap to clone.
@@ -171,6 +173,8 @@ pub struct ApiState {
     /// This process's followers of jobs' events.
     feeds: feeds::Feeds,
     stream_caps: stream_caps::StreamCaps,
+    /// The per-key request rate, shared by `/v1` and the compatible APIs.
+    key_rate: Arc<ratelimit::KeyRate>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -201,6 +205,10 @@ impl ApiState {
         let shutdown = CancellationToken::new();
         let feeds = feeds::Feeds::new(config.queue.clone(), shutdown.clone());
         let stream_caps = stream_caps::StreamCaps::new(config.limits.streams);
+        let key_rate = Arc::new(ratelimit::KeyRate::new(
+            config.limits.key_rate,
+            config.limits.key_burst,
+        ));
         Self {
             inner: Arc::new(config),
             ops,
@@ -210,6 +218,7 @@ impl ApiState {
             compat: Arc::new(CompatConfig::default()),
             feeds,
             stream_caps,
+            key_rate,
         }
     }
 
@@ -269,18 +278,16 @@ impl ApiState {
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.inner.max_body_bytes;
     let pages = state.web.as_deref().map(web::routes).unwrap_or_default();
-    let limits = state.inner.limits;
     // The routes that take an API key, rate limited per key.
     let keyed = Router::new()
         .route("/v1/jobs", post(jobs::submit))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/capacity", get(capacity::list).put(capacity::put))
-        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete));
-    let keyed = match ratelimit::layer(state.inner.keys.clone(), limits.key_rate, limits.key_burst)
-    {
-        Some(layer) => keyed.route_layer(layer),
-        None => keyed,
-    };
+        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            ratelimit::limit,
+        ));
     Router::new()
         .merge(pages)
         .merge(keyed)

@@ -1,59 +1,109 @@
-//! The request rate limit per API key: tower_governor (a GCRA token bucket
-//! per key, from the `governor` crate) on the routes that take an API key.
-//! The key is the configured key's name; requests without a valid key share
-//! one bucket (they are refused with 401 by the handler anyway, and a flood
-//! of them cannot starve a real key). Above the rate: 429 `rate_limited`
-//! with `Retry-After`.
+//! The request rate limit per API key: a GCRA token bucket per key from the
+//! `governor` crate, one set of buckets for every route that takes a key.
+//! `/v1/jobs…` and `/v1/capacity…` are checked by [`limit`], a middleware
+//! that reads the key from `Authorization`; the Piston and Judge0 APIs call
+//! [`KeyRate::check`] once they know their caller, so their refusal comes
+//! in their own shapes. Requests without a valid key share one bucket (they
+//! are refused with 401 anyway, and a flood of them cannot starve a real
+//! key). Above the rate: 429 `rate_limited` with `Retry-After`; a refused
+//! submission counts in `code_runner_submissions_rejected_total`.
+//!
+//! The buckets are kept per key name, so their number is bounded by the
+//! configured keys (plus the shared one).
 
-use std::sync::Arc;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::http::Request;
-use axum::response::IntoResponse;
-use governor::middleware::NoOpMiddleware;
-use tower_governor::GovernorError;
-use tower_governor::governor::GovernorConfigBuilder;
-use tower_governor::key_extractor::KeyExtractor;
+use axum::extract::{Request, State};
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use governor::clock::Clock;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use super::auth::ApiKeys;
+use super::ApiState;
 use super::error::ApiError;
 
-/// The rate limiting layer's key: the API key's name, if it is one.
-#[derive(Clone)]
-pub(super) struct KeyName {
-    keys: ApiKeys,
+/// The buckets: `rate` requests per second per key, `burst` at once.
+pub(crate) struct KeyRate {
+    limiter: DefaultKeyedRateLimiter<Option<String>>,
+    rate: u64,
 }
 
-impl KeyExtractor for KeyName {
-    type Key = Option<String>;
-
-    fn extract<T>(&self, request: &Request<T>) -> Result<Self::Key, GovernorError> {
-        Ok(self
-            .keys
-            .authenticate_headers(request.headers())
-            .ok()
-            .map(|caller| caller.name))
+impl std::fmt::Debug for KeyRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyRate")
+            .field("rate", &self.rate)
+            .finish_non_exhaustive()
     }
 }
 
-pub(super) type Layer = tower_governor::GovernorLayer<KeyName, NoOpMiddleware, Body>;
+impl KeyRate {
+    pub(crate) fn new(rate: u64, burst: u32) -> Self {
+        let rate = rate.max(1);
+        let period = Duration::from_nanos((1_000_000_000 / rate).max(1));
+        let quota = Quota::with_period(period)
+            .expect("a period of at least 1 ns")
+            .allow_burst(NonZeroU32::new(burst).unwrap_or(NonZeroU32::MIN));
+        Self {
+            limiter: RateLimiter::keyed(quota),
+            rate,
+        }
+    }
 
-/// The layer: `rate` requests per second per key, `burst` at once.
-pub(super) fn layer(keys: ApiKeys, rate: u64, burst: u32) -> Option<Layer> {
-    let period = Duration::from_nanos((1_000_000_000 / rate.max(1)).max(1));
-    let config = GovernorConfigBuilder::default()
-        .key_extractor(KeyName { keys })
-        .period(period)
-        .burst_size(burst.max(1))
-        .finish()?;
-    Some(
-        tower_governor::GovernorLayer::new(Arc::new(config)).error_handler(move |error| {
-            let wait_secs = match error {
-                GovernorError::TooManyRequests { wait_time, .. } => wait_time,
-                _ => 1,
-            };
-            ApiError::RateLimited { rate, wait_secs }.into_response()
-        }),
-    )
+    /// Takes one request from the bucket of the key named `key` (`None`: no
+    /// valid key); 429 `rate_limited` when it is empty.
+    pub(crate) fn check(&self, key: Option<&str>) -> Result<(), ApiError> {
+        self.limiter
+            .check_key(&key.map(str::to_owned))
+            .map_err(|not_until| {
+                let wait = not_until.wait_time_from(self.limiter.clock().now());
+                ApiError::RateLimited {
+                    rate: self.rate,
+                    wait_secs: wait.as_secs_f64().ceil() as u64,
+                }
+            })
+    }
+}
+
+/// The middleware of the keyed `/v1` routes.
+pub(super) async fn limit(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let key = state
+        .keys()
+        .authenticate_headers(request.headers())
+        .ok()
+        .map(|caller| caller.name);
+    match state.key_rate.check(key.as_deref()) {
+        Ok(()) => next.run(request).await,
+        Err(error) => {
+            // POST is the one submission among these routes.
+            if request.method() == Method::POST {
+                super::jobs::count_rejection(&state, &error);
+            }
+            error.into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_key_has_its_own_bucket_of_burst_requests() {
+        let rate = KeyRate::new(1, 3);
+        for _ in 0..3 {
+            rate.check(Some("a")).unwrap();
+        }
+        match rate.check(Some("a")) {
+            Err(ApiError::RateLimited { rate: 1, wait_secs }) => assert_eq!(wait_secs, 1),
+            other => panic!("{other:?}"),
+        }
+        rate.check(Some("b")).unwrap();
+        for _ in 0..3 {
+            rate.check(None).unwrap();
+        }
+        assert!(rate.check(None).is_err());
+        assert!(rate.check(Some("b")).is_ok());
+    }
 }

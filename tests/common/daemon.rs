@@ -199,7 +199,7 @@ pub struct Answer {
 }
 
 impl Answer {
-    async fn from(response: reqwest::Response) -> Self {
+    pub async fn from(response: reqwest::Response) -> Self {
         let status = response.status();
         let headers = response.headers().clone();
         let bytes = response.bytes().await.expect("the body arrives");

@@ -110,6 +110,16 @@ fn compat_caller(
     }
 }
 
+/// One request of `caller` against its key's rate, in the same buckets as
+/// `/v1` (429 `rate_limited` above it); a refused submission is counted.
+fn within_rate(state: &ApiState, caller: &Caller, submission: bool) -> Result<(), ApiError> {
+    let checked = state.key_rate.check(Some(&caller.name));
+    if submission && let Err(error) = &checked {
+        super::jobs::count_rejection(state, error);
+    }
+    checked
+}
+
 /// A new job id.
 fn new_job_id() -> String {
     uuid::Uuid::new_v4().to_string()

@@ -40,7 +40,7 @@ use super::super::error::ApiError;
 use super::super::feeds::Step;
 use super::super::jobs::{wait_budget, wait_for_end};
 use super::super::stream_caps::StreamPermit;
-use super::{compat_caller, new_job_id, semver3, submit};
+use super::{compat_caller, new_job_id, semver3, submit, within_rate};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobResult, JobSpec, StageResult, Status};
@@ -553,6 +553,9 @@ async fn execute(State(state): State<ApiState>, request: Request) -> Response {
             .inc();
         return unauthorized();
     };
+    if let Err(error) = within_rate(&state, &caller, true) {
+        return from_api_error(error);
+    }
     // Piston's own clients send JSON without a JSON content type
     // (piston-client posts text/plain): any body that parses is taken.
     let body = match Bytes::from_request(Request::from_parts(parts, body), &()).await {
@@ -693,6 +696,9 @@ async fn connect(State(state): State<ApiState>, request: Request) -> Response {
     let Some(caller) = compat_caller(&state, &parts, None, true) else {
         return unauthorized();
     };
+    if let Err(error) = within_rate(&state, &caller, true) {
+        return from_api_error(error);
+    }
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &state).await {
         Ok(upgrade) => upgrade,
         Err(rejection) => return piston_error(rejection.status(), rejection.body_text()),

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use axum::Router;
 use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
@@ -35,7 +35,7 @@ use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::jobs::{job_id, owned_job, wait_budget, wait_for_end};
-use super::{compat_caller, new_job_id, submit};
+use super::{compat_caller, new_job_id, submit, within_rate};
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
 use view::{STATUSES, requested_fields, submission_view};
@@ -112,17 +112,24 @@ impl From<Response> for Refusal {
     }
 }
 
-/// The caller, or Judge0's 401 (no body).
+/// The caller within its key's rate, or Judge0's 401 (no body) or 429.
+/// Refused submissions (POST) are counted.
 fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
-    compat_caller(state, parts, Some("x-auth-token"), false).ok_or_else(|| {
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&["unauthorized"])
-            .inc();
-        Refusal::from(StatusCode::UNAUTHORIZED.into_response())
-    })
+    let submission = parts.method == Method::POST;
+    let Some(caller) = compat_caller(state, parts, Some("x-auth-token"), false) else {
+        if submission {
+            state
+                .inner
+                .metrics
+                .submissions_rejected
+                .with_label_values(&["unauthorized"])
+                .inc();
+        }
+        return Err(Refusal::from(StatusCode::UNAUTHORIZED.into_response()));
+    };
+    within_rate(state, &caller, submission)
+        .map_err(|error| Refusal::from(from_api_error(error)))?;
+    Ok(caller)
 }
 
 /// The query parameters Judge0 reads.
