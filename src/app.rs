@@ -283,7 +283,11 @@ pub async fn run(
                 sd_notify::NotifyState::Ready,
                 sd_notify::NotifyState::Status(&ready_status),
             ]);
-            crate::api::serve_ops(listener, metrics, queue, http_stop.clone()).await
+            // A worker's /readyz checks Docker and its images, a reaper's
+            // Docker alone.
+            let offered = worker.is_some().then_some(&offered);
+            crate::api::serve_ops(listener, metrics, queue, engine, offered, http_stop.clone())
+                .await
         }
     };
     // The server returns once the worker (if any) has drained, or when its

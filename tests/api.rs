@@ -983,6 +983,8 @@ async fn a_worker_only_process_serves_the_probes_and_metrics() {
         listener,
         Metrics::new().unwrap(),
         queue,
+        None,
+        None,
         shutdown.clone(),
     ));
     let http = reqwest::Client::builder().no_proxy().build().unwrap();

@@ -46,6 +46,7 @@ async fn ready_then_stopping(role: Role, stop: impl FnOnce(&common::daemon::Daem
         Role::Serve => "api + worker + reaper",
         Role::Worker => "worker + reaper",
         Role::Api => "api",
+        Role::Reaper => "reaper",
     };
     assert!(
         lines

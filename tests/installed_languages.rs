@@ -1,7 +1,8 @@
 //! Only installed languages are offered: a worker offers the catalog's
 //! languages whose images its Docker has and advertises them with its
 //! heartbeat; an API-only process shows what the live workers advertise;
-//! `doctor` notes the languages without an image instead of failing.
+//! `doctor` notes the languages without an image instead of failing; a
+//! worker's `/readyz` checks the images of what it offers.
 //! And multi-file projects keep their directories, through the API and
 //! through the CLI.
 
@@ -78,6 +79,97 @@ async fn an_api_process_shows_what_the_live_workers_offer() {
         .await;
     assert_eq!(run_stdout(&answer.body), "ran\n", "{:#?}", answer);
     drop(worker);
+}
+
+/// `code-runner/bash` under a name of this test's own, untagged when dropped
+/// (the image itself stays).
+struct TemporaryTag(String);
+
+impl TemporaryTag {
+    fn of(image: &str) -> Self {
+        let tag = format!("code-runner-test/readyz-{}:latest", uuid::Uuid::new_v4());
+        let status = std::process::Command::new("docker")
+            .args(["tag", image, &tag])
+            .status()
+            .unwrap();
+        assert!(status.success(), "docker tag {image} {tag}");
+        Self(tag)
+    }
+
+    fn remove(&self) {
+        let output = std::process::Command::new("docker")
+            .args(["rmi", &self.0])
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "docker rmi {}: {}",
+            self.0,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for TemporaryTag {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", &self.0])
+            .output();
+    }
+}
+
+/// The failing checks of a `/readyz` answer, by name.
+fn failing_checks(body: &Value) -> Vec<String> {
+    body["failing"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no failing list in {body:#}"))
+        .iter()
+        .map(|f| f["check"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_worker_is_ready_while_its_images_are_there_and_a_reaper_needs_none() {
+    let redis = RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = TemporaryTag::of("code-runner/bash:latest");
+    let catalog = catalog_with_cobol(dir.path());
+    let mut text = std::fs::read_to_string(&catalog).unwrap();
+    text.push_str(&format!(
+        "\n[[language]]\nid = \"tagged\"\nname = \"Tagged bash\"\nversion = \"5\"\n\
+         image = \"{}\"\nsource_file = \"main.sh\"\nrun = [\"bash\", \"main.sh\"]\n",
+        tag.0
+    ));
+    std::fs::write(&catalog, text).unwrap();
+
+    // A worker alone checks Docker and the images of what it offers (not
+    // cobol's, which it does not offer).
+    let worker = DaemonBuilder::new(Role::Worker, &redis)
+        .env("CODE_RUNNER_LANGUAGES_FILE", catalog.display())
+        .start()
+        .await;
+    let ready = worker.get("/readyz", None).await;
+    assert_eq!(ready.status, reqwest::StatusCode::OK, "{ready:#?}");
+    assert_eq!(failing_checks(&ready.body), Vec::<String>::new());
+    tag.remove();
+    let unready = worker.get("/readyz", None).await;
+    assert_eq!(
+        unready.status,
+        reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        "{unready:#?}"
+    );
+    assert_eq!(unready.body["ready"], false);
+    assert_eq!(failing_checks(&unready.body), [format!("image {}", tag.0)]);
+
+    // A reaper alone runs no job: Docker is all it needs.
+    let reaper = DaemonBuilder::new(Role::Reaper, &redis)
+        .env("CODE_RUNNER_LANGUAGES_FILE", catalog.display())
+        .start()
+        .await;
+    let ready = reaper.get("/readyz", None).await;
+    assert_eq!(ready.status, reqwest::StatusCode::OK, "{ready:#?}");
+    assert_eq!(failing_checks(&ready.body), Vec::<String>::new());
+    drop((worker, reaper));
 }
 
 #[tokio::test]

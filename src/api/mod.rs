@@ -194,13 +194,10 @@ impl ApiState {
                 .submissions_rejected
                 .with_label_values(&[*reason]);
         }
-        let docker = config.engine.clone().map(|engine| {
-            let mut images: Vec<String> =
-                config.catalog.all().iter().map(|l| l.image_ref()).collect();
-            images.sort();
-            images.dedup();
-            ops::DockerCheck { engine, images }
-        });
+        let docker = config
+            .engine
+            .clone()
+            .map(|engine| ops::DockerCheck::new(engine, Some(&config.catalog)));
         let ops = ops::OpsState::new(config.queue.clone(), config.metrics.clone(), docker);
         let shutdown = CancellationToken::new();
         let feeds = feeds::Feeds::new(config.queue.clone(), shutdown.clone());
@@ -344,17 +341,22 @@ pub async fn serve(
 /// Longest the server waits for its WebSocket sessions to close at shutdown.
 const SESSIONS_GRACE: Duration = Duration::from_secs(5);
 
-/// Serves /metrics, /healthz and /readyz for a worker-only process.
+/// Serves /metrics, /healthz and /readyz for a process without the API (a
+/// worker, a reaper). `/readyz` checks Redis and Docker through `engine`,
+/// and with `offered` (a worker's languages) their images.
 pub async fn serve_ops(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
     queue: Queue,
+    engine: Option<crate::sandbox::SandboxEngine>,
+    offered: Option<&LanguageCatalog>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     if let Ok(address) = listener.local_addr() {
         tracing::info!(address = %address, "The metrics endpoint is listening.");
     }
-    let app = ops::router(ops::OpsState::new(queue, metrics, None))
+    let docker = engine.map(|engine| ops::DockerCheck::new(engine, offered));
+    let app = ops::router(ops::OpsState::new(queue, metrics, docker))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));

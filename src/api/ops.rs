@@ -1,9 +1,9 @@
 //! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) and the public
 //! language catalog (`/v1/languages`).
 //!
-//! `/readyz` with a worker in the process pings Docker and looks up each
-//! catalog image through the `bollard::Docker` handle it was given; nothing
-//! else of the API touches Docker.
+//! `/readyz` in a process with a worker or a reaper pings Docker, and with a
+//! worker looks up each image of the languages it offers, through the
+//! sandbox engine it was given; nothing else of the API touches Docker.
 
 use std::time::Duration;
 
@@ -17,18 +17,32 @@ use serde::Serialize;
 use super::ApiState;
 use super::error::ApiError;
 use crate::job::limits::{CompileLimits, Limits};
+use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::queue::Queue;
 
 /// How long one readiness check may take before it counts as failed.
 const READINESS_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The sandbox engine and the images to look for, when a worker shares the
-/// process.
+/// The sandbox engine and the images to look for, when a worker or a
+/// reaper shares the process.
 #[derive(Clone)]
 pub(super) struct DockerCheck {
-    pub engine: crate::sandbox::SandboxEngine,
-    pub images: Vec<String>,
+    engine: crate::sandbox::SandboxEngine,
+    images: Vec<String>,
+}
+
+impl DockerCheck {
+    /// Checks Docker through `engine` and the images of `catalog`'s
+    /// languages (a reaper alone runs no job: it passes none).
+    pub fn new(engine: crate::sandbox::SandboxEngine, catalog: Option<&LanguageCatalog>) -> Self {
+        let mut images: Vec<String> = catalog
+            .map(|catalog| catalog.all().iter().map(|l| l.image_ref()).collect())
+            .unwrap_or_default();
+        images.sort();
+        images.dedup();
+        Self { engine, images }
+    }
 }
 
 /// What the operator endpoints need.

@@ -70,6 +70,7 @@ pub enum Role {
     Serve,
     Api,
     Worker,
+    Reaper,
 }
 
 impl Role {
@@ -78,11 +79,12 @@ impl Role {
             Role::Serve => "serve",
             Role::Api => "api",
             Role::Worker => "worker",
+            Role::Reaper => "reaper",
         }
     }
 }
 
-/// A `code-runner serve|api|worker` child process.
+/// A `code-runner serve|api|worker|reaper` child process.
 pub struct Daemon {
     child: Child,
     pub role: Role,
@@ -151,8 +153,10 @@ impl DaemonBuilder {
             .unwrap_or_else(|| format!("test-{}", uuid::Uuid::new_v4()));
         let listen = format!("127.0.0.1:{}", free_port());
         let worker_listen = format!("127.0.0.1:{}", free_port());
+        let reaper_listen = format!("127.0.0.1:{}", free_port());
         let url = match self.role {
             Role::Worker => format!("http://{worker_listen}"),
+            Role::Reaper => format!("http://{reaper_listen}"),
             Role::Serve | Role::Api => format!("http://{listen}"),
         };
         let log_dir = tempfile::tempdir().expect("a temporary directory");
@@ -164,6 +168,7 @@ impl DaemonBuilder {
             .env("CODE_RUNNER_REDIS_URL", &self.redis_url)
             .env("CODE_RUNNER_LISTEN", &listen)
             .env("CODE_RUNNER_WORKER_LISTEN", &worker_listen)
+            .env("CODE_RUNNER_REAPER_LISTEN", &reaper_listen)
             .env("CODE_RUNNER_WORKER_ID", &worker_id)
             .envs(&self.env)
             .stdout(stdout)
