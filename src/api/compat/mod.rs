@@ -110,6 +110,16 @@ fn compat_caller(
     }
 }
 
+/// Counts a submission refused for want of a valid key.
+fn count_unauthorized(state: &ApiState) {
+    state
+        .inner
+        .metrics
+        .submissions_rejected
+        .with_label_values(&["unauthorized"])
+        .inc();
+}
+
 /// One request of `caller` against its key's rate, in the same buckets as
 /// `/v1` (429 `rate_limited` above it); a refused submission is counted.
 fn within_rate(state: &ApiState, caller: &Caller, submission: bool) -> Result<(), ApiError> {

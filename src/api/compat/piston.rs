@@ -40,7 +40,7 @@ use super::super::error::ApiError;
 use super::super::feeds::Step;
 use super::super::jobs::{wait_budget, wait_for_end};
 use super::super::stream_caps::StreamPermit;
-use super::{compat_caller, new_job_id, semver3, submit, within_rate};
+use super::{compat_caller, count_unauthorized, new_job_id, semver3, submit, within_rate};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobResult, JobSpec, StageResult, Status};
@@ -545,12 +545,7 @@ async fn interleaved_output(state: &ApiState, id: &str) -> Option<(String, Strin
 async fn execute(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let Some(caller) = compat_caller(&state, &parts, None, true) else {
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&["unauthorized"])
-            .inc();
+        count_unauthorized(&state);
         return unauthorized();
     };
     if let Err(error) = within_rate(&state, &caller, true) {
@@ -694,6 +689,7 @@ fn frame(value: Value) -> Message {
 async fn connect(State(state): State<ApiState>, request: Request) -> Response {
     let (mut parts, _) = request.into_parts();
     let Some(caller) = compat_caller(&state, &parts, None, true) else {
+        count_unauthorized(&state);
         return unauthorized();
     };
     if let Err(error) = within_rate(&state, &caller, true) {

@@ -35,7 +35,7 @@ use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::jobs::{job_id, owned_job, wait_budget, wait_for_end};
-use super::{compat_caller, new_job_id, submit, within_rate};
+use super::{compat_caller, count_unauthorized, new_job_id, submit, within_rate};
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
 use view::{STATUSES, requested_fields, submission_view};
@@ -118,12 +118,7 @@ fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
     let submission = parts.method == Method::POST;
     let Some(caller) = compat_caller(state, parts, Some("x-auth-token"), false) else {
         if submission {
-            state
-                .inner
-                .metrics
-                .submissions_rejected
-                .with_label_values(&["unauthorized"])
-                .inc();
+            count_unauthorized(state);
         }
         return Err(Refusal::from(StatusCode::UNAUTHORIZED.into_response()));
     };
