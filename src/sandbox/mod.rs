@@ -289,7 +289,7 @@ impl SandboxEngine {
         io: JobIo,
         warm: Option<WarmSandbox>,
     ) -> RunOutcome {
-        match warm {
+        let outcome = match warm {
             Some(warm) => {
                 let started = std::time::Instant::now();
                 session::run_in(
@@ -304,17 +304,17 @@ impl SandboxEngine {
                 .await
             }
             None => {
-                let outcome =
-                    session::run_cold(&self.docker, &self.config, &self.uids, job_id, job, io)
-                        .await;
-                if outcome.result.timings.container_start_ms > 0 {
-                    self.docker_answered();
-                } else if outcome.result.status == crate::job::Status::Error {
-                    self.docker_failed();
-                }
-                outcome
+                session::run_cold(&self.docker, &self.config, &self.uids, job_id, job, io).await
             }
+        };
+        // A platform error may be Docker going away (dockerd stopping ends
+        // the sandbox after it started): the next claim asks Docker first.
+        if outcome.result.status == crate::job::Status::Error {
+            self.docker_failed();
+        } else if outcome.result.timings.container_start_ms > 0 {
+            self.docker_answered();
         }
+        outcome
     }
 }
 

@@ -350,7 +350,7 @@ impl Shared {
             // could only fail, while a queued one waits for a worker that can
             // run it (this one, once Docker is back, or another). Asked only
             // when Docker has not answered lately.
-            if let Some(problem) = self.docker_problem().await {
+            if let Some(problem) = self.docker_problem(DOCKER_FRESH).await {
                 drop(permit);
                 if !docker_failing {
                     tracing::warn!(worker.id = %worker, error = %problem, "docker does not answer; not claiming jobs until it does");
@@ -367,6 +367,7 @@ impl Shared {
                 docker_failing = false;
                 docker_backoff.reset();
             }
+            let claim_began = std::time::Instant::now();
             let claimed = match conn.as_mut() {
                 // Not raced with shutdown: a BLMOVE in flight may still move
                 // an id into the processing list, and only its reply says
@@ -395,9 +396,12 @@ impl Shared {
                         return;
                     }
                     // Docker may have gone away while the claim blocked:
-                    // such a job goes back to the head of the queue, and the
-                    // check before the next claim waits for Docker.
-                    if let Some(problem) = self.docker_problem().await {
+                    // unless Docker answered since the claim began (under
+                    // load it did: other jobs' calls), it is asked; a job
+                    // claimed while it is down goes back to the head of the
+                    // queue, and the check before the next claim waits for
+                    // Docker.
+                    if let Some(problem) = self.docker_problem(claim_began.elapsed()).await {
                         drop(permit);
                         tracing::debug!(worker.id = %worker, job.id = %id, error = %problem, "docker stopped answering while claiming; giving the job back");
                         self.release(&id).await;
@@ -443,9 +447,9 @@ impl Shared {
     }
 
     /// Why Docker cannot run a job now, if it cannot: asked of Docker only
-    /// when it has not answered within [`DOCKER_FRESH`].
-    async fn docker_problem(&self) -> Option<String> {
-        if self.engine.docker_answered_within(DOCKER_FRESH) {
+    /// when it has not answered within `fresh`.
+    async fn docker_problem(&self, fresh: Duration) -> Option<String> {
+        if self.engine.docker_answered_within(fresh) {
             return None;
         }
         self.engine
