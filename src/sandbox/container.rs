@@ -274,9 +274,14 @@ impl Drop for ContainerGuard {
 
 /// Delays between the background attempts to remove a container Docker did
 /// not remove when asked (Docker not answering, e.g. dockerd restarting):
-/// about five minutes in all; after that the reaper removes it once its
-/// deadline has passed.
-const BACKGROUND_REMOVE_DELAYS_S: [u64; 9] = [1, 1, 2, 4, 8, 15, 30, 60, 180];
+/// every second for the first minute, so a container goes within a second
+/// of a restarted dockerd answering (an attempt against a Docker that is not
+/// there is a refused connection: cheap), then every 10 s; five minutes in
+/// all; after that the reaper removes it once its deadline has passed.
+fn background_remove_delays() -> impl Iterator<Item = Duration> {
+    std::iter::repeat_n(Duration::from_secs(1), 60)
+        .chain(std::iter::repeat_n(Duration::from_secs(10), 24))
+}
 
 /// Keeps trying to remove a container in the background, for a job whose
 /// result must not wait for Docker to come back; the uid is given back once
@@ -288,8 +293,8 @@ fn remove_in_background(docker: Docker, name: String, lease: Option<UidLease>) {
     };
     handle.spawn(async move {
         let mut last = None;
-        for delay in BACKGROUND_REMOVE_DELAYS_S {
-            tokio::time::sleep(Duration::from_secs(delay)).await;
+        for delay in background_remove_delays() {
+            tokio::time::sleep(delay).await;
             match force_remove(&docker, &name).await {
                 Ok(()) => {
                     tracing::info!(container = %name, "removed the sandbox container once docker answered");
