@@ -5,9 +5,10 @@
 //!
 //! A connection that ends before `exit` is opened again with
 //! `?after=<last seq>`; events are also deduplicated by `seq`, so nothing is
-//! written twice. After [`RECONNECTS`] failed attempts in a row (or at once,
-//! when the API has no stream for the job: any 4xx but 401/403), the caller
-//! falls back to polling.
+//! written twice. After [`RECONNECTS`] failed attempts in a row that span
+//! the client's outage budget (an API restart takes seconds), or at once when
+//! the API has no stream for the job (any 4xx but 401/403), the caller falls
+//! back to polling.
 //!
 //! What the events mean to the caller is an [`EventSink`]'s business (the
 //! `run` command's [`Printer`] writes them; `bench` times them), and where
@@ -31,7 +32,8 @@ use crate::job::JobResult;
 use crate::job::events::JobEvent;
 
 /// Attempts to reconnect after a connection ended before `exit`, in a row
-/// (an attempt that brings new events starts the count again).
+/// (an attempt that brings new events starts the count again); the attempts
+/// go on past it until they span [`super::OUTAGE_BUDGET`].
 pub(super) const RECONNECTS: u32 = 5;
 /// Pause before the first reconnect; it doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -173,6 +175,7 @@ impl<'a, S: EventSink> Follower<'a, S> {
     /// Follows the job to its `exit` event, reconnecting as needed.
     pub(crate) async fn follow(&mut self, interrupt: &mut impl Interrupts) -> Followed {
         let mut failures = 0u32;
+        let mut failing_since = Instant::now();
         let mut backoff = FIRST_BACKOFF;
         loop {
             let seq_before = self.last_seq;
@@ -187,12 +190,13 @@ impl<'a, S: EventSink> Follower<'a, S> {
                 Err(ConnectError::NoStream(why)) => return Followed::Fallback(why),
                 Err(ConnectError::Fatal(error)) => return Followed::Failed(error),
             };
-            if self.last_seq > seq_before {
+            if self.last_seq > seq_before || failures == 0 {
                 failures = 0;
+                failing_since = Instant::now();
                 backoff = FIRST_BACKOFF;
             }
             failures += 1;
-            if failures > RECONNECTS {
+            if failures > RECONNECTS && failing_since.elapsed() >= super::OUTAGE_BUDGET {
                 return Followed::Fallback(why);
             }
             tracing::debug!(%why, failures, "the job's stream ended early; reconnecting");
