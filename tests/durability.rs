@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use common::daemon::{DaemonBuilder, KEY_A, Role, python, run_to_end};
 use common::redis_server::RedisServer;
+use common::wait_for;
 use reqwest::StatusCode;
 use serde_json::Value;
 
@@ -61,9 +62,24 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
     let token = first.body["token"].as_str().unwrap().to_string();
     let idempotent = first.id();
     queued.push(idempotent.clone());
-    // appendfsync everysec: what is a second old is on disk.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     drop(api);
+    // A SIGKILL loses only what Redis has not yet written to its append-only
+    // file: what it wrote, the kernel keeps (fsynced or not) for the restarted
+    // server to read. With appendfsync everysec Redis may hold writes back
+    // while a background fsync is under way: wait until it holds none and
+    // has no fsync pending.
+    wait_for(
+        "Redis to write every change to its append-only file",
+        Duration::from_secs(30),
+        || async {
+            let info = redis.cli(&["INFO", "persistence"]);
+            ["aof_buffer_length:0", "aof_pending_bio_fsync:0"]
+                .iter()
+                .all(|field| info.lines().any(|line| line.trim() == *field))
+                .then_some(())
+        },
+    )
+    .await;
 
     redis.kill();
     redis.restart();

@@ -49,17 +49,22 @@ async fn slow_headers_and_idle_connections_are_closed() {
         .await;
     let address = api.url.trim_start_matches("http://").to_string();
 
-    // Half a request, then nothing.
+    // Half a request, then nothing. Timed from before the connection, so
+    // from before the server's timer starts.
+    let started = Instant::now();
     let mut slow = tokio::net::TcpStream::connect(&address).await.unwrap();
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         .await
         .unwrap();
-    let started = Instant::now();
     let mut buffer = [0u8; 1024];
     let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buffer))
         .await
         .expect("the server closes a connection whose headers do not come");
-    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "closed after {:?}",
+        started.elapsed()
+    );
     // Closed (0) or answered with 408 and closed.
     if let Ok(n) = read
         && n > 0
@@ -68,14 +73,16 @@ async fn slow_headers_and_idle_connections_are_closed() {
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     }
 
-    // A keep-alive connection that stays idle after a request.
+    // A keep-alive connection that stays idle after a request. Timed from
+    // before the connection, so from before the server's timer starts (once
+    // it has answered).
+    let started = Instant::now();
     let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
     let n = idle.read(&mut buffer).await.unwrap();
     assert!(String::from_utf8_lossy(&buffer[..n]).starts_with("HTTP/1.1 200"));
-    let started = Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match idle.read(&mut buffer).await {
@@ -86,7 +93,11 @@ async fn slow_headers_and_idle_connections_are_closed() {
     })
     .await;
     assert!(closed.is_ok(), "the idle connection stayed open");
-    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "closed after {:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -122,6 +133,50 @@ async fn a_key_over_its_rate_gets_429_and_other_keys_do_not() {
     assert_eq!(api.get("/healthz", None).await.status, StatusCode::OK);
 }
 
+/// Empties a key's bucket (rate 1 per second) with reads, `read` sending
+/// one (404 when let through, 429 when refused); the last refusal. Reads
+/// until one is refused, then until one is let through again: that one took
+/// the token the moment it came in, so the next comes a second later (less
+/// the pause between the two reads), and a read sent right after is
+/// refused, as is what the caller sends right after that.
+async fn empty_the_bucket<F, Fut>(what: &str, mut read: F) -> Answer
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Answer>,
+{
+    const TRIES: usize = 10;
+    let mut statuses = Vec::new();
+    let spend = |answer: &Answer, statuses: &mut Vec<u16>| {
+        statuses.push(answer.status.as_u16());
+        assert!(
+            [StatusCode::NOT_FOUND, StatusCode::TOO_MANY_REQUESTS].contains(&answer.status),
+            "{what}: {statuses:?} {answer:#?}"
+        );
+        answer.status == StatusCode::TOO_MANY_REQUESTS
+    };
+    // What is left of the burst.
+    let mut refused = false;
+    for _ in 0..TRIES {
+        if spend(&read().await, &mut statuses) {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "{what}: no refusal in {TRIES} reads: {statuses:?}");
+    // The next token, taken as soon as it comes (within a second).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while spend(&read().await, &mut statuses) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: no token came back: {statuses:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let refused = read().await;
+    assert!(spend(&refused, &mut statuses), "{what}: {statuses:?}");
+    refused
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_piston_and_judge0_routes_share_the_keys_rate() {
     let redis = RedisServer::start();
@@ -155,41 +210,55 @@ async fn the_piston_and_judge0_routes_share_the_keys_rate() {
             ))
             .header("x-auth-token", key)
     };
-    let v1_show = format!("/v1/jobs/{}", uuid::Uuid::new_v4());
+    let v1_show = || async {
+        api.get(&format!("/v1/jobs/{}", uuid::Uuid::new_v4()), Some(KEY_A))
+            .await
+    };
+    // Submissions refused for the rate: the metric must count exactly these.
+    let mut refused_submissions = 0;
     // The burst of 3, spent across the three APIs.
-    assert_eq!(
-        api.get(&v1_show, Some(KEY_A)).await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(v1_show().await.status, StatusCode::NOT_FOUND);
     assert_eq!(send(judge0_show(KEY_A)).await.status, StatusCode::NOT_FOUND);
     let piston = send(piston_execute()).await;
     assert_eq!(piston.status, StatusCode::BAD_REQUEST, "{piston:#?}");
-    // Now each refuses in its own shape, with Retry-After.
+
+    // Now each refuses in its own shape, with Retry-After: each right after
+    // the bucket was emptied through another API.
+    let v1 = empty_the_bucket("/v1 reads", v1_show).await;
+    assert_eq!(v1.error().0, "rate_limited");
     let piston = send(piston_execute()).await;
+    refused_submissions += 1;
     assert_eq!(piston.status, StatusCode::TOO_MANY_REQUESTS, "{piston:#?}");
     let message = piston.body["message"].as_str().unwrap();
     assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
     assert_eq!(piston.retry_after(), 1);
+
+    empty_the_bucket("/v1 reads", v1_show).await;
     let judge0 = send(judge0_submit()).await;
+    refused_submissions += 1;
     assert_eq!(judge0.status, StatusCode::TOO_MANY_REQUESTS, "{judge0:#?}");
     let message = judge0.body["error"].as_str().unwrap();
     assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
     assert_eq!(judge0.retry_after(), 1);
-    let v1 = api.get(&v1_show, Some(KEY_A)).await;
+
+    // And the other way: emptied through Judge0, /v1 refuses.
+    let judge0 = empty_the_bucket("Judge0 reads", || send(judge0_show(KEY_A))).await;
+    let message = judge0.body["error"].as_str().unwrap();
+    assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
+    let v1 = api.submit_as(Some(KEY_A), &python("print(1)"), false).await;
+    refused_submissions += 1;
     assert_eq!(v1.status, StatusCode::TOO_MANY_REQUESTS, "{v1:#?}");
     assert_eq!(v1.error().0, "rate_limited");
-    let v1 = api.submit_as(Some(KEY_A), &python("print(1)"), false).await;
-    assert_eq!(v1.status, StatusCode::TOO_MANY_REQUESTS, "{v1:#?}");
     // Another key has its own bucket.
     assert_eq!(send(judge0_show(KEY_B)).await.status, StatusCode::NOT_FOUND);
-    // The three refused submissions are counted; the refused read is not.
+    // The refused submissions are counted; the refused reads are not.
     let metrics = api.metrics().await;
     assert_eq!(
         metric(
             &metrics,
             "code_runner_submissions_rejected_total{reason=\"rate_limited\"}"
         ),
-        Some(3.0),
+        Some(f64::from(refused_submissions)),
         "{metrics}"
     );
 }

@@ -115,6 +115,12 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
         .filter(|e| matches!(e, JobEvent::Exit { .. }))
         .collect();
     assert_eq!(exits.len(), 1, "{exits:#?}");
+    // Neither process's reaper judged the worker lost: with the single
+    // attempt, the real result and the single exit above, this is what
+    // proves an outage is not a death. (Whether the watcher logs that it
+    // waited depends on which process reconnects first after the restart:
+    // if the daemon rewrites its heartbeat first, the watcher has nothing to
+    // wait for, so that log line is not asserted.)
     for process in [&daemon, &watcher] {
         let text = process.metrics().await;
         assert_eq!(
@@ -127,11 +133,6 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
             "{text}"
         );
     }
-    assert!(
-        watcher.log().contains("judges no worker until"),
-        "the watcher's reaper waited: {}",
-        watcher.log()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

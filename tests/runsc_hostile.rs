@@ -12,6 +12,10 @@ use code_runner::job::{JobSpec, Status};
 use code_runner::protocol::Reason;
 use common::{Harness, job_with_limits, runsc_harness};
 
+/// The tests of this file run one at a time: the bombs of one would take the
+/// CPUs that another's spinning job is measured against.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn runs() -> usize {
     std::env::var("CODE_RUNNER_GVISOR_BOMB_RUNS")
         .ok()
@@ -59,6 +63,7 @@ async fn assert_verdicts(harness: &Harness, name: &str, spec: &JobSpec) {
 
 #[tokio::test]
 async fn fork_bombs_end_with_a_verdict_under_gvisor() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(harness) = runsc_harness("fork_bombs_end_with_a_verdict_under_gvisor").await else {
         return;
     };
@@ -73,6 +78,7 @@ async fn fork_bombs_end_with_a_verdict_under_gvisor() {
 
 #[tokio::test]
 async fn a_fork_bomb_that_fills_the_memory_ends_with_a_verdict_under_gvisor() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     // 64 forking interpreters fill 256 MB: the host's OOM killer then kills
     // the whole gVisor sandbox, and the worker reads the verdict from
     // Docker's `OOMKilled`. Docker can show the dead container before it has
@@ -96,6 +102,7 @@ async fn a_fork_bomb_that_fills_the_memory_ends_with_a_verdict_under_gvisor() {
 
 #[tokio::test]
 async fn thread_bombs_end_with_a_verdict_under_gvisor() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(harness) = runsc_harness("thread_bombs_end_with_a_verdict_under_gvisor").await else {
         return;
     };
@@ -116,6 +123,7 @@ async fn thread_bombs_end_with_a_verdict_under_gvisor() {
 
 #[tokio::test]
 async fn cpu_time_follows_the_containers_quota_under_gvisor() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let Some(harness) = runsc_harness("cpu_time_follows_the_containers_quota_under_gvisor").await
     else {
         return;

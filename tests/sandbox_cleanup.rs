@@ -106,8 +106,10 @@ async fn cancelling_a_running_job_kills_it_and_removes_the_container() {
     let cancelled_at = Instant::now();
     cancel.cancel();
     let result = task.await.unwrap();
+    // The kill and the container's removal, under load; the job's own
+    // deadline is two minutes away.
     assert!(
-        cancelled_at.elapsed() < Duration::from_secs(5),
+        cancelled_at.elapsed() < Duration::from_secs(20),
         "cancellation took {:?}",
         cancelled_at.elapsed()
     );
