@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::compat::judge0_python;
 use common::daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, metric};
@@ -251,6 +251,8 @@ async fn fields_base64_and_errors_have_judge0s_shapes() {
     assert_eq!(status, StatusCode::CREATED);
     let token = created["token"].as_str().unwrap();
     assert_eq!(created.as_object().unwrap().len(), 1, "{created:#}");
+    let within = Duration::from_secs(120);
+    let deadline = Instant::now() + within;
     let view = loop {
         let (_, view) = judge0
             .get(&format!(
@@ -260,6 +262,10 @@ async fn fields_base64_and_errors_have_judge0s_shapes() {
         if view["status"]["id"].as_u64().unwrap() > 2 {
             break view;
         }
+        assert!(
+            Instant::now() < deadline,
+            "submission {token} did not finish within {within:?}: {view:#}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(view["stdout"], "/w==\n");

@@ -6,9 +6,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::compat::piston_client;
+use common::containers::docker;
 use common::daemon::{self, Daemon, DaemonBuilder, KEY_A, Role, metric};
 use common::redis_server::RedisServer;
 use reqwest::StatusCode;
@@ -31,7 +32,7 @@ fn catalog_with_a_missing_image(dir: &std::path::Path) -> std::path::PathBuf {
 
 struct Piston {
     daemon: Daemon,
-    _redis: RedisServer,
+    redis: RedisServer,
     _dir: tempfile::TempDir,
 }
 
@@ -57,7 +58,7 @@ impl Piston {
             .await;
         Self {
             daemon,
-            _redis: redis,
+            redis,
             _dir: dir,
         }
     }
@@ -346,16 +347,46 @@ async fn a_key_over_its_limit_gets_429() {
     let piston = Piston::start(Some(1)).await;
     let url = format!("{}/api/v2/execute", piston.daemon.url);
     let http = piston.daemon.http.clone();
-    // The first job holds key a's only slot for a few seconds.
+    // The first job holds key a's only slot until the test cancels it (its
+    // sleep outlasts the test), so the window in which the next submissions
+    // are refused cannot close early. Should the test fail before the
+    // cancel, dropping the daemon kills it and removes the job's container.
     let first = tokio::spawn(async move {
-        let body = json!({"language": "bash", "version": "*", "files": [{"content": "sleep 4; echo done"}]});
+        let body = json!({
+            "language": "bash",
+            "version": "*",
+            "run_timeout": 180_000,
+            "files": [{"content": "echo started; sleep 170"}],
+        });
         let response = http.post(url).body(body.to_string()).send().await.unwrap();
         (response.status(), response.json::<Value>().await.unwrap())
     });
     piston
         .daemon
-        .wait_metric("code_runner_slots_used", 1.0, Duration::from_secs(20))
+        .wait_metric("code_runner_slots_used", 1.0, Duration::from_secs(60))
         .await;
+    // Its id: the one job in key a's active set.
+    let first_id = piston.redis.cli(&["SMEMBERS", "apikey:a:active"]);
+    assert!(
+        uuid::Uuid::parse_str(&first_id).is_ok(),
+        "not one job id: {first_id:?}"
+    );
+    // Its program runs (so cancelling it kills the run stage).
+    let events = format!("job:{first_id}:events");
+    let within = Duration::from_secs(60);
+    let deadline = Instant::now() + within;
+    loop {
+        let stream = piston.redis.cli(&["XRANGE", &events, "-", "+"]);
+        if stream.contains("started") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first job printed nothing within {within:?}: {stream}"
+        );
+        tokio::time::sleep(daemon::POLL).await;
+    }
+
     let body = json!({"language": "bash", "version": "*", "files": [{"content": "echo second"}]});
     let response = piston
         .daemon
@@ -375,11 +406,22 @@ async fn a_key_over_its_limit_gets_429() {
     // piston-client hands the same answer to its caller.
     let answer = piston.execute("bash", "echo third", json!({}));
     assert_eq!(answer, body);
+
+    // Cancelled, the first job is killed and its caller told so.
+    let cancelled = piston.daemon.cancel(&first_id).await;
+    assert_eq!(cancelled.status, StatusCode::ACCEPTED, "{cancelled:#?}");
     let (status, first) = first.await.unwrap();
-    assert_eq!(
-        (status, &first["run"]["stdout"]),
-        (StatusCode::OK, &json!("done\n"))
-    );
+    assert_eq!(status, StatusCode::OK, "{first:#}");
+    assert_eq!(first["run"]["stdout"], "started\n", "{first:#}");
+    assert_eq!(first["run"]["signal"], "SIGKILL", "{first:#}");
+    assert_eq!(first["run"]["code"], Value::Null, "{first:#}");
+    let view = piston
+        .daemon
+        .wait_terminal(&first_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(view["status"], "cancelled", "{view:#}");
+    piston.daemon.assert_no_containers(&docker().await).await;
+
     let metrics = piston.daemon.metrics().await;
     assert_eq!(
         metric(

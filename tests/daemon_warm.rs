@@ -74,7 +74,7 @@ async fn a_killed_workers_warm_sandboxes_are_reaped_and_a_live_ones_are_not() {
             .env("CODE_RUNNER_WARM_MAX", 2)
             .env("CODE_RUNNER_WARM", "python=2")
             .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
-            .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
+            .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 3000)
             .env("CODE_RUNNER_REAPER_INTERVAL_MS", 300)
             .env("CODE_RUNNER_REAPER_GRACE_MS", 0)
     };
@@ -104,15 +104,14 @@ async fn a_killed_workers_warm_sandboxes_are_reaped_and_a_live_ones_are_not() {
         },
     )
     .await;
-    let metrics = alive.metrics().await;
-    assert_eq!(
-        daemon::metric(
-            &metrics,
-            "code_runner_reaper_orphans_total{kind=\"container\"}"
-        ),
-        Some(doomed_ids.len() as f64),
-        "{metrics}"
-    );
+    // The counter is raised once a removal returned, just after.
+    alive
+        .wait_metric(
+            "code_runner_reaper_orphans_total{kind=\"container\"}",
+            doomed_ids.len() as f64,
+            WITHIN,
+        )
+        .await;
     // The live worker's pool was never touched.
     assert_eq!(warm_containers(&alive.worker_id).await, alive_ids);
 
@@ -130,16 +129,19 @@ async fn a_schedule_entry_raises_the_pool_in_its_window_and_lets_it_fall_after()
         .env("CODE_RUNNER_API_KEYS", keys())
         .env("CODE_RUNNER_WARM_MAX", 4)
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
-        .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
+        .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 3000)
         .start()
         .await;
 
     // Only an admin key may change the schedule, and bad entries say why.
+    // The window is long enough for three sandboxes to start (two at a
+    // time) and a job to run on a busy machine.
     let now = SystemTime::now();
+    let until = now + Duration::from_secs(40);
     let entry = json!({
         "language": "python",
         "warm": 3,
-        "until": rfc3339(now + Duration::from_secs(8)),
+        "until": rfc3339(until),
     });
     let (status, body) = put_capacity(&serve, KEY_A, &entry).await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
@@ -206,7 +208,8 @@ async fn a_schedule_entry_raises_the_pool_in_its_window_and_lets_it_fall_after()
     assert_eq!(answer.body["result"]["start"], "warm", "{answer:#?}");
 
     // After `until`, it falls back to the worker's own floor (none).
-    wait_for("the pool to fall after until", WITHIN, || async {
+    let fall = until.duration_since(SystemTime::now()).unwrap_or_default() + WITHIN;
+    wait_for("the pool to fall after until", fall, || async {
         warm_containers(&serve.worker_id)
             .await
             .is_empty()
@@ -227,7 +230,7 @@ async fn two_workers_split_the_floor_and_the_cli_manages_the_schedule() {
             .env("CODE_RUNNER_API_KEYS", keys())
             .env("CODE_RUNNER_WARM_MAX", 2)
             .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
-            .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
+            .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 3000)
     };
     let serve = node(Role::Serve).start().await;
     let worker = node(Role::Worker).start().await;
@@ -257,18 +260,27 @@ async fn two_workers_split_the_floor_and_the_cli_manages_the_schedule() {
     assert_eq!(created["language"], "python");
     let id = created["id"].as_str().unwrap().to_string();
 
-    let view = wait_for("the floor held by two workers", WITHIN, || async {
-        let view = capacity(&serve).await;
-        (view["workers"] == 2 && view["languages"]["python"]["ready"] == 3).then_some(view)
-    })
+    // The heartbeats and the containers must both show the split, in one
+    // probe: before a worker saw the other one it held 2 (its WARM_MAX),
+    // and an older heartbeat or a container not yet removed can say so.
+    wait_for(
+        "the floor held by two workers, 2 + 1, target 3",
+        WITHIN,
+        || async {
+            let view = capacity(&serve).await;
+            let python = &view["languages"]["python"];
+            if view["workers"] != 2 || python["ready"] != 3 || python["target"] != 3 {
+                return None;
+            }
+            let mut shares = [
+                warm_containers(&serve.worker_id).await.len(),
+                warm_containers(&worker.worker_id).await.len(),
+            ];
+            shares.sort();
+            (shares == [1, 2]).then_some(())
+        },
+    )
     .await;
-    assert_eq!(view["languages"]["python"]["target"], 3);
-    let mut shares = [
-        warm_containers(&serve.worker_id).await.len(),
-        warm_containers(&worker.worker_id).await.len(),
-    ];
-    shares.sort();
-    assert_eq!(shares, [1, 2]);
 
     // A floor the fleet cannot hold (2 workers × WARM_MAX 2) says so.
     let output = run_to_end(
