@@ -98,6 +98,7 @@ pub struct Daemon {
 }
 
 /// Builds a daemon: role, Redis and settings.
+#[derive(Clone)]
 pub struct DaemonBuilder {
     role: Role,
     redis_url: String,
@@ -139,10 +140,30 @@ impl DaemonBuilder {
     }
 
     /// Starts the process and waits (up to [`STARTUP`]) for `/healthz`.
+    /// The ports are picked free and bound by the child a moment later: if
+    /// another process took one meanwhile, the child exits saying it cannot
+    /// listen, and it is started again on new ports.
     pub async fn start(self) -> Daemon {
-        let daemon = self.spawn();
-        daemon.wait_healthy().await;
-        daemon
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut daemon = self.clone().spawn();
+            match daemon.healthy_or_exited().await {
+                None => return daemon,
+                Some(status) => {
+                    let log = daemon.log();
+                    assert!(
+                        log.contains("cannot listen on") && attempt < ATTEMPTS,
+                        "code-runner {} exited ({status}) before answering /healthz; log:\n{log}",
+                        self.role.command()
+                    );
+                    eprintln!(
+                        "code-runner {}: a port was taken; again",
+                        self.role.command()
+                    );
+                }
+            }
+        }
+        unreachable!("the last attempt returns or panics")
     }
 
     /// Starts the process without waiting for it.
@@ -271,13 +292,29 @@ impl Daemon {
 
     /// Waits for `GET /healthz` to answer 200; fails the test with the log if
     /// the process ends or does not answer within [`STARTUP`].
-    pub async fn wait_healthy(&self) {
+    pub async fn wait_healthy(&mut self) {
+        if let Some(status) = self.healthy_or_exited().await {
+            panic!(
+                "code-runner {} exited ({status}) before answering /healthz; log:\n{}",
+                self.role.command(),
+                self.log()
+            );
+        }
+    }
+
+    /// `None` once `GET /healthz` answers 200 while the process runs; the
+    /// exit status if it ends first. Fails the test after [`STARTUP`].
+    async fn healthy_or_exited(&mut self) -> Option<ExitStatus> {
         let deadline = Instant::now() + STARTUP;
         loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for code-runner") {
+                self.reaped = true;
+                return Some(status);
+            }
             if let Ok(response) = self.http.get(format!("{}/healthz", self.url)).send().await
                 && response.status() == StatusCode::OK
             {
-                return;
+                return None;
             }
             assert!(
                 Instant::now() < deadline,
