@@ -66,15 +66,25 @@ impl KeyRate {
     }
 }
 
-/// The middleware of the keyed `/v1` routes.
-pub(super) async fn limit(State(state): State<ApiState>, request: Request, next: Next) -> Response {
-    let key = state
-        .keys()
-        .authenticate_headers(request.headers())
-        .ok()
-        .map(|caller| caller.name);
-    match state.key_rate.check(key.as_deref()) {
-        Ok(()) => next.run(request).await,
+/// The middleware of the keyed `/v1` routes. A valid key's [`Caller`] is
+/// left in the request's extensions, where [`super::auth::ApiKeys::
+/// authenticate`] takes it instead of checking the key again.
+pub(super) async fn limit(
+    State(state): State<ApiState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let caller = state.keys().authenticate_headers(request.headers()).ok();
+    match state
+        .key_rate
+        .check(caller.as_ref().map(|caller| caller.name.as_str()))
+    {
+        Ok(()) => {
+            if let Some(caller) = caller {
+                request.extensions_mut().insert(caller);
+            }
+            next.run(request).await
+        }
         Err(error) => {
             // POST is the one submission among these routes.
             if request.method() == Method::POST {
