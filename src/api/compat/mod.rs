@@ -19,6 +19,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::HeaderMap;
 use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
 
 use super::ApiState;
 use super::auth::Caller;
@@ -91,15 +92,41 @@ fn from_loopback(parts: &Parts) -> bool {
         .is_some_and(|ConnectInfo(peer)| peer.ip().is_loopback())
 }
 
-/// Who a compat request is: a configured key, or (Piston, loopback only)
-/// the configured keyless caller. `None`: refuse with 401.
+/// An answer that ends a request early (boxed: a `Response` is large).
+struct Refusal(Box<Response>);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        *self.0
+    }
+}
+
+impl From<Response> for Refusal {
+    fn from(response: Response) -> Self {
+        Self(Box::new(response))
+    }
+}
+
+/// Why a compat request was refused before its handler ran.
+enum CallerRefusal {
+    /// No valid key (and not Piston's keyless loopback caller): 401 in the
+    /// API's own shape.
+    NoKey,
+    /// Over the key's rate (the same buckets as `/v1`): 429.
+    Rate(ApiError),
+}
+
+/// Who a compat request is — a configured key, or (Piston, loopback only)
+/// the configured keyless caller — within its key's rate. A refused
+/// `submission` counts in `submissions_rejected_total`.
 fn compat_caller(
     state: &ApiState,
     parts: &Parts,
     header: Option<&str>,
     keyless: bool,
-) -> Option<Caller> {
-    match presented_key(&parts.headers, header) {
+    submission: bool,
+) -> Result<Caller, CallerRefusal> {
+    let caller = match presented_key(&parts.headers, header) {
         Some(key) if !key.is_empty() => state.keys().check(key),
         _ if keyless && from_loopback(parts) => state
             .compat
@@ -107,27 +134,27 @@ fn compat_caller(
             .as_deref()
             .and_then(|name| state.keys().caller(name)),
         _ => None,
+    };
+    let refusal = match caller {
+        None => CallerRefusal::NoKey,
+        Some(caller) => match state.key_rate.check(Some(&caller.name)) {
+            Ok(()) => return Ok(caller),
+            Err(error) => CallerRefusal::Rate(error),
+        },
+    };
+    if submission {
+        let reason = match &refusal {
+            CallerRefusal::NoKey => "unauthorized",
+            CallerRefusal::Rate(_) => "rate_limited",
+        };
+        state
+            .inner
+            .metrics
+            .submissions_rejected
+            .with_label_values(&[reason])
+            .inc();
     }
-}
-
-/// Counts a submission refused for want of a valid key.
-fn count_unauthorized(state: &ApiState) {
-    state
-        .inner
-        .metrics
-        .submissions_rejected
-        .with_label_values(&["unauthorized"])
-        .inc();
-}
-
-/// One request of `caller` against its key's rate, in the same buckets as
-/// `/v1` (429 `rate_limited` above it); a refused submission is counted.
-fn within_rate(state: &ApiState, caller: &Caller, submission: bool) -> Result<(), ApiError> {
-    let checked = state.key_rate.check(Some(&caller.name));
-    if submission && let Err(error) = &checked {
-        super::jobs::count_rejection(state, error);
-    }
-    checked
+    Err(refusal)
 }
 
 /// A new job id.

@@ -25,6 +25,7 @@ use axum::body::Bytes;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequest, FromRequestParts, Request, State};
 use axum::http::StatusCode;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
@@ -40,7 +41,7 @@ use super::super::error::ApiError;
 use super::super::feeds::Step;
 use super::super::jobs::{wait_budget, wait_for_end};
 use super::super::stream_caps::StreamPermit;
-use super::{compat_caller, count_unauthorized, new_job_id, semver3, submit, within_rate};
+use super::{CallerRefusal, Refusal, compat_caller, new_job_id, semver3, submit};
 use crate::job::events::{JobEvent, StageState};
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobResult, JobSpec, StageResult, Status};
@@ -135,11 +136,18 @@ fn from_api_error(error: ApiError) -> Response {
     response
 }
 
-fn unauthorized() -> Response {
-    piston_error(
-        StatusCode::UNAUTHORIZED,
-        "an API key is required: send it as Authorization",
-    )
+/// The caller of a Piston submission (`/execute`, `/connect`) within its
+/// key's rate, or the 401 or 429 answer in Piston's shape.
+fn piston_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
+    compat_caller(state, parts, None, true, true).map_err(|refusal| {
+        Refusal::from(match refusal {
+            CallerRefusal::NoKey => piston_error(
+                StatusCode::UNAUTHORIZED,
+                "an API key is required: send it as Authorization",
+            ),
+            CallerRefusal::Rate(error) => from_api_error(error),
+        })
+    })
 }
 
 #[derive(Debug, Serialize)]
@@ -544,13 +552,10 @@ async fn interleaved_output(state: &ApiState, id: &str) -> Option<(String, Strin
 /// `POST /execute`.
 async fn execute(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let Some(caller) = compat_caller(&state, &parts, None, true) else {
-        count_unauthorized(&state);
-        return unauthorized();
+    let caller = match piston_caller(&state, &parts) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
     };
-    if let Err(error) = within_rate(&state, &caller, true) {
-        return from_api_error(error);
-    }
     // Piston's own clients send JSON without a JSON content type
     // (piston-client posts text/plain): any body that parses is taken.
     let body = match Bytes::from_request(Request::from_parts(parts, body), &()).await {
@@ -688,13 +693,10 @@ fn frame(value: Value) -> Message {
 /// `GET /connect`: the key is checked before the upgrade (401 otherwise).
 async fn connect(State(state): State<ApiState>, request: Request) -> Response {
     let (mut parts, _) = request.into_parts();
-    let Some(caller) = compat_caller(&state, &parts, None, true) else {
-        count_unauthorized(&state);
-        return unauthorized();
+    let caller = match piston_caller(&state, &parts) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
     };
-    if let Err(error) = within_rate(&state, &caller, true) {
-        return from_api_error(error);
-    }
     let upgrade = match WebSocketUpgrade::from_request_parts(&mut parts, &state).await {
         Ok(upgrade) => upgrade,
         Err(rejection) => return piston_error(rejection.status(), rejection.body_text()),

@@ -35,7 +35,7 @@ use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::jobs::{job_id, owned_job, wait_budget, wait_for_end};
-use super::{compat_caller, count_unauthorized, new_job_id, submit, within_rate};
+use super::{CallerRefusal, Refusal, compat_caller, new_job_id, submit};
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
 use view::{STATUSES, requested_fields, submission_view};
@@ -97,34 +97,16 @@ fn invalid_job(invalid: &crate::job::InvalidJob) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response()
 }
 
-/// An answer that ends a request early (boxed: a `Response` is large).
-struct Refusal(Box<Response>);
-
-impl IntoResponse for Refusal {
-    fn into_response(self) -> Response {
-        *self.0
-    }
-}
-
-impl From<Response> for Refusal {
-    fn from(response: Response) -> Self {
-        Self(Box::new(response))
-    }
-}
-
 /// The caller within its key's rate, or Judge0's 401 (no body) or 429.
 /// Refused submissions (POST) are counted.
 fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
     let submission = parts.method == Method::POST;
-    let Some(caller) = compat_caller(state, parts, Some("x-auth-token"), false) else {
-        if submission {
-            count_unauthorized(state);
-        }
-        return Err(Refusal::from(StatusCode::UNAUTHORIZED.into_response()));
-    };
-    within_rate(state, &caller, submission)
-        .map_err(|error| Refusal::from(from_api_error(error)))?;
-    Ok(caller)
+    compat_caller(state, parts, Some("x-auth-token"), false, submission).map_err(|refusal| {
+        Refusal::from(match refusal {
+            CallerRefusal::NoKey => StatusCode::UNAUTHORIZED.into_response(),
+            CallerRefusal::Rate(error) => from_api_error(error),
+        })
+    })
 }
 
 /// The query parameters Judge0 reads.
