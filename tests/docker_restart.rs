@@ -1,7 +1,8 @@
 //! dockerd restarted during a run (issue 5, item 3): the job that was running
 //! settles as `error` with a message that says what happened, none of its
-//! containers is left, `/readyz` follows Docker's state, and the same `serve`
-//! process runs the next job, without a restart.
+//! containers is left, `/readyz` follows Docker's state (a `serve`'s and a
+//! `reaper`'s), and the same `serve` process runs the next job, without a
+//! restart.
 //!
 //! This stops the machine's dockerd (the one in /var/run/docker.pid) and
 //! starts it again the one way the project does (`ensure_dockerd` of
@@ -165,6 +166,9 @@ async fn dockerd_restarted_during_a_run() {
     let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
     let daemon_pid = daemon.pid();
     wait_readyz(&daemon, StatusCode::OK, RECOVERY).await;
+    // A reaper on its own: its /readyz checks Docker too (and no image).
+    let reaper = DaemonBuilder::new(Role::Reaper, &redis).start().await;
+    wait_readyz(&reaper, StatusCode::OK, RECOVERY).await;
 
     // A job that is running in its container when dockerd goes away.
     let mut job = daemon::job("bash", "main.sh", "echo started\nsleep 30\necho never\n");
@@ -215,6 +219,14 @@ async fn dockerd_restarted_during_a_run() {
         "redis is up: {body:#}"
     );
     eprintln!("/readyz while dockerd is down: {body}");
+    let body = wait_readyz(&reaper, StatusCode::SERVICE_UNAVAILABLE, RECOVERY).await;
+    let checks: Vec<&str> = body["failing"]
+        .as_array()
+        .expect("a failing list")
+        .iter()
+        .filter_map(|c| c["check"].as_str())
+        .collect();
+    assert_eq!(checks, ["docker"], "the reaper's /readyz: {body:#}");
 
     // A job submitted while Docker is down waits in the queue: the worker
     // does not claim what it could only fail.
@@ -290,8 +302,10 @@ async fn dockerd_restarted_during_a_run() {
     );
     assert_eq!(view["attempts"], 1, "{view:#}");
 
-    // The same process is ready again and runs the next job.
+    // The same processes are ready again, and the serve process runs the
+    // next job.
     wait_readyz(&daemon, StatusCode::OK, RECOVERY).await;
+    wait_readyz(&reaper, StatusCode::OK, RECOVERY).await;
     eprintln!(
         "/readyz 200 again, {:?} after dockerd answered",
         answered.elapsed()
