@@ -68,8 +68,8 @@ pub async fn run(
         Ok(setup) => setup,
         Err(error) => return config_error(error),
     };
-    let queue = match redis.build() {
-        Ok(queue) => queue,
+    let store = match redis.build() {
+        Ok(store) => store,
         Err(error) => return config_error(error),
     };
     let warm_floors = match worker.map(|w| w.warm_floors(&setup.catalog)).transpose() {
@@ -150,7 +150,7 @@ pub async fn run(
         _ => setup.catalog.clone(),
     };
     let services = |engine| Services {
-        queue: queue.clone(),
+        store: store.clone(),
         engine,
         catalog: offered.clone(),
         policy: setup.policy.clone(),
@@ -221,7 +221,7 @@ pub async fn run(
                 match TokenSigner::from_config(
                     token_secret,
                     &keys,
-                    &queue,
+                    &store,
                     Duration::from_secs(settings.token_ttl_secs),
                 )
                 .await
@@ -253,7 +253,7 @@ pub async fn run(
                 tracing::info!("Redis answers; the API starts");
             }
             let state = ApiState::new(ApiConfig {
-                queue: queue.clone(),
+                store: store.clone(),
                 catalog: offered.clone(),
                 policy: setup.policy.clone(),
                 keys,
@@ -286,7 +286,7 @@ pub async fn run(
             // A worker's /readyz checks Docker and its images, a reaper's
             // Docker alone.
             let offered = worker.is_some().then_some(&offered);
-            crate::api::serve_ops(listener, metrics, queue, engine, offered, http_stop.clone())
+            crate::api::serve_ops(listener, metrics, store, engine, offered, http_stop.clone())
                 .await
         }
     };

@@ -230,7 +230,7 @@ pub struct RedisSettings {
 }
 
 impl RedisSettings {
-    pub fn build(&self) -> Result<crate::queue::Queue, ConfigError> {
+    pub fn build(&self) -> Result<crate::store::Store, ConfigError> {
         if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
             return Err(ConfigError::new(
                 "CODE_RUNNER_REDIS_URL",
@@ -249,7 +249,7 @@ impl RedisSettings {
                 "must be at least 1",
             ));
         }
-        crate::queue::Queue::new(
+        crate::store::Store::new(
             &self.redis_url,
             &self.redis_prefix,
             std::time::Duration::from_secs(self.result_ttl_secs),

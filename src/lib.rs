@@ -36,7 +36,7 @@ pub mod job;
 pub mod languages;
 pub mod metrics;
 pub mod protocol;
-pub mod queue;
 pub mod reaper;
 pub mod sandbox;
+pub mod store;
 pub mod worker;

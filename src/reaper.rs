@@ -50,11 +50,11 @@ use crate::job::result::ErrorReason;
 use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::queue::{
-    Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostResults, Queue, QueueError, ReapOutcome,
-    ReapPolicy, Retry, RunningJob, now_ms,
-};
 use crate::sandbox::{SandboxContainer, SandboxEngine};
+use crate::store::{
+    Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostResults, ReapOutcome, ReapPolicy, Retry,
+    RunningJob, Store, StoreError, now_ms,
+};
 use crate::worker::Services;
 
 #[derive(Debug, Clone)]
@@ -181,7 +181,7 @@ fn outcome_kind(outcome: &ReapOutcome) -> Option<&'static str> {
 #[derive(Debug, Clone)]
 pub struct Reaper {
     config: ReaperConfig,
-    queue: Queue,
+    store: Store,
     engine: SandboxEngine,
     catalog: LanguageCatalog,
     policy: LimitPolicy,
@@ -204,7 +204,7 @@ struct Remaining {
 impl Reaper {
     pub fn new(config: ReaperConfig, services: Services) -> Self {
         let Services {
-            queue,
+            store,
             engine,
             catalog,
             policy,
@@ -213,7 +213,7 @@ impl Reaper {
         } = services;
         Self {
             config,
-            queue,
+            store,
             engine,
             catalog,
             policy,
@@ -234,7 +234,7 @@ impl Reaper {
         loop {
             let answer = tokio::select! {
                 () = shutdown.cancelled() => return,
-                answer = tokio::time::timeout(PROBE_INTERVAL * 4, self.queue.redis_uptime()) => answer,
+                answer = tokio::time::timeout(PROBE_INTERVAL * 4, self.store.redis_uptime()) => answer,
             };
             match answer {
                 Ok(Ok(uptime)) => self.lock_connectivity().answered(uptime),
@@ -284,12 +284,12 @@ impl Reaper {
     /// what cannot be done now is logged and tried again next pass.
     pub async fn pass(&self) -> PassReport {
         let mut report = PassReport::default();
-        match self.queue.redis_uptime().await {
+        match self.store.redis_uptime().await {
             Ok(uptime) => self.lock_connectivity().answered(uptime),
             Err(_) => self.lock_connectivity().failed(),
         }
         let may_judge = self.may_judge();
-        let fleet = match self.queue.fleet().await {
+        let fleet = match self.store.fleet().await {
             Ok(mut fleet) => {
                 if let Some(own) = &self.config.own_worker
                     && fleet.dead.remove(own)
@@ -353,12 +353,12 @@ impl Reaper {
         worker: &str,
         seen: &mut HashSet<String>,
         report: &mut PassReport,
-    ) -> Result<(), QueueError> {
+    ) -> Result<(), StoreError> {
         let sandbox = self.engine.config();
         // The least budget any job has: no wall time at all.
         let floor_ms =
             (sandbox.start_timeout + sandbox.deadline_grace + self.config.grace).as_millis() as u64;
-        for job in self.queue.running_on(worker).await? {
+        for job in self.store.running_on(worker).await? {
             seen.insert(job.id.clone());
             let now = now_ms();
             if job.started_ms.saturating_add(floor_ms) >= now {
@@ -371,7 +371,7 @@ impl Reaper {
             }
             let result = self.stuck_result(worker, &job, budget_ms);
             if !self
-                .queue
+                .store
                 .settle_stuck(worker, &job, &result, LATE_RESULT_WINDOW)
                 .await?
             {
@@ -396,13 +396,13 @@ impl Reaper {
     /// The sum of a running job's stage wall limits, from its spec as this
     /// process would prepare it; the policy's maximums when it cannot be
     /// prepared here (another catalog or policy).
-    async fn wall_budget(&self, id: &str, started: u64) -> Result<u64, QueueError> {
+    async fn wall_budget(&self, id: &str, started: u64) -> Result<u64, StoreError> {
         if let Some(&(started_ms, wall_ms)) = self.lock_budgets().get(id)
             && started_ms == started
         {
             return Ok(wall_ms);
         }
-        let spec = self.queue.job_spec(id).await?;
+        let spec = self.store.job_spec(id).await?;
         let prepared = spec
             .and_then(|spec| serde_json::from_str::<JobSpec>(&spec).ok())
             .and_then(|spec| prepare(&spec, &self.catalog, &self.policy).ok());
@@ -502,9 +502,9 @@ impl Reaper {
         forget: bool,
         remaining: Option<&Remaining>,
         report: &mut PassReport,
-    ) -> Result<(), QueueError> {
-        for id in self.queue.processing(worker).await? {
-            let job = self.queue.lost_job(&id).await?;
+    ) -> Result<(), StoreError> {
+        for id in self.store.processing(worker).await? {
+            let job = self.store.lost_job(&id).await?;
             let results = LostResults::new(
                 worker,
                 &job.language,
@@ -534,7 +534,7 @@ impl Reaper {
                 late_window: LATE_RESULT_WINDOW,
                 own: false,
             };
-            let outcome = self.queue.reap_job(worker, &id, policy, &results).await?;
+            let outcome = self.store.reap_job(worker, &id, policy, &results).await?;
             if outcome == ReapOutcome::Alive {
                 tracing::info!(worker.id = %worker, "the worker's heartbeat is back; leaving its jobs");
                 return Ok(());
@@ -552,7 +552,7 @@ impl Reaper {
             );
             report.jobs.push((worker.to_string(), id, outcome));
         }
-        if forget && self.queue.forget_worker(worker).await? == ForgetOutcome::Forgotten {
+        if forget && self.store.forget_worker(worker).await? == ForgetOutcome::Forgotten {
             tracing::info!(worker.id = %worker, "the reaper forgot a dead worker");
             report.forgotten.push(worker.to_string());
         }
@@ -561,7 +561,7 @@ impl Reaper {
 
     /// Whether a job started at `started_ms` is past its whole budget: by
     /// then its sandbox's own limits have ended it wherever it ran.
-    async fn past_deadline(&self, id: &str, started_ms: u64) -> Result<bool, QueueError> {
+    async fn past_deadline(&self, id: &str, started_ms: u64) -> Result<bool, StoreError> {
         let sandbox = self.engine.config();
         let floor_ms =
             (sandbox.start_timeout + sandbox.deadline_grace + self.config.grace).as_millis() as u64;

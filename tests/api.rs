@@ -16,7 +16,7 @@ use code_runner::job::limits::LimitPolicy;
 use code_runner::job::{JobResult, Status, Timings};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
-use code_runner::queue::{Keys, Queue, StartOutcome};
+use code_runner::store::{Keys, StartOutcome, Store};
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 use reqwest::StatusCode;
@@ -56,7 +56,7 @@ impl Default for Options {
 struct Api {
     base: String,
     http: reqwest::Client,
-    queue: Queue,
+    store: Store,
     keys: Keys,
     state: ApiState,
     shutdown: CancellationToken,
@@ -68,13 +68,13 @@ impl Api {
     async fn start(options: Options) -> Self {
         let redis = RedisServer::start();
         let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
-        let queue = Queue::new(&redis.url(), &prefix, Duration::from_secs(60), 4).unwrap();
+        let store = Store::new(&redis.url(), &prefix, Duration::from_secs(60), 4).unwrap();
         let keys = ApiKeys::parse(KEYS).unwrap();
-        let tokens = TokenSigner::from_config(None, &keys, &queue, Duration::from_secs(600))
+        let tokens = TokenSigner::from_config(None, &keys, &store, Duration::from_secs(600))
             .await
             .unwrap();
         let state = ApiState::new(ApiConfig {
-            queue: queue.clone(),
+            store: store.clone(),
             catalog: options.catalog,
             policy: LimitPolicy::default(),
             keys,
@@ -100,7 +100,7 @@ impl Api {
             base,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             keys: Keys::new(&prefix),
-            queue,
+            store,
             state,
             shutdown,
             server: Some(server),
@@ -461,15 +461,15 @@ async fn submit_show_and_cancel_a_queued_job() {
 /// Plays a worker through the queue's own operations: claims the next job
 /// and marks it running.
 async fn claim_and_start(api: &Api, worker: &str) -> String {
-    let mut conn = api.queue.dedicated().await.unwrap();
+    let mut conn = api.store.dedicated().await.unwrap();
     let id = api
-        .queue
+        .store
         .claim(&mut conn, worker)
         .await
         .unwrap()
         .expect("a queued job");
     match api
-        .queue
+        .store
         .start(&id, worker, "test-host", true)
         .await
         .unwrap()
@@ -514,7 +514,7 @@ async fn cancel_of_a_running_job_is_requested_and_a_finished_one_conflicts() {
     let (_, _, view) = answer(api.get(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_eq!(view["cancel_requested"], true);
 
-    api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+    api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     let (status, _, body) = answer(api.delete(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_error(status, &body, StatusCode::CONFLICT, "already_finished");
     assert_eq!(body["error"]["status"], "succeeded");
@@ -668,7 +668,7 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let id = claim_and_start(&api, "w1").await;
-        api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+        api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
     };
     let submit = async {
         api.http
@@ -707,7 +707,7 @@ async fn wait_answers_as_soon_as_the_exit_event_is_written() {
             // Let the waiting request block on the events, then finish at
             // an offset that moves through a poll period.
             tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;
-            api.queue.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+            api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
             Instant::now()
         };
         let submit = async {
@@ -946,7 +946,7 @@ async fn every_replica_shares_the_token_secret_through_redis() {
     // derive the same secret from the salt in Redis.
     let api = Api::start(Options::default()).await;
     let same_keys = ApiKeys::parse(&KEYS.split(',').rev().collect::<Vec<_>>().join(",")).unwrap();
-    let other = TokenSigner::from_config(None, &same_keys, &api.queue, Duration::from_secs(60))
+    let other = TokenSigner::from_config(None, &same_keys, &api.store, Duration::from_secs(60))
         .await
         .unwrap();
     let id = uuid::Uuid::new_v4().to_string();
@@ -959,7 +959,7 @@ async fn every_replica_shares_the_token_secret_through_redis() {
     let configured = TokenSigner::from_config(
         Some("a configured secret of at least 32 bytes"),
         &same_keys,
-        &api.queue,
+        &api.store,
         Duration::from_secs(60),
     )
     .await
@@ -975,14 +975,14 @@ async fn every_replica_shares_the_token_secret_through_redis() {
 #[tokio::test]
 async fn a_worker_only_process_serves_the_probes_and_metrics() {
     let mut redis = RedisServer::start();
-    let queue = Queue::new(&redis.url(), "ops-test:", Duration::from_secs(60), 2).unwrap();
+    let store = Store::new(&redis.url(), "ops-test:", Duration::from_secs(60), 2).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(code_runner::api::serve_ops(
         listener,
         Metrics::new().unwrap(),
-        queue,
+        store,
         None,
         None,
         shutdown.clone(),

@@ -32,7 +32,7 @@ fn memory(redis: &RedisServer, name: &str) -> u64 {
 
 /// The bound of docs/operations.md ("Redis memory"): used memory stays under
 /// the Redis's own baseline + 1.5 × the sum of the keys' storage budgets +
-/// 16 MiB (queue, lists, scripts, client buffers).
+/// 16 MiB (store, lists, scripts, client buffers).
 fn bound(baseline: u64, budgets: u64) -> u64 {
     baseline + budgets * 3 / 2 + (16 << 20)
 }

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use code_runner::job::events::JobEvent;
 use code_runner::metrics::Metrics;
-use code_runner::queue::Queue;
 use code_runner::reaper::{Reaper, ReaperConfig};
+use code_runner::store::Store;
 use common::daemon::{DaemonBuilder, Role, metric, python};
 use common::proxy::RedisProxy;
 use common::redis_server::RedisServer;
@@ -22,11 +22,11 @@ use common::{Harness, init_tracing, wait_for};
 use serde_json::{Value, json};
 
 /// Every event of a job, from its stream, parsed.
-async fn events(queue: &Queue, id: &str) -> Vec<(u64, JobEvent)> {
+async fn events(store: &Store, id: &str) -> Vec<(u64, JobEvent)> {
     let mut all = Vec::new();
     let mut after = 0;
     loop {
-        let batch = queue
+        let batch = store
             .events_since(id, after, 1000)
             .await
             .expect("redis answers");
@@ -85,9 +85,9 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
         .env("CODE_RUNNER_REAPER_INTERVAL_MS", 200)
         .start()
         .await;
-    let queue = Queue::new(&redis.url(), "", Duration::from_secs(3600), 2).unwrap();
+    let store = Store::new(&redis.url(), "", Duration::from_secs(3600), 2).unwrap();
     wait_for("the first lines", Duration::from_secs(30), || async {
-        streamed_stdout(&events(&queue, &id).await)
+        streamed_stdout(&events(&store, &id).await)
             .contains("line 2")
             .then_some(())
     })
@@ -107,7 +107,7 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
     assert_eq!(view["attempts"], 1, "{view:#}");
     // The stream has every line too (held by the worker through the
     // outage), and exactly one exit, the real one.
-    let events = events(&queue, &id).await;
+    let events = events(&store, &id).await;
     assert_eq!(streamed_stdout(&events), expected);
     let exits: Vec<&JobEvent> = events
         .iter()
@@ -147,7 +147,7 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
         .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
         .start()
         .await;
-    let queue = Queue::new(&redis.url(), "", Duration::from_secs(3600), 4).unwrap();
+    let store = Store::new(&redis.url(), "", Duration::from_secs(3600), 4).unwrap();
     let api = DaemonBuilder::new(Role::Api, &redis).start().await;
     let id = api
         .submit(&python(
@@ -170,7 +170,7 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
             heartbeat_ttl: Duration::from_millis(1000),
             own_worker: None,
         },
-        harness.services(queue.clone(), Metrics::new().unwrap()),
+        harness.services(store.clone(), Metrics::new().unwrap()),
     );
     let verdict = wait_for(
         "the worker_lost verdict",
@@ -183,7 +183,7 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
     )
     .await;
     assert_eq!(verdict["result"]["reason"], "worker_lost", "{verdict:#}");
-    let verdict_seq = events(&queue, &id)
+    let verdict_seq = events(&store, &id)
         .await
         .iter()
         .find(|(_, e)| matches!(e, JobEvent::Exit { .. }))
@@ -203,7 +203,7 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
         "{view:#}"
     );
     assert!(view["result"].get("reason").is_none(), "{view:#}");
-    let events = events(&queue, &id).await;
+    let events = events(&store, &id).await;
     let exits: Vec<(u64, &JobEvent)> = events
         .iter()
         .filter(|(_, e)| matches!(e, JobEvent::Exit { .. }))

@@ -16,11 +16,11 @@ use bollard::query_parameters::CreateContainerOptions;
 use code_runner::job::JobSpec;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::metrics::Metrics;
-use code_runner::queue::{
-    Admission, NewJob, Queue, ReapOutcome, StartOutcome, SubmitOutcome, now_ms,
-};
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
+use code_runner::store::{
+    Admission, NewJob, ReapOutcome, StartOutcome, Store, SubmitOutcome, now_ms,
+};
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
 use common::redis_server::{RedisServer, free_port};
@@ -36,14 +36,14 @@ const POLL: Duration = Duration::from_millis(50);
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A queue on `redis` with the daemon's key names (no prefix).
-fn queue(redis: &RedisServer) -> Queue {
-    Queue::new(&redis.url(), "", Duration::from_secs(3600), 8).expect("queue settings are valid")
+fn store(redis: &RedisServer) -> Store {
+    Store::new(&redis.url(), "", Duration::from_secs(3600), 8).expect("queue settings are valid")
 }
 
 /// Enqueues a job (API key `a`) as the API would; its id.
-async fn submit(queue: &Queue, spec: &JobSpec) -> String {
+async fn submit(store: &Store, spec: &JobSpec) -> String {
     let id = uuid::Uuid::new_v4().to_string();
-    let outcome = queue
+    let outcome = store
         .submit(NewJob {
             id: &id,
             spec,
@@ -66,22 +66,22 @@ async fn submit(queue: &Queue, spec: &JobSpec) -> String {
 
 /// Makes `worker` a dead member of the fleet: known in `workers`, with no
 /// live heartbeat (as after `kill -9` once the heartbeat expired).
-async fn mark_dead(redis: &RedisServer, queue: &Queue, worker: &str) {
-    queue
+async fn mark_dead(redis: &RedisServer, store: &Store, worker: &str) {
+    store
         .heartbeat(worker, "{}", Duration::from_secs(1))
         .await
         .unwrap();
     let mut conn = redis.conn().await;
-    let _: () = conn.del(queue.keys().heartbeat(worker)).await.unwrap();
+    let _: () = conn.del(store.keys().heartbeat(worker)).await.unwrap();
 }
 
 /// Moves a queued job into `worker`'s processing list, as its BLMOVE would.
-async fn claim_for(redis: &RedisServer, queue: &Queue, worker: &str, id: &str) {
+async fn claim_for(redis: &RedisServer, store: &Store, worker: &str, id: &str) {
     let mut conn = redis.conn().await;
     let (removed, _): (u64, u64) = redis::pipe()
         .atomic()
-        .lrem(queue.keys().queue(), 0, id)
-        .lpush(queue.keys().processing(worker), id)
+        .lrem(store.keys().queue(), 0, id)
+        .lpush(store.keys().processing(worker), id)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -89,11 +89,11 @@ async fn claim_for(redis: &RedisServer, queue: &Queue, worker: &str, id: &str) {
 }
 
 /// Marks a claimed job running on `worker`, as START would.
-async fn mark_running(redis: &RedisServer, queue: &Queue, worker: &str, id: &str) {
+async fn mark_running(redis: &RedisServer, store: &Store, worker: &str, id: &str) {
     let mut conn = redis.conn().await;
     let _: () = conn
         .hset_multiple(
-            queue.keys().job(id),
+            store.keys().job(id),
             &[
                 ("status", "running".to_string()),
                 ("worker", worker.to_string()),
@@ -105,9 +105,9 @@ async fn mark_running(redis: &RedisServer, queue: &Queue, worker: &str, id: &str
         .unwrap();
 }
 
-fn reaper(queue: Queue, harness: &Harness, config: ReaperConfig) -> (Reaper, Metrics) {
+fn reaper(store: Store, harness: &Harness, config: ReaperConfig) -> (Reaper, Metrics) {
     let metrics = Metrics::new().expect("metrics");
-    let reaper = Reaper::new(config, harness.services(queue, metrics.clone()));
+    let reaper = Reaper::new(config, harness.services(store, metrics.clone()));
     (reaper, metrics)
 }
 
@@ -130,7 +130,7 @@ fn config(grace: Duration) -> ReaperConfig {
 async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
-    let queue = queue(&redis);
+    let store = store(&redis);
     let docker = docker().await;
     let heartbeat = |builder: DaemonBuilder| {
         builder
@@ -152,7 +152,7 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
             ..Default::default()
         },
     );
-    let running = submit(&queue, &sleeper).await;
+    let running = submit(&store, &sleeper).await;
     wait_for(
         "the sleeper to run in a container",
         Duration::from_secs(60),
@@ -166,8 +166,8 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
     assert_eq!(redis.job_field(&running, "worker"), doomed.worker_id);
 
     // A job the doomed worker claimed but never started.
-    let claimed = submit(&queue, &job("python", "main.py", "print('second life')\n")).await;
-    claim_for(&redis, &queue, &doomed.worker_id, &claimed).await;
+    let claimed = submit(&store, &job("python", "main.py", "print('second life')\n")).await;
+    claim_for(&redis, &store, &doomed.worker_id, &claimed).await;
 
     let survivor = heartbeat(DaemonBuilder::new(Role::Worker, &redis))
         .env("CODE_RUNNER_REAPER_INTERVAL_MS", 500)
@@ -277,7 +277,7 @@ async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
     let _serial = ONE_AT_A_TIME.lock().await;
     init_tracing();
     let redis = RedisServer::start();
-    let setup = queue(&redis);
+    let setup = store(&redis);
     let harness = Harness::new().await;
     let dead = format!("dead-{}", uuid::Uuid::new_v4());
     mark_dead(&redis, &setup, &dead).await;
@@ -307,8 +307,8 @@ async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
     }
 
     // Two reapers of their own (own pools), one pass each, at once.
-    let (first, first_metrics) = reaper(queue(&redis), &harness, config(Duration::from_secs(30)));
-    let (second, second_metrics) = reaper(queue(&redis), &harness, config(Duration::from_secs(30)));
+    let (first, first_metrics) = reaper(store(&redis), &harness, config(Duration::from_secs(30)));
+    let (second, second_metrics) = reaper(store(&redis), &harness, config(Duration::from_secs(30)));
     let (a, b) = tokio::join!(first.pass(), second.pass());
 
     let mut settled: BTreeMap<String, &str> = BTreeMap::new();
@@ -462,7 +462,7 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
     let _serial = ONE_AT_A_TIME.lock().await;
     init_tracing();
     let redis = RedisServer::start();
-    let queue = queue(&redis);
+    let store = store(&redis);
     let harness = Harness::new().await;
     let docker = docker().await;
     let test = uuid::Uuid::new_v4().to_string();
@@ -474,11 +474,11 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
     let alive = format!("alive-{test}");
     let dead = format!("dead-{test}");
     let unknown = format!("unknown-{test}");
-    queue
+    store
         .heartbeat(&alive, "{}", Duration::from_secs(600))
         .await
         .unwrap();
-    mark_dead(&redis, &queue, &dead).await;
+    mark_dead(&redis, &store, &dead).await;
 
     let grace = Duration::from_secs(30);
     let now = now_ms();
@@ -520,7 +520,7 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
         ids.insert(id, (what, removed));
     }
 
-    let (reaper, _metrics) = reaper(queue.clone(), &harness, config(grace));
+    let (reaper, _metrics) = reaper(store.clone(), &harness, config(grace));
     let report = reaper.pass().await;
     let reported: BTreeMap<&String, ContainerVerdict> = report
         .containers
@@ -551,7 +551,7 @@ async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
     let _serial = ONE_AT_A_TIME.lock().await;
     init_tracing();
     let redis = RedisServer::start();
-    let queue = queue(&redis);
+    let store = store(&redis);
     let harness = Harness::new().await;
     let docker = docker().await;
     let test = uuid::Uuid::new_v4().to_string();
@@ -563,20 +563,20 @@ async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
     // the worker in the fleet, or the next pass would take the container for
     // an unknown worker's and leave it until its deadline.
     let dead = format!("dead-{test}");
-    mark_dead(&redis, &queue, &dead).await;
+    mark_dead(&redis, &store, &dead).await;
     let mut conn = redis.conn().await;
     let now = now_ms();
     let id = labelled_sleeper(&docker, &test, &dead, now, now + 600_000).await;
 
-    let (patient, _metrics) = reaper(queue.clone(), &harness, config(Duration::from_secs(30)));
+    let (patient, _metrics) = reaper(store.clone(), &harness, config(Duration::from_secs(30)));
     let report = patient.pass().await;
     assert!(report.containers.iter().all(|(c, _)| c.id != id));
     assert!(report.forgotten.is_empty(), "{:?}", report.forgotten);
-    let member: bool = conn.sismember(queue.keys().workers(), &dead).await.unwrap();
+    let member: bool = conn.sismember(store.keys().workers(), &dead).await.unwrap();
     assert!(member, "the worker was forgotten while its container lived");
 
     // Once the grace has passed, the container goes, and then the worker.
-    let (prompt, _metrics) = reaper(queue.clone(), &harness, config(Duration::ZERO));
+    let (prompt, _metrics) = reaper(store.clone(), &harness, config(Duration::ZERO));
     let report = prompt.pass().await;
     let removed: Vec<_> = report
         .containers
@@ -586,19 +586,19 @@ async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
         .collect();
     assert_eq!(removed, [ContainerVerdict::DeadWorker]);
     assert_eq!(report.forgotten, std::slice::from_ref(&dead));
-    let member: bool = conn.sismember(queue.keys().workers(), &dead).await.unwrap();
+    let member: bool = conn.sismember(store.keys().workers(), &dead).await.unwrap();
     assert!(!member);
 }
 
 #[tokio::test]
 async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     let redis = RedisServer::start();
-    let queue = queue(&redis);
-    let id = submit(&queue, &job("python", "main.py", "print(1)")).await;
+    let store = store(&redis);
+    let id = submit(&store, &job("python", "main.py", "print(1)")).await;
     // A worker that stalled past its heartbeat: the reaper requeued the job
     // it had claimed, so the id is no longer in its processing list.
     assert_eq!(
-        queue
+        store
             .start(&id, "stalled", "test-host", true)
             .await
             .unwrap(),
@@ -607,19 +607,19 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     assert_eq!(redis.job_field(&id, "status"), "queued");
     assert_eq!(redis.queue_depth(), 1);
     // The worker that claims it now starts it.
-    claim_for(&redis, &queue, "fresh", &id).await;
+    claim_for(&redis, &store, "fresh", &id).await;
     assert!(matches!(
-        queue.start(&id, "fresh", "test-host", true).await.unwrap(),
+        store.start(&id, "fresh", "test-host", true).await.unwrap(),
         StartOutcome::Start { attempts: 1, .. }
     ));
     // A retried start by the same worker (its first reply lost) keeps it claimed.
     assert_eq!(
-        queue.start(&id, "fresh", "test-host", true).await.unwrap(),
+        store.start(&id, "fresh", "test-host", true).await.unwrap(),
         StartOutcome::Skip("running".into())
     );
     let mut conn = redis.conn().await;
     let claimed: Vec<String> = conn
-        .lrange(queue.keys().processing("fresh"), 0, -1)
+        .lrange(store.keys().processing("fresh"), 0, -1)
         .await
         .unwrap();
     assert_eq!(claimed, std::slice::from_ref(&id));
@@ -633,12 +633,12 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
 async fn the_reaper_command_settles_a_dead_workers_job_and_serves_metrics() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
-    let queue = queue(&redis);
+    let store = store(&redis);
     let dead = format!("dead-{}", uuid::Uuid::new_v4());
-    mark_dead(&redis, &queue, &dead).await;
-    let id = submit(&queue, &job("python", "main.py", "print(1)\n")).await;
-    claim_for(&redis, &queue, &dead, &id).await;
-    mark_running(&redis, &queue, &dead, &id).await;
+    mark_dead(&redis, &store, &dead).await;
+    let id = submit(&store, &job("python", "main.py", "print(1)\n")).await;
+    claim_for(&redis, &store, &dead, &id).await;
+    mark_running(&redis, &store, &dead, &id).await;
 
     let listen = format!("127.0.0.1:{}", free_port());
     let child = code_runner()
@@ -706,10 +706,10 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     let _serial = ONE_AT_A_TIME.lock().await;
     init_tracing();
     let redis = RedisServer::start();
-    let queue = queue(&redis);
+    let store = store(&redis);
     let harness = Harness::new().await;
     let alive = format!("alive-{}", uuid::Uuid::new_v4());
-    queue
+    store
         .heartbeat(&alive, "{}", Duration::from_secs(600))
         .await
         .unwrap();
@@ -720,40 +720,40 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     let spec = job("python", "main.py", "print(1)\n");
     let mut ids = Vec::new();
     for started_ago_ms in [600_000u64, 65_000, 74_000] {
-        let id = submit(&queue, &spec).await;
-        claim_for(&redis, &queue, &alive, &id).await;
-        mark_running(&redis, &queue, &alive, &id).await;
+        let id = submit(&store, &spec).await;
+        claim_for(&redis, &store, &alive, &id).await;
+        mark_running(&redis, &store, &alive, &id).await;
         let started = now_ms() - started_ago_ms;
         let _: () = conn
-            .hset(queue.keys().job(&id), "started_ms", started)
+            .hset(store.keys().job(&id), "started_ms", started)
             .await
             .unwrap();
         ids.push(id);
     }
     let (old, recent, just_past) = (&ids[0], &ids[1], &ids[2]);
 
-    let (reaper, metrics) = reaper(queue.clone(), &harness, config(Duration::from_secs(30)));
+    let (reaper, metrics) = reaper(store.clone(), &harness, config(Duration::from_secs(30)));
     let report = reaper.pass().await;
     let stuck: BTreeSet<&String> = report.stuck.iter().map(|(_, id)| id).collect();
     assert_eq!(stuck, BTreeSet::from([old, just_past]));
     assert!(report.jobs.is_empty() && report.forgotten.is_empty());
 
     for id in [old, just_past] {
-        let record = queue.get(id).await.unwrap().expect("the job exists");
+        let record = store.get(id).await.unwrap().expect("the job exists");
         assert_eq!(record.status.as_str(), "error");
         let result = record.result.expect("a result");
         assert_eq!(result.reason.map(|r| r.as_str()), Some("deadline_exceeded"));
         assert!(result.error.unwrap().contains(&alive));
-        let ttl: i64 = conn.ttl(queue.keys().job(id)).await.unwrap();
+        let ttl: i64 = conn.ttl(store.keys().job(id)).await.unwrap();
         assert!(ttl > 0, "job {id} has no ttl");
     }
     assert_eq!(redis.job_field(recent, "status"), "running");
     let processing: Vec<String> = conn
-        .lrange(queue.keys().processing(&alive), 0, -1)
+        .lrange(store.keys().processing(&alive), 0, -1)
         .await
         .unwrap();
     assert_eq!(processing, vec![recent.clone()]);
-    let active: Vec<String> = conn.smembers(queue.keys().active("a")).await.unwrap();
+    let active: Vec<String> = conn.smembers(store.keys().active("a")).await.unwrap();
     assert_eq!(active, vec![recent.clone()]);
     let name = "code_runner_reaper_orphans_total{kind=\"deadline_exceeded\"}";
     assert_eq!(metric(&metrics.render(), name), Some(2.0));
@@ -761,13 +761,13 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     // The worker's own real result, when it comes after all (within the
     // late-result window), replaces the verdict; an `error` does not.
     let verdict_seq: u64 = redis.job_field(old, "event_seq").parse().unwrap();
-    let late_error = queue.get(old).await.unwrap().unwrap().result.unwrap();
+    let late_error = store.get(old).await.unwrap().unwrap().result.unwrap();
     assert_eq!(
-        queue
+        store
             .finish(just_past, &alive, 1, &late_error)
             .await
             .unwrap(),
-        code_runner::queue::FinishOutcome::Stale(code_runner::job::Status::Error)
+        code_runner::store::FinishOutcome::Stale(code_runner::job::Status::Error)
     );
     let late = code_runner::job::JobResult {
         status: code_runner::job::Status::Succeeded,
@@ -776,11 +776,11 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
         ..late_error
     };
     assert_eq!(
-        queue.finish(old, &alive, 1, &late).await.unwrap(),
-        code_runner::queue::FinishOutcome::Late
+        store.finish(old, &alive, 1, &late).await.unwrap(),
+        code_runner::store::FinishOutcome::Late
     );
     assert_eq!(redis.job_field(old, "status"), "succeeded");
-    let events = queue.events_since(old, verdict_seq, 10).await.unwrap();
+    let events = store.events_since(old, verdict_seq, 10).await.unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     let exit: Value = serde_json::from_str(&events[0].json).unwrap();
     assert_eq!(exit["type"], "exit");

@@ -15,7 +15,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use code_runner::job::Encoding;
 use code_runner::job::events::JobEvent;
-use code_runner::queue::Queue;
+use code_runner::store::Store;
 use common::containers::{Lifetimes, docker};
 use common::daemon::{DaemonBuilder, Role, job_containers, python};
 use common::redis_server::RedisServer;
@@ -64,12 +64,12 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     let view = api.job(&batch).await;
     assert_eq!(view["max_attempts"], 2, "{view:#}");
     assert_eq!(api.job(&interactive).await["max_attempts"], 1);
-    let queue = Queue::new(&redis.url(), "", Duration::from_secs(3600), 2).unwrap();
+    let store = Store::new(&redis.url(), "", Duration::from_secs(3600), 2).unwrap();
     wait_for(
         "the first attempt's output",
         Duration::from_secs(30),
         || async {
-            let events = queue.events_since(&batch, 0, 100).await.unwrap();
+            let events = store.events_since(&batch, 0, 100).await.unwrap();
             events
                 .iter()
                 .any(|e| e.json.contains("attempt output"))
@@ -86,7 +86,7 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     assert_eq!(view["attempts"], 2, "{view:#}");
     assert_eq!(view["worker"], survivor.worker_id.as_str());
     assert_eq!(view["result"]["run"]["stdout"], "attempt output\ndone\n");
-    let events: Vec<JobEvent> = queue
+    let events: Vec<JobEvent> = store
         .events_since(&batch, 0, 1000)
         .await
         .unwrap()

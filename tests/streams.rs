@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use code_runner::queue::{Control, InputOutcome, Queue};
+use code_runner::store::{Control, InputOutcome, Store};
 use common::daemon;
 use common::redis_server::RedisServer;
 use daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, python};
@@ -189,8 +189,8 @@ impl Ws {
 }
 
 /// Budgets with `stdin_bytes` of stdin and room for everything else.
-fn budgets(stdin_bytes: u64) -> code_runner::queue::InputBudgets {
-    code_runner::queue::InputBudgets {
+fn budgets(stdin_bytes: u64) -> code_runner::store::InputBudgets {
+    code_runner::store::InputBudgets {
         stdin_bytes,
         signals: 1000,
         messages: 1000,
@@ -645,24 +645,24 @@ async fn stdin_beyond_the_budget_is_refused_with_an_error() {
 async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     let redis = RedisServer::start();
     let api = DaemonBuilder::new(Role::Api, &redis).start().await;
-    let queue = Queue::new(&redis.url(), "", Duration::from_secs(60), 2).unwrap();
+    let store = Store::new(&redis.url(), "", Duration::from_secs(60), 2).unwrap();
     let id = api.submit(&interactive(ECHO)).await.id();
     assert_eq!(
-        queue
+        store
             .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
         InputOutcome::Sent { stdin_bytes: 3 }
     );
     assert_eq!(
-        queue
+        store
             .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
         InputOutcome::OverBudget { stdin_bytes: 3 }
     );
     assert_eq!(
-        queue
+        store
             .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
@@ -671,7 +671,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     assert_eq!(redis.cli(&["XLEN", &format!("job:{id}:stdin")]), "2");
     assert_eq!(api.cancel(&id).await.status, 200);
     assert_eq!(
-        queue
+        store
             .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
@@ -679,7 +679,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     );
     let unknown = uuid::Uuid::new_v4().to_string();
     assert_eq!(
-        queue
+        store
             .send_input(&unknown, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),

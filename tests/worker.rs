@@ -15,10 +15,10 @@ use code_runner::job::events::{JobEvent, StageState, StoredEvent};
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobResult, JobSpec, StartKind, Status, Timings};
 use code_runner::metrics::Metrics;
-use code_runner::queue::{
-    Admission, CancelOutcome, JobRecord, NewJob, Queue, ReleaseOutcome, SubmitOutcome,
-};
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
+use code_runner::store::{
+    Admission, CancelOutcome, JobRecord, NewJob, ReleaseOutcome, Store, SubmitOutcome,
+};
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::list_labelled;
 use common::redis_server::RedisServer;
@@ -37,7 +37,7 @@ const JOB_DEADLINE: Duration = Duration::from_secs(60);
 struct World {
     harness: Harness,
     redis: RedisServer,
-    queue: Queue,
+    store: Store,
     metrics: Metrics,
 }
 
@@ -76,12 +76,12 @@ impl World {
         init_tracing();
         let redis = RedisServer::start();
         let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
-        let queue = Queue::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
+        let store = Store::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
             .expect("queue settings are valid");
         Self {
             harness: Harness::new().await,
             redis,
-            queue,
+            store,
             metrics: Metrics::new().expect("metrics"),
         }
     }
@@ -116,7 +116,7 @@ impl World {
         let worker = Worker::new(
             config,
             self.harness
-                .services(self.queue.clone(), self.metrics.clone()),
+                .services(self.store.clone(), self.metrics.clone()),
         );
         let shutdown = CancellationToken::new();
         let handle = tokio::spawn(worker.run(shutdown.clone()));
@@ -129,7 +129,7 @@ impl World {
     async fn submit(&self, spec: &JobSpec) -> String {
         let id = uuid::Uuid::new_v4().to_string();
         let outcome = self
-            .queue
+            .store
             .submit(NewJob {
                 id: &id,
                 spec,
@@ -151,7 +151,7 @@ impl World {
     }
 
     async fn record(&self, id: &str) -> JobRecord {
-        self.queue
+        self.store
             .get(id)
             .await
             .expect("redis answers")
@@ -160,7 +160,7 @@ impl World {
 
     async fn wait_status(&self, id: &str, within: Duration, done: fn(Status) -> bool) -> JobRecord {
         wait_for(&format!("job {id} to reach the status"), within, || async {
-            self.queue
+            self.store
                 .get(id)
                 .await
                 .ok()
@@ -189,25 +189,25 @@ impl World {
 
     async fn processing_len(&self) -> u64 {
         let mut conn = self.redis.conn().await;
-        conn.llen(self.queue.keys().processing(self.worker_id()))
+        conn.llen(self.store.keys().processing(self.worker_id()))
             .await
             .expect("LLEN")
     }
 
     async fn queue_len(&self) -> u64 {
         let mut conn = self.redis.conn().await;
-        conn.llen(self.queue.keys().queue()).await.expect("LLEN")
+        conn.llen(self.store.keys().queue()).await.expect("LLEN")
     }
 
     async fn job_ttl(&self, id: &str) -> i64 {
         let mut conn = self.redis.conn().await;
-        conn.ttl(self.queue.keys().job(id)).await.expect("TTL")
+        conn.ttl(self.store.keys().job(id)).await.expect("TTL")
     }
 
     async fn heartbeat(&self) -> Option<serde_json::Value> {
         let mut conn = self.redis.conn().await;
         let value: Option<String> = conn
-            .get(self.queue.keys().heartbeat(self.worker_id()))
+            .get(self.store.keys().heartbeat(self.worker_id()))
             .await
             .expect("GET");
         value.map(|v| serde_json::from_str(&v).expect("the heartbeat is JSON"))
@@ -218,7 +218,7 @@ impl World {
     async fn assert_settled(&self, id: &str) {
         let mut conn = self.redis.conn().await;
         let processing: Vec<String> = conn
-            .lrange(self.queue.keys().processing(self.worker_id()), 0, -1)
+            .lrange(self.store.keys().processing(self.worker_id()), 0, -1)
             .await
             .expect("LRANGE");
         assert!(
@@ -403,7 +403,7 @@ async fn a_job_cancelled_while_queued_never_runs() {
     let marker = world.submit(&python("print('after')")).await;
     assert_eq!(
         world
-            .queue
+            .store
             .cancel(&cancelled, &cancelled_result("python"))
             .await
             .expect("cancel"),
@@ -456,7 +456,7 @@ async fn a_running_job_cancelled_is_killed() {
     let asked = Instant::now();
     assert_eq!(
         world
-            .queue
+            .store
             .cancel(&id, &cancelled_result("python"))
             .await
             .expect("cancel"),
@@ -618,35 +618,35 @@ async fn release_puts_a_claimed_job_back_at_the_head_unless_cancelled() {
     let worker = world.worker_id().to_string();
     let first = world.submit(&python("print(1)")).await;
     let second = world.submit(&python("print(2)")).await;
-    let mut conn = world.queue.dedicated().await.expect("connection");
+    let mut conn = world.store.dedicated().await.expect("connection");
 
-    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
     assert_eq!(claimed.as_deref(), Some(first.as_str()));
     assert_eq!(
-        world.queue.release(&first, &worker).await.expect("release"),
+        world.store.release(&first, &worker).await.expect("release"),
         ReleaseOutcome::Requeued
     );
     assert_eq!(world.processing_len().await, 0);
     // Back at the head: claimed again before the second job.
-    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
     assert_eq!(claimed.as_deref(), Some(first.as_str()));
 
     world
-        .queue
+        .store
         .cancel(&first, &cancelled_result("python"))
         .await
         .expect("cancel");
     assert_eq!(
-        world.queue.release(&first, &worker).await.expect("release"),
+        world.store.release(&first, &worker).await.expect("release"),
         ReleaseOutcome::Dropped
     );
     assert_eq!(
-        world.queue.release(&first, &worker).await.expect("release"),
+        world.store.release(&first, &worker).await.expect("release"),
         ReleaseOutcome::Absent
     );
     assert_eq!(world.processing_len().await, 0);
     assert_eq!(world.queue_len().await, 1);
-    let claimed = world.queue.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
     assert_eq!(claimed.as_deref(), Some(second.as_str()));
 }
 
@@ -705,7 +705,7 @@ async fn a_redis_outage_delays_the_result_but_loses_nothing() {
 async fn send_control(world: &World, id: &str, fields: &[(&str, &str)]) {
     let mut conn = world.redis.conn().await;
     let _: String = conn
-        .xadd(world.queue.keys().stdin(id), "*", fields)
+        .xadd(world.store.keys().stdin(id), "*", fields)
         .await
         .expect("XADD");
 }
@@ -822,7 +822,7 @@ async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
     loop {
         let after = events.last().map_or(0, |e| e.seq);
         let page = world
-            .queue
+            .store
             .events_since(id, after, 1000)
             .await
             .expect("XRANGE");
@@ -915,7 +915,7 @@ fn output_events(events: &[JobEvent]) -> usize {
         .count()
 }
 
-/// Calls of EVAL and EVALSHA this Redis served (every script the queue
+/// Calls of EVAL and EVALSHA this Redis served (every script the store
 /// runs: submit, start, append_events, finish).
 async fn script_calls(world: &World) -> u64 {
     let mut conn = world.redis.conn().await;
@@ -1138,8 +1138,8 @@ async fn the_events_stream_expires_with_the_job() {
     let mut conn = world.redis.conn().await;
     let (ttl, job_ttl): (i64, i64) = redis::pipe()
         .atomic()
-        .pttl(world.queue.keys().events(&id))
-        .pttl(world.queue.keys().job(&id))
+        .pttl(world.store.keys().events(&id))
+        .pttl(world.store.keys().job(&id))
         .query_async(&mut conn)
         .await
         .expect("PTTL");
@@ -1154,7 +1154,7 @@ async fn the_events_stream_expires_with_the_job() {
     // Nothing is appended after the exit event, even by a late append.
     assert_eq!(
         world
-            .queue
+            .store
             .append_events(
                 &id,
                 world.worker_id(),

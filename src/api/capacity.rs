@@ -24,7 +24,7 @@ use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
 use super::jobs::rfc3339;
-use crate::queue::{CapacityEntry, MAX_ENTRIES, PutOutcome, now_ms};
+use crate::store::{CapacityEntry, MAX_ENTRIES, PutOutcome, now_ms};
 
 /// Most warm sandboxes one entry asks of the fleet.
 pub const MAX_WARM: u64 = 100_000;
@@ -206,7 +206,7 @@ pub(super) async fn put(
         created_by: caller.name.clone(),
         created_ms: now,
     };
-    match state.inner.queue.put_capacity(&entry).await? {
+    match state.inner.store.put_capacity(&entry).await? {
         PutOutcome::Stored => {
             tracing::info!(
                 capacity.id = %entry.id,
@@ -231,9 +231,9 @@ pub(super) async fn list(
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     caller.require_admin()?;
-    let queue = &state.inner.queue;
-    let entries = queue.capacity_schedule().await?;
-    let workers = queue.live_workers().await?;
+    let store = &state.inner.store;
+    let entries = store.capacity_schedule().await?;
+    let workers = store.live_workers().await?;
     let now = now_ms();
     let heartbeats: Vec<serde_json::Value> = workers
         .iter()
@@ -259,7 +259,7 @@ pub(super) async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     caller.require_admin()?;
-    if state.inner.queue.delete_capacity(&id).await? {
+    if state.inner.store.delete_capacity(&id).await? {
         tracing::info!(capacity.id = %id, api_key = %caller.name, "Warm capacity entry ended.");
         Ok(StatusCode::NO_CONTENT)
     } else {

@@ -31,7 +31,7 @@ use super::jobs::rfc3339;
 use super::web;
 use crate::job::Status;
 use crate::metrics::Metrics;
-use crate::queue::{JobSummary, LiveWorker, now_ms};
+use crate::store::{JobSummary, LiveWorker, now_ms};
 
 /// How often the history takes a sample.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
@@ -128,7 +128,7 @@ pub(super) async fn sample(state: ApiState, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
         }
         let metrics = &state.inner.metrics;
-        let queue_depth = match state.inner.queue.queue_depth().await {
+        let queue_depth = match state.inner.store.queue_depth().await {
             Ok(depth) => {
                 metrics
                     .queue_depth
@@ -239,11 +239,11 @@ pub(super) async fn overview(
 ) -> Result<Response, ApiError> {
     caller.require_admin()?;
     let web = web::settings(&state)?;
-    let queue = &state.inner.queue;
+    let store = &state.inner.store;
     let (queue_depth, workers, jobs) = tokio::try_join!(
-        queue.queue_depth(),
-        queue.live_workers(),
-        queue.recent_jobs(RECENT_JOBS_SHOWN),
+        store.queue_depth(),
+        store.live_workers(),
+        store.recent_jobs(RECENT_JOBS_SHOWN),
     )?;
     Ok(Json(Overview {
         generated_at: rfc3339(now_ms()),

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::job::{InvalidJob, Status};
-use crate::queue::QueueError;
+use crate::store::StoreError;
 
 /// Why a request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -69,11 +69,11 @@ pub enum ApiError {
     ShuttingDown,
     /// Redis failed; the detail is logged, not sent.
     #[error("the job store is unavailable; retry later")]
-    Unavailable(#[source] QueueError),
+    Unavailable(#[source] StoreError),
 }
 
-impl From<QueueError> for ApiError {
-    fn from(error: QueueError) -> Self {
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
         ApiError::Unavailable(error)
     }
 }
@@ -311,7 +311,7 @@ mod tests {
                 "rate_limited",
             ),
             (
-                ApiError::Unavailable(QueueError::Corrupt {
+                ApiError::Unavailable(StoreError::Corrupt {
                     id: "j".into(),
                     message: "m".into(),
                 }),
@@ -380,7 +380,7 @@ mod tests {
         );
         assert_eq!(ApiError::NotFound("x").rejection_reason(), None);
         assert_eq!(
-            ApiError::Unavailable(QueueError::Corrupt {
+            ApiError::Unavailable(StoreError::Corrupt {
                 id: "j".into(),
                 message: "m".into()
             })

@@ -3,7 +3,7 @@
 //!
 //! A single reader task holds one dedicated Redis connection and follows
 //! every followed job at once (one blocking `XREAD` over all their events
-//! streams, [`Queue::read_feeds`]); what it reads goes to each job's
+//! streams, [`Store::read_feeds`]); what it reads goes to each job's
 //! followers through a broadcast channel. A new job is added to the read by
 //! ringing this process's doorbell stream, which wakes the blocked read at
 //! once. So the process holds one connection for all its streams and
@@ -24,7 +24,7 @@ use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::events::StoredEvent;
-use crate::queue::{BLOCK_TIMEOUT, Queue, QueueError};
+use crate::store::{BLOCK_TIMEOUT, Store, StoreError};
 
 /// Updates one job's channel holds for its slowest follower.
 const CHANNEL_CAPACITY: usize = 256;
@@ -55,7 +55,7 @@ pub(super) enum Step {
     Gone,
     /// The server is shutting down.
     Shutdown,
-    Failed(QueueError),
+    Failed(StoreError),
 }
 
 struct Feed {
@@ -74,7 +74,7 @@ struct State {
 }
 
 struct Inner {
-    queue: Queue,
+    store: Store,
     /// This process's doorbell.
     instance: String,
     state: Mutex<State>,
@@ -89,10 +89,10 @@ pub(super) struct Feeds {
 }
 
 impl Feeds {
-    pub(super) fn new(queue: Queue, shutdown: CancellationToken) -> Self {
+    pub(super) fn new(store: Store, shutdown: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
-                queue,
+                store,
                 instance: uuid::Uuid::new_v4().simple().to_string(),
                 state: Mutex::default(),
                 changed: Notify::new(),
@@ -127,10 +127,10 @@ impl Feeds {
         }
         if new_feed {
             self.inner.changed.notify_one();
-            let queue = self.inner.queue.clone();
+            let store = self.inner.store.clone();
             let instance = self.inner.instance.clone();
             tokio::spawn(async move {
-                if let Err(error) = queue.ring_doorbell(&instance).await {
+                if let Err(error) = store.ring_doorbell(&instance).await {
                     tracing::debug!(error = %error, "Cannot ring the events reader's doorbell.");
                 }
             });
@@ -190,7 +190,7 @@ impl Feeds {
     /// The reader: one dedicated connection, one blocking read over every
     /// followed job, until shutdown.
     async fn read(self) {
-        let queue = self.inner.queue.clone();
+        let store = self.inner.store.clone();
         let shutdown = self.inner.shutdown.clone();
         let mut conn = None;
         let mut doorbell = "0-0".to_string();
@@ -211,7 +211,7 @@ impl Feeds {
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
                     last_sweep = tokio::time::Instant::now();
                     let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
-                    let positions = queue.event_positions(&ids).await?;
+                    let positions = store.event_positions(&ids).await?;
                     for (id, position) in ids.iter().zip(positions) {
                         if position.is_none() {
                             self.publish(id, Update::Gone, None);
@@ -219,12 +219,12 @@ impl Feeds {
                     }
                 }
                 if conn.is_none() {
-                    conn = Some(queue.dedicated().await?);
+                    conn = Some(store.dedicated().await?);
                 }
                 let Some(connection) = conn.as_mut() else {
                     return Ok(());
                 };
-                let read = queue
+                let read = store
                     .read_feeds(
                         connection,
                         &self.inner.instance,
@@ -246,7 +246,7 @@ impl Feeds {
                         self.publish(&id, Update::Ended, None);
                     }
                 }
-                Ok::<(), QueueError>(())
+                Ok::<(), StoreError>(())
             };
             let outcome = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -270,12 +270,12 @@ impl Feeds {
 
     /// Waits until job `id` is terminal (woken by its `exit` event), at
     /// most `within` or until shutdown; `true` when it is terminal or gone.
-    pub(super) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, QueueError> {
+    pub(super) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, StoreError> {
         let deadline = tokio::time::Instant::now() + within;
-        let queue = &self.inner.queue;
+        let store = &self.inner.store;
         // The status and the last event's seq in one read: the terminal
         // status and the `exit` event are written in one step.
-        let Some((status, seq)) = queue.status_and_position(id).await? else {
+        let Some((status, seq)) = store.status_and_position(id).await? else {
             return Ok(true);
         };
         if status.is_terminal() {
@@ -317,11 +317,11 @@ impl Subscription {
     }
 
     /// Reads from Redis what came after `after`; `None` when caught up.
-    async fn replay(&mut self) -> Result<Option<Vec<StoredEvent>>, QueueError> {
+    async fn replay(&mut self) -> Result<Option<Vec<StoredEvent>>, StoreError> {
         let mut events = self
             .feeds
             .inner
-            .queue
+            .store
             .events_since(&self.id, self.after, REPLAY_BATCH)
             .await?;
         if events.is_empty() {
@@ -351,7 +351,7 @@ impl Subscription {
                     // Caught up: a job that has ended (or expired) has
                     // nothing more to give; one more look catches an `exit`
                     // written meanwhile.
-                    match self.feeds.inner.queue.status_and_position(&self.id).await {
+                    match self.feeds.inner.store.status_and_position(&self.id).await {
                         Err(error) => return Step::Failed(error),
                         Ok(None) => {
                             self.finishing = Some(Update::Gone);
@@ -369,7 +369,7 @@ impl Subscription {
                     self.finishing = Some(update.clone());
                     return match update {
                         Update::Gone => Step::Gone,
-                        Update::Failed => Step::Failed(QueueError::UnexpectedReply {
+                        Update::Failed => Step::Failed(StoreError::UnexpectedReply {
                             script: "events reader",
                             reply: "the events reader failed".into(),
                         }),

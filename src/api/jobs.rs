@@ -24,7 +24,7 @@ use super::error::ApiError;
 use super::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
 use crate::languages::LanguageCatalog;
-use crate::queue::{Admission, CancelOutcome, JobRecord, NewJob, SubmitOutcome};
+use crate::store::{Admission, CancelOutcome, JobRecord, NewJob, SubmitOutcome};
 
 /// What `?wait=true` allows beyond the job's own wall limits (queueing,
 /// container start, removal), before `max_wait` caps it.
@@ -231,7 +231,7 @@ pub(super) async fn owned_job(
     caller: &Caller,
     id: &str,
 ) -> Result<JobRecord, ApiError> {
-    match state.inner.queue.get(id).await? {
+    match state.inner.store.get(id).await? {
         Some(record) if record.api_key == caller.name => Ok(record),
         _ => Err(ApiError::NotFound("job not found")),
     }
@@ -302,7 +302,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         carried.insert(&new_id, prepared);
     }
     let outcome = config
-        .queue
+        .store
         .submit(NewJob {
             id: &new_id,
             spec: &spec,
@@ -366,7 +366,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             let record = if wait {
                 wait_for_end(state, &id, wait_budget).await?
             } else {
-                config.queue.get(&id).await?
+                config.store.get(&id).await?
             };
             let record = record.ok_or(ApiError::IdempotencyExpired)?;
             let tokens = config.tokens.sign_both(&id);
@@ -387,7 +387,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     }
 }
 
-/// The fields of a new job every submission path sets alike: the queue
+/// The fields of a new job every submission path sets alike: the store
 /// and key limits, the attempts, and the output that sizes the storage
 /// reserved for it.
 pub(super) fn admission(
@@ -420,12 +420,12 @@ pub(super) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,
-) -> Result<Option<JobRecord>, crate::queue::QueueError> {
+) -> Result<Option<JobRecord>, crate::store::StoreError> {
     tokio::select! {
         ended = state.feeds.await_exit(id, budget) => { ended?; }
         () = state.shutdown.cancelled() => {}
     }
-    state.inner.queue.get(id).await
+    state.inner.store.get(id).await
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -440,7 +440,7 @@ pub(super) async fn show(
     let running = record.status == Status::Running;
     let mut view = JobView::new(record);
     if running {
-        view.cancel_requested = state.inner.queue.cancel_requested(&id).await?;
+        view.cancel_requested = state.inner.store.cancel_requested(&id).await?;
     }
     Ok(Json(view))
 }
@@ -471,12 +471,12 @@ pub(super) async fn cancel(
     let Path(id) = id.map_err(|_| ApiError::NotFound("job not found"))?;
     let id = job_id(&id)?;
     let record = owned_job(&state, &caller, &id).await?;
-    let queue = &state.inner.queue;
+    let store = &state.inner.store;
     let cancelled = cancelled_result(&state.inner.catalog, &record.language);
-    match queue.cancel(&id, &cancelled).await? {
+    match store.cancel(&id, &cancelled).await? {
         CancelOutcome::Cancelled => {
             tracing::info!(job.id = %id, api_key = %caller.name, "Queued job cancelled.");
-            let record = queue
+            let record = store
                 .get(&id)
                 .await?
                 .ok_or(ApiError::NotFound("job not found"))?;
@@ -484,7 +484,7 @@ pub(super) async fn cancel(
         }
         CancelOutcome::Requested => {
             tracing::info!(job.id = %id, api_key = %caller.name, "Cancellation of a running job requested.");
-            let record = queue
+            let record = store
                 .get(&id)
                 .await?
                 .ok_or(ApiError::NotFound("job not found"))?;

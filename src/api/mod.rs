@@ -1,5 +1,5 @@
 //! The HTTP API (DESIGN §7): axum, JSON, under `/v1`. Knows HTTP; keeps the
-//! shared state through [`crate::queue`] and never names a Redis key.
+//! shared state through [`crate::store`] and never names a Redis key.
 //!
 //! - `mod.rs`: the state, the router and the server loop.
 //! - [`auth`]: API keys and the bearer check (constant time).
@@ -69,7 +69,7 @@ use tokio_util::task::TaskTracker;
 use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::queue::Queue;
+use crate::store::Store;
 
 pub use auth::{ApiKeys, Caller};
 pub use compat::CompatConfig;
@@ -81,7 +81,7 @@ pub use web::{WebUi, page_path};
 
 /// Everything the API needs, validated by the caller.
 pub struct ApiConfig {
-    pub queue: Queue,
+    pub store: Store,
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
     pub keys: ApiKeys,
@@ -180,7 +180,7 @@ pub struct ApiState {
 impl std::fmt::Debug for ApiState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiState")
-            .field("queue", &self.inner.queue)
+            .field("queue", &self.inner.store)
             .field("keys", &self.inner.keys)
             .finish_non_exhaustive()
     }
@@ -198,9 +198,9 @@ impl ApiState {
             .engine
             .clone()
             .map(|engine| ops::DockerCheck::new(engine, Some(&config.catalog)));
-        let ops = ops::OpsState::new(config.queue.clone(), config.metrics.clone(), docker);
+        let ops = ops::OpsState::new(config.store.clone(), config.metrics.clone(), docker);
         let shutdown = CancellationToken::new();
-        let feeds = feeds::Feeds::new(config.queue.clone(), shutdown.clone());
+        let feeds = feeds::Feeds::new(config.store.clone(), shutdown.clone());
         let stream_caps = stream_caps::StreamCaps::new(config.limits.streams);
         let key_rate = Arc::new(ratelimit::KeyRate::new(
             config.limits.key_rate,
@@ -220,8 +220,8 @@ impl ApiState {
     }
 
     /// What one job's stream clients may send it.
-    fn input_budgets(&self) -> crate::queue::InputBudgets {
-        crate::queue::InputBudgets {
+    fn input_budgets(&self) -> crate::store::InputBudgets {
+        crate::store::InputBudgets {
             stdin_bytes: self.inner.policy.max_stdin_bytes as u64,
             signals: streams::MAX_SIGNALS,
             messages: streams::MAX_CONTROL_MESSAGES,
@@ -250,10 +250,10 @@ impl ApiState {
     }
 
     /// The languages jobs can run in now: the catalog's languages that the
-    /// live workers advertise (`Queue::advertised_languages`); the whole
+    /// live workers advertise (`Store::advertised_languages`); the whole
     /// catalog until a worker has advertised, or when Redis cannot say.
     pub(crate) async fn offered_catalog(&self) -> LanguageCatalog {
-        match self.inner.queue.advertised_languages().await {
+        match self.inner.store.advertised_languages().await {
             Ok(Some(ids)) => self.inner.catalog.only(|l| ids.contains(&l.id)),
             Ok(None) => self.inner.catalog.clone(),
             Err(error) => {
@@ -265,7 +265,7 @@ impl ApiState {
 
     /// The same state, ending its long requests when `shutdown` is cancelled.
     fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
-        self.feeds = feeds::Feeds::new(self.inner.queue.clone(), shutdown.clone());
+        self.feeds = feeds::Feeds::new(self.inner.store.clone(), shutdown.clone());
         self.shutdown = shutdown;
         self
     }
@@ -347,7 +347,7 @@ const SESSIONS_GRACE: Duration = Duration::from_secs(5);
 pub async fn serve_ops(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
-    queue: Queue,
+    store: Store,
     engine: Option<crate::sandbox::SandboxEngine>,
     offered: Option<&LanguageCatalog>,
     shutdown: CancellationToken,
@@ -356,7 +356,7 @@ pub async fn serve_ops(
         tracing::info!(address = %address, "The metrics endpoint is listening.");
     }
     let docker = engine.map(|engine| ops::DockerCheck::new(engine, offered));
-    let app = ops::router(ops::OpsState::new(queue, metrics, docker))
+    let app = ops::router(ops::OpsState::new(store, metrics, docker))
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));

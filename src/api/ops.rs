@@ -19,7 +19,7 @@ use super::error::ApiError;
 use crate::job::limits::{CompileLimits, Limits};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::queue::Queue;
+use crate::store::Store;
 
 /// How long one readiness check may take before it counts as failed.
 const READINESS_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
@@ -48,15 +48,15 @@ impl DockerCheck {
 /// What the operator endpoints need.
 #[derive(Clone)]
 pub(super) struct OpsState {
-    queue: Queue,
+    store: Store,
     metrics: Metrics,
     docker: Option<DockerCheck>,
 }
 
 impl OpsState {
-    pub fn new(queue: Queue, metrics: Metrics, docker: Option<DockerCheck>) -> Self {
+    pub fn new(store: Store, metrics: Metrics, docker: Option<DockerCheck>) -> Self {
         Self {
-            queue,
+            store,
             metrics,
             docker,
         }
@@ -112,7 +112,7 @@ async fn within_timeout<T, E: std::fmt::Display>(
 async fn readyz(State(ops): State<OpsState>) -> Response {
     let mut failing = Vec::new();
     let mut warnings = Vec::new();
-    match within_timeout(ops.queue.redis_health()).await {
+    match within_timeout(ops.store.redis_health()).await {
         Ok(health) => warnings.extend(health.warnings().into_iter().map(|warning| FailedCheck {
             check: warning.check().into(),
             message: warning.to_string(),
@@ -155,7 +155,7 @@ async fn readyz(State(ops): State<OpsState>) -> Response {
 
 /// Prometheus text; the queue depth is read from Redis at each scrape.
 async fn metrics(State(ops): State<OpsState>) -> Response {
-    match ops.queue.queue_depth().await {
+    match ops.store.queue_depth().await {
         Ok(depth) => ops
             .metrics
             .queue_depth

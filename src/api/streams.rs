@@ -60,7 +60,7 @@ use super::tokens::{Scope, TokenError};
 use crate::job::events::{JobEvent, StoredEvent};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
-use crate::queue::{Control, InputBudgets, InputOutcome, JobRecord, Queue};
+use crate::store::{Control, InputBudgets, InputOutcome, JobRecord, Store};
 
 /// The subprotocol the server selects.
 pub const SUBPROTOCOL: &str = "code-runner";
@@ -169,12 +169,12 @@ async fn authorize(
             return Err(ApiError::Forbidden("the attach token is for another job"));
         }
     };
-    let queue = &state.inner.queue;
-    let record = queue
+    let store = &state.inner.store;
+    let record = store
         .get(id)
         .await?
         .ok_or(ApiError::NotFound("job not found"))?;
-    if record.status == Status::Cancelled || queue.cancel_requested(id).await? {
+    if record.status == Status::Cancelled || store.cancel_requested(id).await? {
         return Err(ApiError::Unauthorized(REVOKED));
     }
     Ok((record, Access::Token(scope)))
@@ -299,7 +299,7 @@ async fn session(
             ),
             Some(Ok(Message::Text(text))) => match revoked(&state, &id, access).await {
                 Some(message) => Some(message),
-                None => handle_frame(&state.inner.queue, &id, text.as_str(), budgets).await,
+                None => handle_frame(&state.inner.store, &id, text.as_str(), budgets).await,
             },
             Some(Err(error)) => {
                 tracing::debug!(job.id = %id, error = %error, "A WebSocket read failed.");
@@ -332,7 +332,7 @@ async fn revoked(state: &ApiState, id: &str, access: Access) -> Option<String> {
     if access == Access::Key {
         return None;
     }
-    match state.inner.queue.cancel_requested(id).await {
+    match state.inner.store.cancel_requested(id).await {
         Ok(false) => None,
         Ok(true) => Some(REVOKED.to_string()),
         // The frame's own append reports an unavailable store.
@@ -402,7 +402,7 @@ async fn follow(mut subscription: Subscription, outbox: mpsc::Sender<Message>) {
 
 /// Acts on one client frame; `Some(message)`: the error event to answer with.
 async fn handle_frame(
-    queue: &Queue,
+    store: &Store,
     id: &str,
     text: &str,
     budgets: InputBudgets,
@@ -445,7 +445,7 @@ async fn handle_frame(
         _ => 0,
     };
     let max_stdin = budgets.stdin_bytes;
-    match queue.send_input(id, &control, budgets).await {
+    match store.send_input(id, &control, budgets).await {
         Ok(InputOutcome::Sent { .. }) => None,
         Ok(InputOutcome::OverBudget { stdin_bytes }) => Some(format!(
             "stdin limit reached: a job takes at most {max_stdin} bytes of stdin and \

@@ -33,7 +33,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::auth::ApiKeys;
-use crate::queue::{Queue, QueueError};
+use crate::store::{Store, StoreError};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -151,14 +151,14 @@ impl TokenSigner {
     pub async fn from_config(
         secret: Option<&str>,
         keys: &ApiKeys,
-        queue: &Queue,
+        store: &Store,
         ttl: Duration,
-    ) -> Result<Self, QueueError> {
+    ) -> Result<Self, StoreError> {
         match secret.filter(|s| !s.is_empty()) {
             Some(secret) => Ok(Self::new(secret.as_bytes(), ttl)),
             None => {
                 // The Redis value is a salt now; it used to be the secret.
-                let salt = queue.shared_token_secret(&random_salt()).await?;
+                let salt = store.shared_token_secret(&random_salt()).await?;
                 Ok(Self::new(&derived_secret(&salt, keys), ttl))
             }
         }

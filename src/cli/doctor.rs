@@ -32,8 +32,8 @@ impl Report {
 
 /// What the Redis in use keeps and evicts.
 async fn check_redis(report: &mut Report, settings: &RedisSettings) {
-    let queue = match settings.build() {
-        Ok(queue) => queue,
+    let store = match settings.build() {
+        Ok(store) => store,
         Err(error) => {
             report.problem(error);
             return;
@@ -41,7 +41,7 @@ async fn check_redis(report: &mut Report, settings: &RedisSettings) {
     };
     let url = redact(&settings.redis_url);
     let health =
-        tokio::time::timeout(std::time::Duration::from_secs(5), queue.redis_health()).await;
+        tokio::time::timeout(std::time::Duration::from_secs(5), store.redis_health()).await;
     match health {
         Ok(Ok(health)) => {
             report.ok(format!("redis at {url} answers"));

@@ -90,37 +90,37 @@ mod tests {
 
     #[test]
     fn bytes_come_out_in_order_across_partial_writes() {
-        let mut queue = StdinQueue::default();
-        queue.push(b"hello ".to_vec());
-        queue.push(b"world".to_vec());
+        let mut store = StdinQueue::default();
+        store.push(b"hello ".to_vec());
+        store.push(b"world".to_vec());
         let mut out = Vec::new();
-        while let Some(front) = queue.front() {
+        while let Some(front) = store.front() {
             let take = front.len().min(4);
             out.extend_from_slice(&front[..take]);
-            queue.consume(take);
+            store.consume(take);
         }
         assert_eq!(out, b"hello world");
-        assert!(!queue.has_pending());
+        assert!(!store.has_pending());
     }
 
     #[test]
     fn close_waits_for_queued_bytes_and_ignores_later_input() {
-        let mut queue = StdinQueue::default();
-        queue.push(b"abc".to_vec());
-        queue.request_close();
-        assert!(!queue.should_close());
-        queue.push(b"late".to_vec());
-        queue.consume(3);
-        assert!(queue.should_close());
-        assert_eq!(queue.front(), None);
+        let mut store = StdinQueue::default();
+        store.push(b"abc".to_vec());
+        store.request_close();
+        assert!(!store.should_close());
+        store.push(b"late".to_vec());
+        store.consume(3);
+        assert!(store.should_close());
+        assert_eq!(store.front(), None);
     }
 
     #[test]
     fn overflow_drops_everything_and_closes() {
-        let mut queue = StdinQueue::default();
-        queue.push(vec![0; MAX_QUEUED_STDIN - 1]);
-        queue.push(vec![0; 2]);
-        assert!(!queue.has_pending());
-        assert!(queue.should_close());
+        let mut store = StdinQueue::default();
+        store.push(vec![0; MAX_QUEUED_STDIN - 1]);
+        store.push(vec![0; 2]);
+        assert!(!store.has_pending());
+        assert!(store.should_close());
     }
 }

@@ -12,8 +12,8 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
-use crate::queue::{Control, Queue};
 use crate::sandbox::JobInput;
+use crate::store::{Control, Store};
 
 /// Input messages buffered between the relay and the sandbox; when full,
 /// the relay stops reading Redis until the sandbox catches up.
@@ -21,7 +21,7 @@ pub(super) const INPUT_BUFFER: usize = 64;
 
 /// One job's relay, until `done` (the job ended).
 pub(super) struct ControlRelay<'a> {
-    pub(super) queue: &'a Queue,
+    pub(super) store: &'a Store,
     pub(super) job_id: &'a str,
     /// Cancelled when a client cancels the job.
     pub(super) cancel: CancellationToken,
@@ -46,20 +46,20 @@ impl ControlRelay<'_> {
                     tokio::select! {
                         biased;
                         () = self.done.cancelled() => return cancelled,
-                        read = self.queue.read_control(conn, self.job_id, &last_id) => read,
+                        read = self.store.read_control(conn, self.job_id, &last_id) => read,
                     }
                 }
                 None => {
                     let connected = tokio::select! {
                         biased;
                         () = self.done.cancelled() => return cancelled,
-                        connected = self.queue.dedicated() => connected,
+                        connected = self.store.dedicated() => connected,
                     };
                     match connected {
                         // On every (re)connection, the job hash's
                         // `cancel_requested` is read too: a cancel is
                         // honoured even if its message never arrives.
-                        Ok(new) => match self.queue.cancel_requested(self.job_id).await {
+                        Ok(new) => match self.store.cancel_requested(self.job_id).await {
                             Ok(requested) => {
                                 conn = Some(new);
                                 if requested {

@@ -43,7 +43,7 @@ pub(super) fn heartbeat_value(
 
 impl Shared {
     /// Writes the heartbeat once.
-    pub(super) async fn beat(&self) -> Result<(), crate::queue::QueueError> {
+    pub(super) async fn beat(&self) -> Result<(), crate::store::StoreError> {
         let warm = self
             .pool
             .as_ref()
@@ -54,10 +54,10 @@ impl Shared {
             self.started_ms,
             warm.as_ref(),
         );
-        self.queue
+        self.store
             .heartbeat(&self.config.id, &value, self.config.heartbeat_ttl)
             .await?;
-        self.queue
+        self.store
             .advertise_languages(
                 &self.config.id,
                 &self.catalog.ids(),

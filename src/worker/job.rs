@@ -16,8 +16,8 @@ use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
 use super::stream::{EVENT_BUFFER, EventStream};
 use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, Timings, prepare};
-use crate::queue::{FinishOutcome, QueueError, ReleaseOutcome, StartOutcome, now_ms};
 use crate::sandbox::{Cleanup, JobIo};
+use crate::store::{FinishOutcome, ReleaseOutcome, StartOutcome, StoreError, now_ms};
 
 /// Attempts to give a claimed job back to the queue at shutdown before it
 /// is left in the processing list for recovery.
@@ -154,18 +154,18 @@ impl Shared {
         let mut retried = false;
         loop {
             let host = self.engine.host_id();
-            let error = match self.queue.start(id, &self.config.id, host, with_spec).await {
+            let error = match self.store.start(id, &self.config.id, host, with_spec).await {
                 Ok(StartOutcome::Skip(status)) if retried && status == "running" => {
                     // An earlier START may have run with its reply lost: a
                     // job running on this worker is ours to run.
                     let spec = async {
                         if with_spec {
-                            Ok(self.queue.job_spec(id).await?.unwrap_or_default())
+                            Ok(self.store.job_spec(id).await?.unwrap_or_default())
                         } else {
                             Ok(String::new())
                         }
                     };
-                    match (self.queue.get(id).await, spec.await) {
+                    match (self.store.get(id).await, spec.await) {
                         (Ok(Some(record)), Ok(spec))
                             if record.worker.as_deref() == Some(&self.config.id) =>
                         {
@@ -206,7 +206,7 @@ impl Shared {
     pub(super) async fn release(&self, id: &str) {
         let mut backoff = Backoff::redis();
         for attempt in 1..=RELEASE_ATTEMPTS {
-            match self.queue.release(id, &self.config.id).await {
+            match self.store.release(id, &self.config.id).await {
                 Ok(ReleaseOutcome::Requeued) => {
                     tracing::info!(job.id = %id, "gave the claimed job back to the queue");
                     return;
@@ -253,7 +253,7 @@ impl Shared {
         };
         let input_marks = Arc::new(AtomicU64::new(0));
         let mut stream = EventStream::new(
-            self.queue.clone(),
+            self.store.clone(),
             id,
             &self.config.id,
             attempt,
@@ -261,7 +261,7 @@ impl Shared {
         );
         let done = CancellationToken::new();
         let relay = ControlRelay {
-            queue: &self.queue,
+            store: &self.store,
             job_id: id,
             cancel,
             input,
@@ -348,7 +348,7 @@ impl Shared {
         let mut backoff = Backoff::redis();
         loop {
             let error = match self
-                .queue
+                .store
                 .finish(id, &self.config.id, attempt, result)
                 .await
             {
@@ -376,7 +376,7 @@ impl Shared {
                     tracing::warn!(job.id = %id, "the job expired before its result could be written");
                     return true;
                 }
-                Err(error @ QueueError::Corrupt { .. }) => {
+                Err(error @ StoreError::Corrupt { .. }) => {
                     self.give_up_result(id, result, &error);
                     return false;
                 }
@@ -398,7 +398,7 @@ impl Shared {
         }
     }
 
-    fn give_up_result(&self, id: &str, result: &JobResult, error: &QueueError) {
+    fn give_up_result(&self, id: &str, result: &JobResult, error: &StoreError) {
         self.mark_abandoned();
         let result = serde_json::to_string(result).unwrap_or_default();
         tracing::error!(

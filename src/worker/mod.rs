@@ -47,9 +47,9 @@ use crate::job::carry::CarriedJobs;
 use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::queue::{Queue, now_ms};
 use crate::sandbox::pool::PoolSettings;
 use crate::sandbox::{SandboxEngine, WarmPool};
+use crate::store::{Store, now_ms};
 use backoff::{Backoff, sleep_unless_cancelled};
 
 /// After the drain kill: how long killed jobs get to be settled (the engine
@@ -96,7 +96,7 @@ pub struct WorkerConfig {
 /// The handles a worker and a reaper both work with (each cheap to clone).
 #[derive(Debug, Clone)]
 pub struct Services {
-    pub queue: Queue,
+    pub store: Store,
     pub engine: SandboxEngine,
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
@@ -114,7 +114,7 @@ pub struct Worker {
 /// What the claim loop and the job tasks share.
 struct Shared {
     config: WorkerConfig,
-    queue: Queue,
+    store: Store,
     engine: SandboxEngine,
     catalog: LanguageCatalog,
     policy: LimitPolicy,
@@ -177,7 +177,7 @@ impl Worker {
     /// retired.
     pub async fn run(self, shutdown: CancellationToken) {
         let Services {
-            queue,
+            store,
             engine,
             catalog,
             policy,
@@ -200,7 +200,7 @@ impl Worker {
         });
         let shared = Arc::new(Shared {
             config: self.config,
-            queue,
+            store,
             engine,
             catalog,
             policy,
@@ -272,7 +272,7 @@ impl Worker {
                 worker.id = %id,
                 "jobs were left in this worker's processing list; not retiring, so they are recovered once the heartbeat expires"
             );
-        } else if let Err(error) = shared.queue.retire(&id).await {
+        } else if let Err(error) = shared.store.retire(&id).await {
             tracing::warn!(worker.id = %id, %error, "could not remove the heartbeat; it expires on its own");
         }
         tracing::info!(worker.id = %id, "worker stopped");
@@ -372,8 +372,8 @@ impl Shared {
                 // Not raced with shutdown: a BLMOVE in flight may still move
                 // an id into the processing list, and only its reply says
                 // which one to give back.
-                Some(conn) => self.queue.claim(conn, worker).await,
-                None => match self.queue.dedicated().await {
+                Some(conn) => self.store.claim(conn, worker).await,
+                None => match self.store.dedicated().await {
                     Ok(new) => {
                         conn = Some(new);
                         continue;

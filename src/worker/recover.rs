@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
-use crate::queue::{LostResults, ReapOutcome, ReapPolicy, Retry};
+use crate::store::{LostResults, ReapOutcome, ReapPolicy, Retry};
 
 impl Shared {
     /// Settles what a previous process under this worker id left (see the
@@ -71,12 +71,12 @@ impl Shared {
             );
         }
         let ids = self
-            .queue
+            .store
             .processing(worker)
             .await
             .map_err(|e| e.to_string())?;
         for id in ids {
-            let job = self.queue.lost_job(&id).await.map_err(|e| e.to_string())?;
+            let job = self.store.lost_job(&id).await.map_err(|e| e.to_string())?;
             let version = self
                 .catalog
                 .find(&job.language)
@@ -90,11 +90,11 @@ impl Shared {
             let policy = ReapPolicy {
                 max_requeues: self.config.max_requeues,
                 retry,
-                late_window: crate::queue::LATE_RESULT_WINDOW,
+                late_window: crate::store::LATE_RESULT_WINDOW,
                 own: true,
             };
             let outcome = self
-                .queue
+                .store
                 .reap_job(worker, &id, policy, &results)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -117,8 +117,8 @@ impl Shared {
         self: &Arc<Self>,
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
-    ) -> Result<(), crate::queue::QueueError> {
-        let ids = self.queue.processing(&self.config.id).await?;
+    ) -> Result<(), crate::store::StoreError> {
+        let ids = self.store.processing(&self.config.id).await?;
         let held = self.running_ids();
         for id in ids.into_iter().filter(|id| !held.contains(id)) {
             let permit = tokio::select! {

@@ -1,5 +1,5 @@
 //! The live events of a running job: what the sandbox reports as it happens
-//! goes into the job's events stream (through [`Queue::append_events`]) as
+//! goes into the job's events stream (through [`Store::append_events`]) as
 //! stage and output events, coalesced so a flood of tiny writes does not
 //! become a flood of Redis commands.
 //!
@@ -39,8 +39,8 @@ use tokio::time::Instant;
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::job::JobResult;
 use crate::job::events::JobEvent;
-use crate::queue::Queue;
 use crate::sandbox::SandboxEvent;
+use crate::store::Store;
 
 /// Sandbox events buffered between the engine and the stream; the stream
 /// reads them as they come, so this only absorbs bursts.
@@ -281,7 +281,7 @@ type InFlight = Pin<Box<dyn Future<Output = (Batch, Attempt)> + Send>>;
 
 /// The events stream of one running job; see the module documentation.
 pub(super) struct EventStream {
-    queue: Queue,
+    store: Store,
     job_id: String,
     /// This worker and the job's attempt it runs: only that attempt's
     /// events are appended.
@@ -308,7 +308,7 @@ pub(super) struct EventStream {
 
 impl EventStream {
     pub(super) fn new(
-        queue: Queue,
+        store: Store,
         job_id: &str,
         worker: &str,
         attempt: u32,
@@ -316,7 +316,7 @@ impl EventStream {
     ) -> Self {
         Self {
             input_marks,
-            queue,
+            store,
             job_id: job_id.to_string(),
             worker: worker.to_string(),
             attempt,
@@ -456,13 +456,13 @@ impl EventStream {
     }
 
     fn attempt(&self, batch: Batch) -> InFlight {
-        let queue = self.queue.clone();
+        let store = self.store.clone();
         let id = self.job_id.clone();
         let (worker, job_attempt) = (self.worker.clone(), self.attempt);
         Box::pin(async move {
             let attempt = match tokio::time::timeout(
                 ATTEMPT_TIMEOUT,
-                queue.append_events(&id, &worker, job_attempt, &batch.events),
+                store.append_events(&id, &worker, job_attempt, &batch.events),
             )
             .await
             {

@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::backoff::sleep_unless_cancelled;
 use crate::job::default_limits;
-use crate::queue::{CapacityEntry, now_ms};
 use crate::sandbox::{SandboxClass, WarmPool, WarmSpec};
+use crate::store::{CapacityEntry, now_ms};
 
 /// This worker's target per language: `floors`, replaced for a language by
 /// its share of the schedule's active entries. `live` is the sorted ids of
@@ -77,9 +77,9 @@ impl Shared {
     pub(super) async fn retarget(&self, pool: &WarmPool) {
         let me = self.config.id.as_str();
         let fleet = async {
-            let schedule = self.queue.capacity_schedule().await?;
-            let live = self.queue.live_workers().await?;
-            Ok::<_, crate::queue::QueueError>((schedule, live))
+            let schedule = self.store.capacity_schedule().await?;
+            let live = self.store.live_workers().await?;
+            Ok::<_, crate::store::StoreError>((schedule, live))
         };
         let (schedule, live) = match fleet.await {
             Ok((schedule, live)) => (schedule, live.into_iter().map(|w| w.id).collect()),

@@ -66,11 +66,11 @@ impl Harness {
     /// What a worker or reaper needs, with this test's engine and catalog.
     pub fn services(
         &self,
-        queue: code_runner::queue::Queue,
+        store: code_runner::store::Store,
         metrics: code_runner::metrics::Metrics,
     ) -> code_runner::worker::Services {
         code_runner::worker::Services {
-            queue,
+            store,
             engine: self.engine.clone(),
             catalog: self.catalog.clone(),
             policy: self.policy.clone(),

@@ -1,7 +1,7 @@
 //! APIs compatible with Piston v2 ([`piston`]) and Judge0 CE ([`judge0`]):
 //! thin adapters that turn the other product's request into an ordinary
 //! [`JobSpec`], submit it through the same path as `POST /v1/jobs`
-//! (`prepare`, then one atomic `Queue::submit` with the queue-depth and
+//! (`prepare`, then one atomic `Store::submit` with the queue-depth and
 //! per-key admission checks), wait with the same `wait_for_end`, and turn the
 //! job's result into the other product's answer. Jobs submitted here are
 //! ordinary jobs: queued, limited, metered (`code_runner_jobs_total`, the
@@ -26,7 +26,7 @@ use super::auth::Caller;
 use super::error::ApiError;
 use crate::job::{JobSpec, PreparedJob, prepare};
 use crate::languages::LanguageCatalog;
-use crate::queue::{NewJob, SubmitOutcome};
+use crate::store::{NewJob, SubmitOutcome};
 
 /// Where the compatible APIs are served (`None`: not served), and Piston's
 /// keyless mode.
@@ -170,7 +170,7 @@ struct Submitted {
 
 /// Submits `spec` as `caller` under the new job id `id`, like `POST /v1/jobs` does: refused while the
 /// server drains, validated by `prepare` against `catalog` (the languages on
-/// offer), then admitted and queued in one atomic `Queue::submit`. Every
+/// offer), then admitted and queued in one atomic `Store::submit`. Every
 /// refusal is counted in `code_runner_submissions_rejected_total`.
 async fn submit(
     state: &ApiState,
@@ -200,7 +200,7 @@ async fn submit_uncounted(
     let prepared = prepare(spec, catalog, &config.policy)?;
     let admission = super::jobs::admission(config, caller, &prepared);
     let outcome = config
-        .queue
+        .store
         .submit(NewJob {
             id: &id,
             spec,

@@ -47,7 +47,7 @@ use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobResult, JobSpec, StageResult, Status};
 use crate::languages::{Language, LanguageCatalog};
 use crate::protocol::{Reason, SignalKind};
-use crate::queue::{Control, InputOutcome};
+use crate::store::{Control, InputOutcome};
 
 /// Our ids that Piston names otherwise, and the runtime Piston reports for
 /// a language (`runtime` is only there when Piston has one).
@@ -515,12 +515,12 @@ fn piston_stage(stage: &StageResult, output: Option<String>) -> PistonStage {
 /// Stdout and stderr of each stage interleaved as they were written, from
 /// the job's events stream; `None` where it cannot be read.
 async fn interleaved_output(state: &ApiState, id: &str) -> Option<(String, String)> {
-    let queue = &state.inner.queue;
+    let store = &state.inner.store;
     let (mut compile, mut run) = (String::new(), String::new());
     let mut stage = "";
     let mut after = 0;
     loop {
-        let events = queue.events_since(id, after, 1000).await.ok()?;
+        let events = store.events_since(id, after, 1000).await.ok()?;
         let Some(last) = events.last() else { break };
         after = last.seq;
         for stored in &events {
@@ -858,7 +858,7 @@ async fn handle_message(
 /// more (its `exit` is on its way).
 async fn send_control(state: &ApiState, id: &str, control: Control) -> Result<(), Message> {
     let budgets = state.input_budgets();
-    match state.inner.queue.send_input(id, &control, budgets).await {
+    match state.inner.store.send_input(id, &control, budgets).await {
         Ok(InputOutcome::Sent { .. } | InputOutcome::Ended(_)) => Ok(()),
         Ok(InputOutcome::OverBudget { stdin_bytes }) => {
             Err(over_budget(stdin_bytes, budgets.stdin_bytes))

@@ -193,7 +193,7 @@ async fn submit_one(
     let json = serde_json::to_string(&record).unwrap_or_default();
     state
         .inner
-        .queue
+        .store
         .put_compat_record(&id, &json)
         .await
         .map_err(|e| from_api_error(ApiError::Unavailable(e)))?;
@@ -251,15 +251,15 @@ async fn create(State(state): State<ApiState>, request: Request) -> Response {
 /// (a job record is read without its spec, which can be large).
 async fn with_spec(
     state: &ApiState,
-    mut job: crate::queue::JobRecord,
+    mut job: crate::store::JobRecord,
     fields: &[&str],
-) -> Result<crate::queue::JobRecord, crate::queue::QueueError> {
+) -> Result<crate::store::JobRecord, crate::store::StoreError> {
     if job.spec.is_none()
         && fields
             .iter()
             .any(|f| matches!(*f, "*" | "source_code" | "stdin"))
     {
-        job.spec = state.inner.queue.job_spec(&job.id).await?;
+        job.spec = state.inner.store.job_spec(&job.id).await?;
     }
     Ok(job)
 }
@@ -271,7 +271,7 @@ async fn find(
     caller: &Caller,
     token: &str,
     fields: &[&str],
-) -> Result<Option<(crate::queue::JobRecord, Judge0Record)>, ApiError> {
+) -> Result<Option<(crate::store::JobRecord, Judge0Record)>, ApiError> {
     let Ok(id) = job_id(token) else {
         return Ok(None);
     };
@@ -281,7 +281,7 @@ async fn find(
         Err(other) => return Err(other),
     };
     let job = with_spec(state, job, fields).await?;
-    let records = state.inner.queue.compat_records(&[id]).await?;
+    let records = state.inner.store.compat_records(&[id]).await?;
     let record = records
         .into_iter()
         .next()

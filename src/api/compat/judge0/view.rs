@@ -15,11 +15,11 @@ use super::request::Judge0Record;
 use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 use crate::protocol::Reason;
-use crate::queue::JobRecord;
+use crate::store::JobRecord;
 
 /// Judge0's statuses, id and description.
 pub(super) const STATUSES: &[(u32, &str)] = &[
-    (1, "In Queue"),
+    (1, "In Store"),
     (2, "Processing"),
     (3, "Accepted"),
     (4, "Wrong Answer"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 
-use super::{Queue, QueueError};
+use super::{Store, StoreError};
 
 /// The Redis server's settings that decide what a restart or a full
 /// memory loses.
@@ -90,10 +90,10 @@ fn info_field<'a>(info: &'a str, name: &str) -> Option<&'a str> {
     })
 }
 
-impl Queue {
+impl Store {
     /// The server's persistence and eviction settings (`INFO`, and
     /// `CONFIG GET save` where allowed).
-    pub async fn redis_health(&self) -> Result<RedisHealth, QueueError> {
+    pub async fn redis_health(&self) -> Result<RedisHealth, StoreError> {
         let mut conn = self.conn().await?;
         let (persistence, memory): (String, String) = redis::pipe()
             .cmd("INFO")
@@ -126,7 +126,7 @@ impl Queue {
     }
 
     /// How long the Redis server has been up.
-    pub async fn redis_uptime(&self) -> Result<Duration, QueueError> {
+    pub async fn redis_uptime(&self) -> Result<Duration, StoreError> {
         let mut conn = self.conn().await?;
         let server: String = redis::cmd("INFO")
             .arg("server")

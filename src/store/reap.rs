@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Queue, QueueError, now_ms, unexpected};
+use super::{Store, StoreError, now_ms, unexpected};
 use crate::job::JobResult;
 
 /// The workers of the fleet (the `workers` set), by whether their
@@ -172,7 +172,7 @@ impl ReapOutcome {
         )
     }
 
-    fn from_reply(outcome: &str, detail: &str) -> Result<Self, QueueError> {
+    fn from_reply(outcome: &str, detail: &str) -> Result<Self, StoreError> {
         let number = || {
             detail
                 .parse::<u32>()
@@ -219,9 +219,9 @@ pub struct RunningJob {
     pub started_ms: u64,
 }
 
-impl Queue {
+impl Store {
     /// The jobs in `worker`'s processing list that are running on it.
-    pub async fn running_on(&self, worker: &str) -> Result<Vec<RunningJob>, QueueError> {
+    pub async fn running_on(&self, worker: &str) -> Result<Vec<RunningJob>, StoreError> {
         let ids = self.processing(worker).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -253,7 +253,7 @@ impl Queue {
     }
 
     /// A job's spec as submitted (JSON); `None` when the job is gone.
-    pub async fn job_spec(&self, id: &str) -> Result<Option<String>, QueueError> {
+    pub async fn job_spec(&self, id: &str) -> Result<Option<String>, StoreError> {
         let mut conn = self.conn().await?;
         Ok(conn.hget(self.keys.job(id), "spec").await?)
     }
@@ -267,8 +267,8 @@ impl Queue {
         job: &RunningJob,
         result: &JobResult,
         late_window: std::time::Duration,
-    ) -> Result<bool, QueueError> {
-        let json = serde_json::to_string(result).map_err(|e| QueueError::Corrupt {
+    ) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(result).map_err(|e| StoreError::Corrupt {
             id: job.id.clone(),
             message: e.to_string(),
         })?;
@@ -292,7 +292,7 @@ impl Queue {
     }
     /// Every worker in the `workers` set, split by whether its heartbeat
     /// lives.
-    pub async fn fleet(&self) -> Result<Fleet, QueueError> {
+    pub async fn fleet(&self) -> Result<Fleet, StoreError> {
         let mut conn = self.conn().await?;
         let ids: Vec<String> = conn.smembers(self.keys.workers()).await?;
         if ids.is_empty() {
@@ -315,13 +315,13 @@ impl Queue {
     }
 
     /// The ids in a worker's processing list.
-    pub async fn processing(&self, worker: &str) -> Result<Vec<String>, QueueError> {
+    pub async fn processing(&self, worker: &str) -> Result<Vec<String>, StoreError> {
         let mut conn = self.conn().await?;
         Ok(conn.lrange(self.keys.processing(worker), 0, -1).await?)
     }
 
     /// What the reaper needs to know of a job in a lost worker's list.
-    pub async fn lost_job(&self, id: &str) -> Result<LostJob, QueueError> {
+    pub async fn lost_job(&self, id: &str) -> Result<LostJob, StoreError> {
         let mut conn = self.conn().await?;
         type Fields = (
             Option<String>,
@@ -366,9 +366,9 @@ impl Queue {
         id: &str,
         policy: ReapPolicy,
         results: &LostResults,
-    ) -> Result<ReapOutcome, QueueError> {
+    ) -> Result<ReapOutcome, StoreError> {
         let json = |result: &JobResult| {
-            serde_json::to_string(result).map_err(|e| QueueError::Corrupt {
+            serde_json::to_string(result).map_err(|e| StoreError::Corrupt {
                 id: id.to_string(),
                 message: e.to_string(),
             })
@@ -407,7 +407,7 @@ impl Queue {
 
     /// Removes a dead worker whose processing list is empty from the
     /// `workers` set (atomically with that check).
-    pub async fn forget_worker(&self, worker: &str) -> Result<ForgetOutcome, QueueError> {
+    pub async fn forget_worker(&self, worker: &str) -> Result<ForgetOutcome, StoreError> {
         let mut conn = self.conn().await?;
         let outcome: String = self
             .forget_worker

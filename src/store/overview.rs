@@ -5,7 +5,7 @@
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Queue, QueueError, parse_status};
+use super::{Store, StoreError, parse_status};
 use crate::job::Status;
 
 /// How many of the newest job ids `jobs:recent` keeps (the submit script
@@ -34,10 +34,10 @@ pub struct JobSummary {
     pub finished_ms: Option<u64>,
 }
 
-impl Queue {
+impl Store {
     /// Every worker of the `workers` set whose heartbeat lives, by id, with
     /// its heartbeat value.
-    pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, QueueError> {
+    pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, StoreError> {
         let mut conn = self.conn().await?;
         let mut ids: Vec<String> = conn.smembers(self.keys.workers()).await?;
         if ids.is_empty() {
@@ -61,7 +61,7 @@ impl Queue {
 
     /// The newest `count` submitted jobs that still exist, newest first
     /// (ids whose job expired are skipped).
-    pub async fn recent_jobs(&self, count: u64) -> Result<Vec<JobSummary>, QueueError> {
+    pub async fn recent_jobs(&self, count: u64) -> Result<Vec<JobSummary>, StoreError> {
         let count = count.clamp(1, RECENT_JOBS_KEPT);
         let mut conn = self.conn().await?;
         let ids: Vec<String> = conn

@@ -65,7 +65,7 @@ use serde::{Deserialize, Serialize};
 use crate::job::{JobResult, JobSpec, Status};
 
 #[derive(Debug, thiserror::Error)]
-pub enum QueueError {
+pub enum StoreError {
     #[error("redis is unavailable: {0}")]
     Pool(#[from] deadpool_redis::PoolError),
     #[error("redis command failed: {0}")]
@@ -80,23 +80,23 @@ pub enum QueueError {
     UnexpectedReply { script: &'static str, reply: String },
 }
 
-impl QueueError {
+impl StoreError {
     /// Whether Redis is simply not there (yet): nothing accepts the
     /// connection, or it timed out. Not a TLS, authentication or protocol
     /// failure, which waiting does not mend.
     pub fn is_unreachable(&self) -> bool {
         let redis_error = match self {
-            QueueError::Pool(deadpool_redis::PoolError::Timeout(_)) => return true,
-            QueueError::Pool(deadpool_redis::PoolError::Backend(error))
-            | QueueError::Redis(error) => error,
+            StoreError::Pool(deadpool_redis::PoolError::Timeout(_)) => return true,
+            StoreError::Pool(deadpool_redis::PoolError::Backend(error))
+            | StoreError::Redis(error) => error,
             _ => return false,
         };
         redis_error.is_connection_refusal() || redis_error.is_timeout()
     }
 }
 
-fn unexpected(script: &'static str, reply: impl std::fmt::Debug) -> QueueError {
-    QueueError::UnexpectedReply {
+fn unexpected(script: &'static str, reply: impl std::fmt::Debug) -> StoreError {
+    StoreError::UnexpectedReply {
         script,
         reply: format!("{reply:?}"),
     }
@@ -252,7 +252,7 @@ pub enum SubmitOutcome {
 }
 
 impl SubmitOutcome {
-    fn from_reply(outcome: &str, detail: String, reserve: u64) -> Result<Self, QueueError> {
+    fn from_reply(outcome: &str, detail: String, reserve: u64) -> Result<Self, StoreError> {
         let number = |detail: &str| {
             detail
                 .parse()
@@ -302,7 +302,7 @@ pub enum ReleaseOutcome {
 }
 
 impl ReleaseOutcome {
-    fn from_reply(reply: &str) -> Result<Self, QueueError> {
+    fn from_reply(reply: &str) -> Result<Self, StoreError> {
         Ok(match reply {
             "requeued" => ReleaseOutcome::Requeued,
             "dropped" => ReleaseOutcome::Dropped,
@@ -312,7 +312,7 @@ impl ReleaseOutcome {
     }
 }
 
-/// What became of a result a worker wrote ([`Queue::finish`]).
+/// What became of a result a worker wrote ([`Store::finish`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FinishOutcome {
     /// The result of the worker's own running attempt: it is the job's.
@@ -329,7 +329,7 @@ pub enum FinishOutcome {
 }
 
 impl FinishOutcome {
-    fn from_reply(id: &str, reply: &str) -> Result<Self, QueueError> {
+    fn from_reply(id: &str, reply: &str) -> Result<Self, StoreError> {
         Ok(match reply {
             "finished" => FinishOutcome::Finished,
             "late" => FinishOutcome::Late,
@@ -372,7 +372,7 @@ pub const BLOCK_TIMEOUT: Duration = Duration::from_secs(1);
 /// the dedicated connections blocking commands need (so they never hold a
 /// pooled connection).
 #[derive(Clone)]
-pub struct Queue {
+pub struct Store {
     pool: deadpool_redis::Pool,
     client: redis::Client,
     keys: Keys,
@@ -389,20 +389,20 @@ pub struct Queue {
     settle_stuck: std::sync::Arc<Script>,
 }
 
-impl std::fmt::Debug for Queue {
+impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Queue").field("keys", &self.keys).finish()
+        f.debug_struct("Store").field("keys", &self.keys).finish()
     }
 }
 
-impl Queue {
+impl Store {
     /// Sets up the pool; does not connect yet (the first command does).
     pub fn new(
         url: &str,
         prefix: &str,
         result_ttl: Duration,
         pool_size: usize,
-    ) -> Result<Self, QueueError> {
+    ) -> Result<Self, StoreError> {
         // Nagle's algorithm off (redis-rs leaves it on): a command written
         // while an earlier one's reply is outstanding must not wait for a
         // delayed ACK (40 ms) on the hot path.
@@ -424,7 +424,7 @@ impl Queue {
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()
             .map_err(|error| {
-                QueueError::CreatePool(deadpool_redis::CreatePoolError::Build(error))
+                StoreError::CreatePool(deadpool_redis::CreatePoolError::Build(error))
             })?;
         let client = redis::Client::open(info)?;
         Ok(Self {
@@ -453,13 +453,13 @@ impl Queue {
         self.result_ttl
     }
 
-    async fn conn(&self) -> Result<deadpool_redis::Connection, QueueError> {
+    async fn conn(&self) -> Result<deadpool_redis::Connection, StoreError> {
         Ok(self.pool.get().await?)
     }
 
     /// A connection of its own, for blocking commands; its response timeout
     /// leaves room for the block.
-    pub async fn dedicated(&self) -> Result<redis::aio::MultiplexedConnection, QueueError> {
+    pub async fn dedicated(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_secs(2)))
             .set_response_timeout(Some(BLOCK_TIMEOUT + Duration::from_secs(5)));
@@ -469,15 +469,15 @@ impl Queue {
             .await?)
     }
 
-    pub async fn queue_depth(&self) -> Result<u64, QueueError> {
+    pub async fn queue_depth(&self) -> Result<u64, StoreError> {
         let mut conn = self.conn().await?;
         Ok(conn.llen(self.keys.queue()).await?)
     }
 
     /// Enqueues a job, atomically with the admission checks and the
     /// idempotency record.
-    pub async fn submit(&self, job: NewJob<'_>) -> Result<SubmitOutcome, QueueError> {
-        let spec = serde_json::to_string(job.spec).map_err(|e| QueueError::Corrupt {
+    pub async fn submit(&self, job: NewJob<'_>) -> Result<SubmitOutcome, StoreError> {
+        let spec = serde_json::to_string(job.spec).map_err(|e| StoreError::Corrupt {
             id: job.id.to_string(),
             message: e.to_string(),
         })?;
@@ -522,7 +522,7 @@ impl Queue {
     /// Reads a job (without its spec, which can be large and no reader of
     /// a record needs); `None` when it does not exist (never did, or
     /// expired).
-    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, QueueError> {
+    pub async fn get(&self, id: &str) -> Result<Option<JobRecord>, StoreError> {
         let mut conn = self.conn().await?;
         let (values, outputs): (Vec<Option<String>>, Vec<Option<Vec<u8>>>) = redis::pipe()
             .cmd("HMGET")
@@ -545,7 +545,7 @@ impl Queue {
     }
 
     /// A job's whole result (with its output), if it has one.
-    pub async fn result(&self, id: &str) -> Result<Option<JobResult>, QueueError> {
+    pub async fn result(&self, id: &str) -> Result<Option<JobResult>, StoreError> {
         let mut conn = self.conn().await?;
         let (json, outputs): (Option<String>, Vec<Option<Vec<u8>>>) = redis::pipe()
             .hget(self.keys.job(id), "result")
@@ -564,7 +564,7 @@ impl Queue {
         &self,
         id: &str,
         cancelled: &JobResult,
-    ) -> Result<CancelOutcome, QueueError> {
+    ) -> Result<CancelOutcome, StoreError> {
         let result = serde_json::to_string(cancelled).unwrap_or_default();
         let mut conn = self.conn().await?;
         let outcome: String = self
@@ -593,7 +593,7 @@ impl Queue {
     /// The secret attach tokens are signed with: `candidate` if no API
     /// replica stored one before, else the stored one (`SET NX`, then `GET`,
     /// in one transaction), so every replica signs with the same secret.
-    pub async fn shared_token_secret(&self, candidate: &str) -> Result<String, QueueError> {
+    pub async fn shared_token_secret(&self, candidate: &str) -> Result<String, StoreError> {
         let key = self.keys.token_secret();
         let mut conn = self.conn().await?;
         let (secret,): (String,) = redis::pipe()
@@ -616,7 +616,7 @@ impl Queue {
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
         worker: &str,
-    ) -> Result<Option<String>, QueueError> {
+    ) -> Result<Option<String>, StoreError> {
         Ok(conn
             .blmove(
                 self.keys.queue(),
@@ -637,7 +637,7 @@ impl Queue {
         worker: &str,
         host: &str,
         with_spec: bool,
-    ) -> Result<StartOutcome, QueueError> {
+    ) -> Result<StartOutcome, StoreError> {
         let mut conn = self.conn().await?;
         let reply: Vec<String> = self
             .start
@@ -671,9 +671,9 @@ impl Queue {
         worker: &str,
         attempt: u32,
         result: &JobResult,
-    ) -> Result<FinishOutcome, QueueError> {
+    ) -> Result<FinishOutcome, StoreError> {
         let (bare, outputs) = result.split_output();
-        let json = serde_json::to_string(&bare).map_err(|e| QueueError::Corrupt {
+        let json = serde_json::to_string(&bare).map_err(|e| StoreError::Corrupt {
             id: id.to_string(),
             message: e.to_string(),
         })?;
@@ -701,7 +701,7 @@ impl Queue {
     /// Gives back a job `worker` claimed but will not start (it is shutting
     /// down): in one atomic step the id leaves the processing list and, if
     /// the job is still queued, goes back to the head of the queue.
-    pub async fn release(&self, id: &str, worker: &str) -> Result<ReleaseOutcome, QueueError> {
+    pub async fn release(&self, id: &str, worker: &str) -> Result<ReleaseOutcome, StoreError> {
         let mut conn = self.conn().await?;
         let outcome: String = self
             .release
@@ -720,7 +720,7 @@ impl Queue {
         worker: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<(), QueueError> {
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         redis::pipe()
             .pset_ex(
@@ -739,7 +739,7 @@ impl Queue {
     /// Stores what a compatible API needs beside job `id` (written before
     /// the job is submitted). It outlives the job's own keys by a day, so a
     /// job that waited long in the queue still has it.
-    pub async fn put_compat_record(&self, id: &str, json: &str) -> Result<(), QueueError> {
+    pub async fn put_compat_record(&self, id: &str, json: &str) -> Result<(), StoreError> {
         let ttl = self.result_ttl.as_secs().max(1) * 2 + 86_400;
         let mut conn = self.conn().await?;
         let _: () = conn.set_ex(self.keys.compat(id), json, ttl).await?;
@@ -747,7 +747,7 @@ impl Queue {
     }
 
     /// The compat records of `ids`, in order (`None` where there is none).
-    pub async fn compat_records(&self, ids: &[String]) -> Result<Vec<Option<String>>, QueueError> {
+    pub async fn compat_records(&self, ids: &[String]) -> Result<Vec<Option<String>>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -763,7 +763,7 @@ impl Queue {
         worker: &str,
         languages: &[&str],
         ttl: Duration,
-    ) -> Result<(), QueueError> {
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         let _: () = conn
             .pset_ex(
@@ -779,7 +779,7 @@ impl Queue {
     /// advertised, or `None` when no live worker has said.
     pub async fn advertised_languages(
         &self,
-    ) -> Result<Option<std::collections::BTreeSet<String>>, QueueError> {
+    ) -> Result<Option<std::collections::BTreeSet<String>>, StoreError> {
         let mut conn = self.conn().await?;
         let workers: Vec<String> = conn.smembers(self.keys.workers()).await?;
         if workers.is_empty() {
@@ -800,7 +800,7 @@ impl Queue {
     /// A job's status and the `seq` of its last event, read together (the
     /// terminal status and the `exit` event are written in one step);
     /// `None` when the job does not exist.
-    pub async fn status_and_position(&self, id: &str) -> Result<Option<(Status, u64)>, QueueError> {
+    pub async fn status_and_position(&self, id: &str) -> Result<Option<(Status, u64)>, StoreError> {
         let mut conn = self.conn().await?;
         let (status, seq): (Option<String>, Option<u64>) = redis::cmd("HMGET")
             .arg(self.keys.job(id))
@@ -815,7 +815,7 @@ impl Queue {
     }
 
     /// Removes a worker's heartbeat at a clean shutdown.
-    pub async fn retire(&self, worker: &str) -> Result<(), QueueError> {
+    pub async fn retire(&self, worker: &str) -> Result<(), StoreError> {
         let mut conn = self.conn().await?;
         redis::pipe()
             .del(self.keys.heartbeat(worker))
@@ -828,9 +828,9 @@ impl Queue {
     }
 }
 
-fn parse_status(id: &str, text: &str) -> Result<Status, QueueError> {
+fn parse_status(id: &str, text: &str) -> Result<Status, StoreError> {
     serde_json::from_value(serde_json::Value::String(text.to_string())).map_err(|_| {
-        QueueError::Corrupt {
+        StoreError::Corrupt {
             id: id.to_string(),
             message: format!("unknown status {text:?}"),
         }
@@ -866,8 +866,8 @@ fn result_from_parts(
     id: &str,
     json: &str,
     outputs: Vec<Option<Vec<u8>>>,
-) -> Result<JobResult, QueueError> {
-    let bare: JobResult = serde_json::from_str(json).map_err(|e| QueueError::Corrupt {
+) -> Result<JobResult, StoreError> {
+    let bare: JobResult = serde_json::from_str(json).map_err(|e| StoreError::Corrupt {
         id: id.to_string(),
         message: format!("result: {e}"),
     })?;
@@ -882,7 +882,7 @@ fn record_from_fields(
     id: &str,
     mut fields: HashMap<String, String>,
     outputs: Vec<Option<Vec<u8>>>,
-) -> Result<JobRecord, QueueError> {
+) -> Result<JobRecord, StoreError> {
     let number = |value: Option<&String>| value.and_then(|v| v.parse::<u64>().ok());
     let status = parse_status(id, fields.get("status").map_or("", String::as_str))?;
     let result = match fields.get("result") {
@@ -918,14 +918,14 @@ mod tests {
     fn unexpected_script_replies_are_errors() {
         assert!(matches!(
             SubmitOutcome::from_reply("nonsense", String::new(), 0),
-            Err(QueueError::UnexpectedReply {
+            Err(StoreError::UnexpectedReply {
                 script: "submit",
                 ..
             })
         ));
         assert!(matches!(
             SubmitOutcome::from_reply("key_limit", "lots".into(), 0),
-            Err(QueueError::UnexpectedReply { .. })
+            Err(StoreError::UnexpectedReply { .. })
         ));
         assert_eq!(
             SubmitOutcome::from_reply("key_limit", "3".into(), 0).unwrap(),
@@ -940,7 +940,7 @@ mod tests {
         );
         assert!(matches!(
             ReleaseOutcome::from_reply("gone"),
-            Err(QueueError::UnexpectedReply {
+            Err(StoreError::UnexpectedReply {
                 script: "release",
                 ..
             })

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use deadpool_redis::redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
-use super::{Queue, QueueError, now_ms};
+use super::{Store, StoreError, now_ms};
 
 /// Most entries the schedule holds at once.
 pub const MAX_ENTRIES: usize = 1000;
@@ -58,10 +58,10 @@ pub enum PutOutcome {
     Full,
 }
 
-impl Queue {
+impl Store {
     /// The schedule's current and future entries, by start; drops those
     /// whose window has passed.
-    pub async fn capacity_schedule(&self) -> Result<Vec<CapacityEntry>, QueueError> {
+    pub async fn capacity_schedule(&self) -> Result<Vec<CapacityEntry>, StoreError> {
         let mut conn = self.conn().await?;
         let key = self.keys.capacity();
         let raw: HashMap<String, String> = conn.hgetall(&key).await?;
@@ -86,11 +86,11 @@ impl Queue {
     }
 
     /// Adds an entry unless the schedule is full.
-    pub async fn put_capacity(&self, entry: &CapacityEntry) -> Result<PutOutcome, QueueError> {
+    pub async fn put_capacity(&self, entry: &CapacityEntry) -> Result<PutOutcome, StoreError> {
         if self.capacity_schedule().await?.len() >= MAX_ENTRIES {
             return Ok(PutOutcome::Full);
         }
-        let json = serde_json::to_string(entry).map_err(|e| QueueError::Corrupt {
+        let json = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt {
             id: entry.id.clone(),
             message: e.to_string(),
         })?;
@@ -100,7 +100,7 @@ impl Queue {
     }
 
     /// Removes an entry; `false` when there was none with that id.
-    pub async fn delete_capacity(&self, id: &str) -> Result<bool, QueueError> {
+    pub async fn delete_capacity(&self, id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn().await?;
         let removed: u64 = conn.hdel(self.keys.capacity(), id).await?;
         Ok(removed > 0)

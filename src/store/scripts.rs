@@ -338,7 +338,7 @@ end
 return 'dropped'
 ";
 
-/// KEYS: the lost worker's processing list, its heartbeat, job, queue,
+/// KEYS: the lost worker's processing list, its heartbeat, job, store,
 /// dead-letter list, events stream, stdin stream.
 /// ARGV: id, now_ms, ttl (s), most requeues, result of a running job whose
 /// worker was lost, result of a queued job that ran out of requeues,
@@ -350,7 +350,7 @@ return 'dropped'
 /// Settles one job of a worker whose heartbeat expired, once: nothing
 /// happens while the heartbeat lives (`alive`, unless `own`), and a job not
 /// in the list is `absent` (another reaper settled it). Then, by status:
-/// - `queued` (claimed, never started): back to the claim end of the queue
+/// - `queued` (claimed, never started): back to the claim end of the store
 ///   while it has requeues left (`requeued`), else `error` and the
 ///   dead-letter list (`dead`);
 /// - `running` on that worker: cancelled if a client asked for it

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{BLOCK_TIMEOUT, Queue, QueueError, parse_status, unexpected};
+use super::{BLOCK_TIMEOUT, Store, StoreError, parse_status, unexpected};
 use crate::job::Status;
 
 /// A control message for a running job, from `job:<id>:stdin`.
@@ -34,7 +34,7 @@ pub struct InputBudgets {
 }
 
 /// What became of a control message a stream client sent
-/// ([`Queue::send_input`]).
+/// ([`Store::send_input`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputOutcome {
     /// On its way to the worker; `stdin_bytes` of stdin were sent so far.
@@ -54,7 +54,7 @@ pub enum InputOutcome {
     Missing,
 }
 
-impl Queue {
+impl Store {
     /// Sends a stream client's control message (stdin, stdin close, a
     /// signal) to the worker running the job, through `job:<id>:stdin`
     /// (messages sent while the job is queued wait there and are delivered
@@ -67,7 +67,7 @@ impl Queue {
         id: &str,
         control: &Control,
         budgets: InputBudgets,
-    ) -> Result<InputOutcome, QueueError> {
+    ) -> Result<InputOutcome, StoreError> {
         let bytes = match control {
             Control::Stdin(data) => data.len() as u64,
             _ => 0,
@@ -116,7 +116,7 @@ impl Queue {
 
     /// Whether a running job's cancellation was asked for (and not yet
     /// acted on by its worker).
-    pub async fn cancel_requested(&self, id: &str) -> Result<bool, QueueError> {
+    pub async fn cancel_requested(&self, id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn().await?;
         let flag: Option<String> = conn.hget(self.keys.job(id), "cancel_requested").await?;
         Ok(flag.is_some_and(|f| f == "1"))
@@ -130,7 +130,7 @@ impl Queue {
         conn: &mut redis::aio::MultiplexedConnection,
         id: &str,
         after: &str,
-    ) -> Result<(String, Vec<Control>), QueueError> {
+    ) -> Result<(String, Vec<Control>), StoreError> {
         let options = redis::streams::StreamReadOptions::default()
             .block(BLOCK_TIMEOUT.as_millis() as usize)
             .count(100);

@@ -8,7 +8,7 @@
 //! turns each into its JSON: output is encoded for the wire only then, and
 //! an `x` exit gets the job's result put in.
 //!
-//! An API process follows many jobs with one reader ([`Queue::read_feeds`]:
+//! An API process follows many jobs with one reader ([`Store::read_feeds`]:
 //! one blocking XREAD over every followed stream), which its own doorbell
 //! stream wakes when the set of followed jobs changes.
 
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Queue, QueueError, unexpected};
+use super::{Store, StoreError, unexpected};
 use crate::job::events::{JobEvent, StoredEvent};
 
 /// What one read of many jobs' streams gave.
@@ -75,7 +75,7 @@ fn seq_of(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-impl Queue {
+impl Store {
     /// Appends a running attempt's events (in order) for `worker`'s
     /// `attempt`; `None` when the job is not running that attempt any more
     /// (nothing was appended). Output is stored raw; output past the
@@ -87,7 +87,7 @@ impl Queue {
         worker: &str,
         attempt: u32,
         events: &[JobEvent],
-    ) -> Result<Option<u64>, QueueError> {
+    ) -> Result<Option<u64>, StoreError> {
         if events.is_empty() {
             return Ok(Some(0));
         }
@@ -132,7 +132,7 @@ impl Queue {
         id: &str,
         after: u64,
         count: usize,
-    ) -> Result<Vec<StoredEvent>, QueueError> {
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let mut conn = self.conn().await?;
         let reply: redis::streams::StreamRangeReply = conn
             .xrange_count(self.keys.events(id), format!("({after}-0"), "+", count)
@@ -142,7 +142,7 @@ impl Queue {
 
     /// The `seq` of each job's last event (`None`: the job is gone), in
     /// the order given.
-    pub async fn event_positions(&self, ids: &[String]) -> Result<Vec<Option<u64>>, QueueError> {
+    pub async fn event_positions(&self, ids: &[String]) -> Result<Vec<Option<u64>>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -165,7 +165,7 @@ impl Queue {
         doorbell_after: &str,
         jobs: &[(String, u64)],
         block: Duration,
-    ) -> Result<FeedRead, QueueError> {
+    ) -> Result<FeedRead, StoreError> {
         let doorbell = self.keys.doorbell(instance);
         let mut keys = vec![doorbell.clone()];
         let mut ids = vec![doorbell_after.to_string()];
@@ -198,7 +198,7 @@ impl Queue {
 
     /// Rings the doorbell of `instance`: its reader's blocking read returns
     /// at once. Returns the entry's id.
-    pub async fn ring_doorbell(&self, instance: &str) -> Result<String, QueueError> {
+    pub async fn ring_doorbell(&self, instance: &str) -> Result<String, StoreError> {
         let key = self.keys.doorbell(instance);
         let mut conn = self.conn().await?;
         let (id,): (String,) = redis::pipe()
@@ -221,7 +221,7 @@ impl Queue {
         &self,
         id: &str,
         entries: Vec<redis::streams::StreamId>,
-    ) -> Result<Vec<StoredEvent>, QueueError> {
+    ) -> Result<Vec<StoredEvent>, StoreError> {
         let mut events = Vec::with_capacity(entries.len());
         let mut result_json: Option<String> = None;
         for entry in entries {
@@ -242,7 +242,7 @@ impl Queue {
                         let result = self.result(id).await?;
                         result_json = Some(match result {
                             Some(result) => {
-                                serde_json::to_string(&result).map_err(|e| QueueError::Corrupt {
+                                serde_json::to_string(&result).map_err(|e| StoreError::Corrupt {
                                     id: id.to_string(),
                                     message: e.to_string(),
                                 })?
