@@ -24,7 +24,7 @@ use crate::exit;
 use crate::job::carry::CarriedJobs;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::reaper::Reaper;
+use crate::reaper::{Reaper, ReaperHandles};
 use crate::sandbox::SandboxEngine;
 use crate::worker::backoff::{Backoff, sleep_unless_cancelled};
 use crate::worker::{Services, Worker, WorkerConfig};
@@ -164,7 +164,14 @@ pub async fn run(
     if let (Some(config), Some(engine)) = (reaper_config, engine.clone()) {
         // No drain: a pass in flight is dropped at shutdown; every step of
         // it is atomic on its own, and the next reaper picks up the rest.
-        let reaper = Reaper::new(config, services(engine));
+        let handles = ReaperHandles {
+            store: store.clone(),
+            engine,
+            catalog: offered.clone(),
+            metrics: metrics.clone(),
+            longest_wall: setup.policy.longest_wall(),
+        };
+        let reaper = Reaper::new(config, handles);
         let shutdown = root.child_token();
         tracker.spawn(async move { reaper.run(shutdown).await });
     }

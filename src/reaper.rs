@@ -39,23 +39,21 @@
 //! Redis or Docker being down is expected: the pass logs a warning, does
 //! what it can without it, and the loop goes on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::job::limits::LimitPolicy;
 use crate::job::result::ErrorReason;
-use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
+use crate::job::{JobResult, Status, Timings};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::sandbox::{SandboxContainer, SandboxEngine};
 use crate::store::{
-    Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostResults, ReapOutcome, ReapPolicy, Retry,
+    Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostJob, LostResults, ReapOutcome, ReapPolicy, Retry,
     RunningJob, Store, StoreError, now_ms,
 };
-use crate::worker::Services;
 
 #[derive(Debug, Clone)]
 pub struct ReaperConfig {
@@ -184,12 +182,23 @@ pub struct Reaper {
     store: Store,
     engine: SandboxEngine,
     catalog: LanguageCatalog,
-    policy: LimitPolicy,
     metrics: Metrics,
-    /// Deadline budgets of running jobs, by id: (started_ms, budget_ms), so
-    /// a job's spec is read and prepared once per run, not every pass.
-    budgets: Arc<Mutex<HashMap<String, (u64, u64)>>>,
+    /// The wall budget of a running job whose deadline was not stored (a
+    /// job started by an earlier version): the longest any job may take.
+    longest_wall: Duration,
     connectivity: Arc<Mutex<Connectivity>>,
+}
+
+/// What a reaper works with (each cheap to clone).
+#[derive(Debug, Clone)]
+pub struct ReaperHandles {
+    pub store: Store,
+    pub engine: SandboxEngine,
+    /// For the language versions in the verdicts it writes.
+    pub catalog: LanguageCatalog,
+    pub metrics: Metrics,
+    /// See [`LimitPolicy::longest_wall`](crate::job::limits::LimitPolicy::longest_wall).
+    pub longest_wall: Duration,
 }
 
 /// What is left on this Docker host after the container rule.
@@ -202,23 +211,21 @@ struct Remaining {
 }
 
 impl Reaper {
-    pub fn new(config: ReaperConfig, services: Services) -> Self {
-        let Services {
+    pub fn new(config: ReaperConfig, handles: ReaperHandles) -> Self {
+        let ReaperHandles {
             store,
             engine,
             catalog,
-            policy,
             metrics,
-            carried: _,
-        } = services;
+            longest_wall,
+        } = handles;
         Self {
             config,
             store,
             engine,
             catalog,
-            policy,
             metrics,
-            budgets: Arc::default(),
+            longest_wall,
             connectivity: Arc::default(),
         }
     }
@@ -289,7 +296,7 @@ impl Reaper {
             Err(_) => self.lock_connectivity().failed(),
         }
         let may_judge = self.may_judge();
-        let fleet = match self.store.fleet().await {
+        let fleet = match self.store.workers().fleet().await {
             Ok(mut fleet) => {
                 if let Some(own) = &self.config.own_worker
                     && fleet.dead.remove(own)
@@ -330,49 +337,36 @@ impl Reaper {
                     tracing::warn!(worker.id = %worker, %error, "the reaper could not settle the jobs of a dead worker; retrying next pass");
                 }
             }
-            let mut seen = HashSet::new();
             for worker in &fleet.alive {
-                if let Err(error) = self.settle_stuck(worker, &mut seen, &mut report).await {
+                if let Err(error) = self.give_up_overdue(worker, &mut report).await {
                     self.lock_connectivity().failed();
                     tracing::warn!(worker.id = %worker, %error, "the reaper could not check the jobs of a live worker; retrying next pass");
                 }
             }
-            self.lock_budgets().retain(|id, _| seen.contains(id));
         }
         report
     }
 
-    fn lock_budgets(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
-        self.budgets.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Settles the jobs of a live worker that outlived their deadline plus
-    /// the grace; `seen` collects the ids of every job running on it.
-    async fn settle_stuck(
+    /// Gives up on the jobs of a live worker that outlived their deadline
+    /// plus the grace.
+    async fn give_up_overdue(
         &self,
         worker: &str,
-        seen: &mut HashSet<String>,
         report: &mut PassReport,
     ) -> Result<(), StoreError> {
-        let sandbox = self.engine.config();
-        // The least budget any job has: no wall time at all.
-        let floor_ms =
-            (sandbox.start_timeout + sandbox.deadline_grace + self.config.grace).as_millis() as u64;
-        for job in self.store.running_on(worker).await? {
-            seen.insert(job.id.clone());
-            let now = now_ms();
-            if job.started_ms.saturating_add(floor_ms) >= now {
+        let now = now_ms();
+        for job in self.store.jobs().running_on(worker).await? {
+            let deadline_ms = self.deadline_ms(job.started_ms, job.deadline_ms);
+            if deadline_ms.saturating_add(self.config.grace.as_millis() as u64) >= now {
                 continue;
             }
-            let wall_ms = self.wall_budget(&job.id, job.started_ms).await?;
-            let budget_ms = floor_ms.saturating_add(wall_ms);
-            if job.started_ms.saturating_add(budget_ms) >= now {
-                continue;
-            }
+            let budget_ms =
+                deadline_ms.saturating_sub(job.started_ms) + self.config.grace.as_millis() as u64;
             let result = self.stuck_result(worker, &job, budget_ms);
             if !self
                 .store
-                .settle_stuck(worker, &job, &result, LATE_RESULT_WINDOW)
+                .jobs()
+                .give_up_overdue(worker, &job, &result, LATE_RESULT_WINDOW)
                 .await?
             {
                 continue;
@@ -386,37 +380,21 @@ impl Reaper {
                 worker.id = %worker,
                 started_ms = job.started_ms,
                 budget_ms,
-                "the reaper settled a job that outlived its deadline on a live worker"
+                "the reaper gave up on a job that outlived its deadline on a live worker"
             );
             report.stuck.push((worker.to_string(), job.id));
         }
         Ok(())
     }
 
-    /// The sum of a running job's stage wall limits, from its spec as this
-    /// process would prepare it; the policy's maximums when it cannot be
-    /// prepared here (another catalog or policy).
-    async fn wall_budget(&self, id: &str, started: u64) -> Result<u64, StoreError> {
-        if let Some(&(started_ms, wall_ms)) = self.lock_budgets().get(id)
-            && started_ms == started
-        {
-            return Ok(wall_ms);
-        }
-        let spec = self.store.job_spec(id).await?;
-        let prepared = spec
-            .and_then(|spec| serde_json::from_str::<JobSpec>(&spec).ok())
-            .and_then(|spec| prepare(&spec, &self.catalog, &self.policy).ok());
-        let wall_ms = match prepared {
-            Some(prepared) => prepared.stages_wall_ms(),
-            None => self
-                .policy
-                .maximum
-                .wall_ms
-                .saturating_add(self.policy.compile_maximum.wall_ms),
-        };
-        self.lock_budgets()
-            .insert(id.to_string(), (started, wall_ms));
-        Ok(wall_ms)
+    /// A running job's deadline: as its start stored it, else (a job
+    /// started by an earlier version) the longest any job may take from
+    /// `started_ms`.
+    fn deadline_ms(&self, started_ms: u64, stored: Option<u64>) -> u64 {
+        stored.unwrap_or_else(|| {
+            let longest = self.engine.config().deadline_slack() + self.longest_wall;
+            started_ms.saturating_add(longest.as_millis() as u64)
+        })
     }
 
     fn stuck_result(&self, worker: &str, job: &RunningJob, budget_ms: u64) -> JobResult {
@@ -503,8 +481,8 @@ impl Reaper {
         remaining: Option<&Remaining>,
         report: &mut PassReport,
     ) -> Result<(), StoreError> {
-        for id in self.store.processing(worker).await? {
-            let job = self.store.lost_job(&id).await?;
+        for id in self.store.jobs().claimed_by(worker).await? {
+            let job = self.store.jobs().lost_job(&id).await?;
             let results = LostResults::new(
                 worker,
                 &job.language,
@@ -512,18 +490,12 @@ impl Reaper {
                 self.config.max_requeues,
             );
             let retry = match (job.status.as_deref(), remaining) {
-                (Some("running"), Some(remaining)) => {
-                    let deadline_passed = match job.started_ms {
-                        Some(started_ms) => Some(self.past_deadline(&id, started_ms).await?),
-                        None => None,
-                    };
-                    Retry::decide(
-                        &job,
-                        self.engine.host_id(),
-                        remaining.jobs.contains(&id),
-                        deadline_passed,
-                    )
-                }
+                (Some("running"), Some(remaining)) => Retry::decide(
+                    &job,
+                    self.engine.host_id(),
+                    remaining.jobs.contains(&id),
+                    self.past_deadline(&job),
+                ),
                 // Docker could not be listed: nothing is known gone.
                 (Some("running"), None) => Retry::NotYet,
                 _ => Retry::Never,
@@ -534,7 +506,11 @@ impl Reaper {
                 late_window: LATE_RESULT_WINDOW,
                 own: false,
             };
-            let outcome = self.store.reap_job(worker, &id, policy, &results).await?;
+            let outcome = self
+                .store
+                .jobs()
+                .reap(worker, &id, policy, &results)
+                .await?;
             if outcome == ReapOutcome::Alive {
                 tracing::info!(worker.id = %worker, "the worker's heartbeat is back; leaving its jobs");
                 return Ok(());
@@ -552,21 +528,20 @@ impl Reaper {
             );
             report.jobs.push((worker.to_string(), id, outcome));
         }
-        if forget && self.store.forget_worker(worker).await? == ForgetOutcome::Forgotten {
+        if forget && self.store.workers().forget(worker).await? == ForgetOutcome::Forgotten {
             tracing::info!(worker.id = %worker, "the reaper forgot a dead worker");
             report.forgotten.push(worker.to_string());
         }
         Ok(())
     }
 
-    /// Whether a job started at `started_ms` is past its whole budget: by
-    /// then its sandbox's own limits have ended it wherever it ran.
-    async fn past_deadline(&self, id: &str, started_ms: u64) -> Result<bool, StoreError> {
-        let sandbox = self.engine.config();
-        let floor_ms =
-            (sandbox.start_timeout + sandbox.deadline_grace + self.config.grace).as_millis() as u64;
-        let wall_ms = self.wall_budget(id, started_ms).await?;
-        Ok(started_ms.saturating_add(floor_ms).saturating_add(wall_ms) < now_ms())
+    /// Whether a lost job's last attempt is past its deadline and the
+    /// grace: by then its sandbox's own limits have ended it wherever it
+    /// ran. `None` when it never started.
+    fn past_deadline(&self, job: &LostJob) -> Option<bool> {
+        let started_ms = job.started_ms?;
+        let deadline_ms = self.deadline_ms(started_ms, job.deadline_ms);
+        Some(deadline_ms.saturating_add(self.config.grace.as_millis() as u64) < now_ms())
     }
 }
 

@@ -464,13 +464,15 @@ async fn claim_and_start(api: &Api, worker: &str) -> String {
     let mut conn = api.store.dedicated().await.unwrap();
     let id = api
         .store
+        .jobs()
         .claim(&mut conn, worker)
         .await
         .unwrap()
         .expect("a queued job");
     match api
         .store
-        .start(&id, worker, "test-host", true)
+        .jobs()
+        .start(&id, worker, "test-host", true, Duration::from_secs(33))
         .await
         .unwrap()
     {
@@ -514,7 +516,11 @@ async fn cancel_of_a_running_job_is_requested_and_a_finished_one_conflicts() {
     let (_, _, view) = answer(api.get(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_eq!(view["cancel_requested"], true);
 
-    api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+    api.store
+        .jobs()
+        .finish(&id, "w1", 1, &succeeded())
+        .await
+        .unwrap();
     let (status, _, body) = answer(api.delete(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_error(status, &body, StatusCode::CONFLICT, "already_finished");
     assert_eq!(body["error"]["status"], "succeeded");
@@ -668,7 +674,11 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let id = claim_and_start(&api, "w1").await;
-        api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+        api.store
+            .jobs()
+            .finish(&id, "w1", 1, &succeeded())
+            .await
+            .unwrap();
     };
     let submit = async {
         api.http
@@ -707,7 +717,11 @@ async fn wait_answers_as_soon_as_the_exit_event_is_written() {
             // Let the waiting request block on the events, then finish at
             // an offset that moves through a poll period.
             tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;
-            api.store.finish(&id, "w1", 1, &succeeded()).await.unwrap();
+            api.store
+                .jobs()
+                .finish(&id, "w1", 1, &succeeded())
+                .await
+                .unwrap();
             Instant::now()
         };
         let submit = async {

@@ -27,7 +27,8 @@ async fn events(store: &Store, id: &str) -> Vec<(u64, JobEvent)> {
     let mut after = 0;
     loop {
         let batch = store
-            .events_since(id, after, 1000)
+            .events()
+            .since(id, after, 1000)
             .await
             .expect("redis answers");
         let Some(last) = batch.last() else {
@@ -170,7 +171,7 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
             heartbeat_ttl: Duration::from_millis(1000),
             own_worker: None,
         },
-        harness.services(store.clone(), Metrics::new().unwrap()),
+        harness.reaper_handles(store.clone(), Metrics::new().unwrap()),
     );
     let verdict = wait_for(
         "the worker_lost verdict",

@@ -19,7 +19,7 @@ use code_runner::metrics::Metrics;
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
-    Admission, NewJob, ReapOutcome, StartOutcome, Store, SubmitOutcome, now_ms,
+    Admission, NewJob, ReapOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome, now_ms,
 };
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
@@ -44,6 +44,7 @@ fn store(redis: &RedisServer) -> Store {
 async fn submit(store: &Store, spec: &JobSpec) -> String {
     let id = uuid::Uuid::new_v4().to_string();
     let outcome = store
+        .jobs()
         .submit(NewJob {
             id: &id,
             spec,
@@ -56,6 +57,8 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
                 max_attempts: 1,
                 output_limit_bytes: 0,
                 storage_budget: 1 << 40,
+                // The default wall limit, as the API resolves it.
+                wall_budget_ms: 10_000,
             },
         })
         .await
@@ -68,6 +71,7 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
 /// live heartbeat (as after `kill -9` once the heartbeat expired).
 async fn mark_dead(redis: &RedisServer, store: &Store, worker: &str) {
     store
+        .workers()
         .heartbeat(worker, "{}", Duration::from_secs(1))
         .await
         .unwrap();
@@ -88,16 +92,23 @@ async fn claim_for(redis: &RedisServer, store: &Store, worker: &str, id: &str) {
     assert_eq!(removed, 1, "job {id} was not in the queue");
 }
 
-/// Marks a claimed job running on `worker`, as START would.
+/// What start adds to a job's wall budget for these tests' engine: its
+/// start timeout (30 s) and grace (3 s).
+const SLACK: Duration = Duration::from_secs(33);
+
+/// Marks a claimed job running on `worker`, as START would (its deadline:
+/// the slack and the default 10 s wall budget).
 async fn mark_running(redis: &RedisServer, store: &Store, worker: &str, id: &str) {
     let mut conn = redis.conn().await;
+    let now = now_ms();
     let _: () = conn
         .hset_multiple(
             store.keys().job(id),
             &[
                 ("status", "running".to_string()),
                 ("worker", worker.to_string()),
-                ("started_ms", now_ms().to_string()),
+                ("started_ms", now.to_string()),
+                ("deadline_ms", (now + 43_000).to_string()),
                 ("attempts", "1".to_string()),
             ],
         )
@@ -107,7 +118,7 @@ async fn mark_running(redis: &RedisServer, store: &Store, worker: &str, id: &str
 
 fn reaper(store: Store, harness: &Harness, config: ReaperConfig) -> (Reaper, Metrics) {
     let metrics = Metrics::new().expect("metrics");
-    let reaper = Reaper::new(config, harness.services(store, metrics.clone()));
+    let reaper = Reaper::new(config, harness.reaper_handles(store, metrics.clone()));
     (reaper, metrics)
 }
 
@@ -352,7 +363,7 @@ async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
 
     // Job states.
     for (id, kind) in &expected {
-        let record = setup.get(id).await.unwrap().expect("the job exists");
+        let record = setup.jobs().get(id).await.unwrap().expect("the job exists");
         match *kind {
             "requeued" => {
                 assert_eq!(record.status.as_str(), "queued");
@@ -475,6 +486,7 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
     let dead = format!("dead-{test}");
     let unknown = format!("unknown-{test}");
     store
+        .workers()
         .heartbeat(&alive, "{}", Duration::from_secs(600))
         .await
         .unwrap();
@@ -599,23 +611,32 @@ async fn a_worker_cannot_start_a_job_that_was_taken_back_from_it() {
     // it had claimed, so the id is no longer in its processing list.
     assert_eq!(
         store
-            .start(&id, "stalled", "test-host", true)
+            .jobs()
+            .start(&id, "stalled", "test-host", true, SLACK)
             .await
             .unwrap(),
-        StartOutcome::Skip("not_claimed".into())
+        StartOutcome::Skip(Skipped::NotClaimed)
     );
     assert_eq!(redis.job_field(&id, "status"), "queued");
     assert_eq!(redis.queue_depth(), 1);
     // The worker that claims it now starts it.
     claim_for(&redis, &store, "fresh", &id).await;
     assert!(matches!(
-        store.start(&id, "fresh", "test-host", true).await.unwrap(),
-        StartOutcome::Start { attempts: 1, .. }
+        store
+            .jobs()
+            .start(&id, "fresh", "test-host", true, SLACK)
+            .await
+            .unwrap(),
+        StartOutcome::Start(Started { attempts: 1, .. })
     ));
     // A retried start by the same worker (its first reply lost) keeps it claimed.
     assert_eq!(
-        store.start(&id, "fresh", "test-host", true).await.unwrap(),
-        StartOutcome::Skip("running".into())
+        store
+            .jobs()
+            .start(&id, "fresh", "test-host", true, SLACK)
+            .await
+            .unwrap(),
+        StartOutcome::Skip(Skipped::RunningHere)
     );
     let mut conn = redis.conn().await;
     let claimed: Vec<String> = conn
@@ -710,6 +731,7 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     let harness = Harness::new().await;
     let alive = format!("alive-{}", uuid::Uuid::new_v4());
     store
+        .workers()
         .heartbeat(&alive, "{}", Duration::from_secs(600))
         .await
         .unwrap();
@@ -722,10 +744,26 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     for started_ago_ms in [600_000u64, 65_000, 74_000] {
         let id = submit(&store, &spec).await;
         claim_for(&redis, &store, &alive, &id).await;
-        mark_running(&redis, &store, &alive, &id).await;
-        let started = now_ms() - started_ago_ms;
+        // Started for real: the deadline stored is the start + the engine's
+        // slack (30 s + 3 s) + the wall budget of submit (10 s).
+        let Ok(StartOutcome::Start(started)) = store
+            .jobs()
+            .start(&id, &alive, "test-host", false, SLACK)
+            .await
+        else {
+            panic!("job {id} did not start");
+        };
+        let started_ms: u64 = redis.job_field(&id, "started_ms").parse().unwrap();
+        assert_eq!(started.deadline_ms, Some(started_ms + 43_000));
+        // Then moved into the past, the deadline with it.
         let _: () = conn
-            .hset(store.keys().job(&id), "started_ms", started)
+            .hset_multiple(
+                store.keys().job(&id),
+                &[
+                    ("started_ms", started_ms - started_ago_ms),
+                    ("deadline_ms", started_ms - started_ago_ms + 43_000),
+                ],
+            )
             .await
             .unwrap();
         ids.push(id);
@@ -739,7 +777,7 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     assert!(report.jobs.is_empty() && report.forgotten.is_empty());
 
     for id in [old, just_past] {
-        let record = store.get(id).await.unwrap().expect("the job exists");
+        let record = store.jobs().get(id).await.unwrap().expect("the job exists");
         assert_eq!(record.status.as_str(), "error");
         let result = record.result.expect("a result");
         assert_eq!(result.reason.map(|r| r.as_str()), Some("deadline_exceeded"));
@@ -761,9 +799,17 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     // The worker's own real result, when it comes after all (within the
     // late-result window), replaces the verdict; an `error` does not.
     let verdict_seq: u64 = redis.job_field(old, "event_seq").parse().unwrap();
-    let late_error = store.get(old).await.unwrap().unwrap().result.unwrap();
+    let late_error = store
+        .jobs()
+        .get(old)
+        .await
+        .unwrap()
+        .unwrap()
+        .result
+        .unwrap();
     assert_eq!(
         store
+            .jobs()
             .finish(just_past, &alive, 1, &late_error)
             .await
             .unwrap(),
@@ -776,11 +822,11 @@ async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
         ..late_error
     };
     assert_eq!(
-        store.finish(old, &alive, 1, &late).await.unwrap(),
+        store.jobs().finish(old, &alive, 1, &late).await.unwrap(),
         code_runner::store::FinishOutcome::Late
     );
     assert_eq!(redis.job_field(old, "status"), "succeeded");
-    let events = store.events_since(old, verdict_seq, 10).await.unwrap();
+    let events = store.events().since(old, verdict_seq, 10).await.unwrap();
     assert_eq!(events.len(), 1, "{events:?}");
     let exit: Value = serde_json::from_str(&events[0].json).unwrap();
     assert_eq!(exit["type"], "exit");

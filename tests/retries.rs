@@ -69,7 +69,7 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
         "the first attempt's output",
         Duration::from_secs(30),
         || async {
-            let events = store.events_since(&batch, 0, 100).await.unwrap();
+            let events = store.events().since(&batch, 0, 100).await.unwrap();
             events
                 .iter()
                 .any(|e| e.json.contains("attempt output"))
@@ -87,7 +87,8 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     assert_eq!(view["worker"], survivor.worker_id.as_str());
     assert_eq!(view["result"]["run"]["stdout"], "attempt output\ndone\n");
     let events: Vec<JobEvent> = store
-        .events_since(&batch, 0, 1000)
+        .events()
+        .since(&batch, 0, 1000)
         .await
         .unwrap()
         .iter()

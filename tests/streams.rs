@@ -649,6 +649,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     let id = api.submit(&interactive(ECHO)).await.id();
     assert_eq!(
         store
+            .jobs()
             .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
@@ -656,6 +657,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     );
     assert_eq!(
         store
+            .jobs()
             .send_input(&id, &Control::Stdin(b"abc".to_vec()), budgets(5))
             .await
             .unwrap(),
@@ -663,6 +665,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     );
     assert_eq!(
         store
+            .jobs()
             .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
@@ -672,6 +675,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     assert_eq!(api.cancel(&id).await.status, 200);
     assert_eq!(
         store
+            .jobs()
             .send_input(&id, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),
@@ -680,6 +684,7 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
     let unknown = uuid::Uuid::new_v4().to_string();
     assert_eq!(
         store
+            .jobs()
             .send_input(&unknown, &Control::StdinClose, budgets(5))
             .await
             .unwrap(),

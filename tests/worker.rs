@@ -130,6 +130,7 @@ impl World {
         let id = uuid::Uuid::new_v4().to_string();
         let outcome = self
             .store
+            .jobs()
             .submit(NewJob {
                 id: &id,
                 spec,
@@ -142,6 +143,8 @@ impl World {
                     max_attempts: 1,
                     output_limit_bytes: 0,
                     storage_budget: u64::MAX >> 1,
+                    // The default wall limit, as the API resolves it.
+                    wall_budget_ms: 10_000,
                 },
             })
             .await
@@ -152,6 +155,7 @@ impl World {
 
     async fn record(&self, id: &str) -> JobRecord {
         self.store
+            .jobs()
             .get(id)
             .await
             .expect("redis answers")
@@ -161,6 +165,7 @@ impl World {
     async fn wait_status(&self, id: &str, within: Duration, done: fn(Status) -> bool) -> JobRecord {
         wait_for(&format!("job {id} to reach the status"), within, || async {
             self.store
+                .jobs()
                 .get(id)
                 .await
                 .ok()
@@ -404,6 +409,7 @@ async fn a_job_cancelled_while_queued_never_runs() {
     assert_eq!(
         world
             .store
+            .jobs()
             .cancel(&cancelled, &cancelled_result("python"))
             .await
             .expect("cancel"),
@@ -457,6 +463,7 @@ async fn a_running_job_cancelled_is_killed() {
     assert_eq!(
         world
             .store
+            .jobs()
             .cancel(&id, &cancelled_result("python"))
             .await
             .expect("cancel"),
@@ -620,33 +627,64 @@ async fn release_puts_a_claimed_job_back_at_the_head_unless_cancelled() {
     let second = world.submit(&python("print(2)")).await;
     let mut conn = world.store.dedicated().await.expect("connection");
 
-    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world
+        .store
+        .jobs()
+        .claim(&mut conn, &worker)
+        .await
+        .expect("claim");
     assert_eq!(claimed.as_deref(), Some(first.as_str()));
     assert_eq!(
-        world.store.release(&first, &worker).await.expect("release"),
+        world
+            .store
+            .jobs()
+            .release(&first, &worker)
+            .await
+            .expect("release"),
         ReleaseOutcome::Requeued
     );
     assert_eq!(world.processing_len().await, 0);
     // Back at the head: claimed again before the second job.
-    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world
+        .store
+        .jobs()
+        .claim(&mut conn, &worker)
+        .await
+        .expect("claim");
     assert_eq!(claimed.as_deref(), Some(first.as_str()));
 
     world
         .store
+        .jobs()
         .cancel(&first, &cancelled_result("python"))
         .await
         .expect("cancel");
     assert_eq!(
-        world.store.release(&first, &worker).await.expect("release"),
+        world
+            .store
+            .jobs()
+            .release(&first, &worker)
+            .await
+            .expect("release"),
         ReleaseOutcome::Dropped
     );
     assert_eq!(
-        world.store.release(&first, &worker).await.expect("release"),
+        world
+            .store
+            .jobs()
+            .release(&first, &worker)
+            .await
+            .expect("release"),
         ReleaseOutcome::Absent
     );
     assert_eq!(world.processing_len().await, 0);
     assert_eq!(world.queue_len().await, 1);
-    let claimed = world.store.claim(&mut conn, &worker).await.expect("claim");
+    let claimed = world
+        .store
+        .jobs()
+        .claim(&mut conn, &worker)
+        .await
+        .expect("claim");
     assert_eq!(claimed.as_deref(), Some(second.as_str()));
 }
 
@@ -823,7 +861,8 @@ async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
         let after = events.last().map_or(0, |e| e.seq);
         let page = world
             .store
-            .events_since(id, after, 1000)
+            .events()
+            .since(id, after, 1000)
             .await
             .expect("XRANGE");
         if page.is_empty() {
@@ -1155,6 +1194,7 @@ async fn the_events_stream_expires_with_the_job() {
     assert_eq!(
         world
             .store
+            .jobs()
             .append_events(
                 &id,
                 world.worker_id(),

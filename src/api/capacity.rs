@@ -206,7 +206,7 @@ pub(super) async fn put(
         created_by: caller.name.clone(),
         created_ms: now,
     };
-    match state.inner.store.put_capacity(&entry).await? {
+    match state.inner.store.capacity().put(&entry).await? {
         PutOutcome::Stored => {
             tracing::info!(
                 capacity.id = %entry.id,
@@ -232,8 +232,8 @@ pub(super) async fn list(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     caller.require_admin()?;
     let store = &state.inner.store;
-    let entries = store.capacity_schedule().await?;
-    let workers = store.live_workers().await?;
+    let entries = store.capacity().schedule().await?;
+    let workers = store.overview().live_workers().await?;
     let now = now_ms();
     let heartbeats: Vec<serde_json::Value> = workers
         .iter()
@@ -259,7 +259,7 @@ pub(super) async fn delete(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     caller.require_admin()?;
-    if state.inner.store.delete_capacity(&id).await? {
+    if state.inner.store.capacity().delete(&id).await? {
         tracing::info!(capacity.id = %id, api_key = %caller.name, "Warm capacity entry ended.");
         Ok(StatusCode::NO_CONTENT)
     } else {

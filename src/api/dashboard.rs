@@ -128,7 +128,7 @@ pub(super) async fn sample(state: ApiState, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
         }
         let metrics = &state.inner.metrics;
-        let queue_depth = match state.inner.store.queue_depth().await {
+        let queue_depth = match state.inner.store.jobs().queue_depth().await {
             Ok(depth) => {
                 metrics
                     .queue_depth
@@ -241,9 +241,9 @@ pub(super) async fn overview(
     let web = web::settings(&state)?;
     let store = &state.inner.store;
     let (queue_depth, workers, jobs) = tokio::try_join!(
-        store.queue_depth(),
-        store.live_workers(),
-        store.recent_jobs(RECENT_JOBS_SHOWN),
+        store.jobs().queue_depth(),
+        store.overview().live_workers(),
+        store.overview().recent_jobs(RECENT_JOBS_SHOWN),
     )?;
     Ok(Json(Overview {
         generated_at: rfc3339(now_ms()),

@@ -130,7 +130,7 @@ impl Feeds {
             let store = self.inner.store.clone();
             let instance = self.inner.instance.clone();
             tokio::spawn(async move {
-                if let Err(error) = store.ring_doorbell(&instance).await {
+                if let Err(error) = store.events().ring_doorbell(&instance).await {
                     tracing::debug!(error = %error, "Cannot ring the events reader's doorbell.");
                 }
             });
@@ -211,7 +211,7 @@ impl Feeds {
                 if last_sweep.elapsed() >= SWEEP_INTERVAL {
                     last_sweep = tokio::time::Instant::now();
                     let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
-                    let positions = store.event_positions(&ids).await?;
+                    let positions = store.events().positions(&ids).await?;
                     for (id, position) in ids.iter().zip(positions) {
                         if position.is_none() {
                             self.publish(id, Update::Gone, None);
@@ -225,6 +225,7 @@ impl Feeds {
                     return Ok(());
                 };
                 let read = store
+                    .events()
                     .read_feeds(
                         connection,
                         &self.inner.instance,
@@ -275,7 +276,7 @@ impl Feeds {
         let store = &self.inner.store;
         // The status and the last event's seq in one read: the terminal
         // status and the `exit` event are written in one step.
-        let Some((status, seq)) = store.status_and_position(id).await? else {
+        let Some((status, seq)) = store.jobs().status_and_position(id).await? else {
             return Ok(true);
         };
         if status.is_terminal() {
@@ -322,7 +323,8 @@ impl Subscription {
             .feeds
             .inner
             .store
-            .events_since(&self.id, self.after, REPLAY_BATCH)
+            .events()
+            .since(&self.id, self.after, REPLAY_BATCH)
             .await?;
         if events.is_empty() {
             return Ok(None);
@@ -351,7 +353,14 @@ impl Subscription {
                     // Caught up: a job that has ended (or expired) has
                     // nothing more to give; one more look catches an `exit`
                     // written meanwhile.
-                    match self.feeds.inner.store.status_and_position(&self.id).await {
+                    match self
+                        .feeds
+                        .inner
+                        .store
+                        .jobs()
+                        .status_and_position(&self.id)
+                        .await
+                    {
                         Err(error) => return Step::Failed(error),
                         Ok(None) => {
                             self.finishing = Some(Update::Gone);

@@ -231,7 +231,7 @@ pub(super) async fn owned_job(
     caller: &Caller,
     id: &str,
 ) -> Result<JobRecord, ApiError> {
-    match state.inner.store.get(id).await? {
+    match state.inner.store.jobs().get(id).await? {
         Some(record) if record.api_key == caller.name => Ok(record),
         _ => Err(ApiError::NotFound("job not found")),
     }
@@ -303,6 +303,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     }
     let outcome = config
         .store
+        .jobs()
         .submit(NewJob {
             id: &new_id,
             spec: &spec,
@@ -366,7 +367,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             let record = if wait {
                 wait_for_end(state, &id, wait_budget).await?
             } else {
-                config.store.get(&id).await?
+                config.store.jobs().get(&id).await?
             };
             let record = record.ok_or(ApiError::IdempotencyExpired)?;
             let tokens = config.tokens.sign_both(&id);
@@ -401,6 +402,7 @@ pub(super) fn admission(
         max_attempts: prepared.max_attempts(config.limits.max_attempts),
         output_limit_bytes: prepared.output_limit_bytes(),
         storage_budget: config.limits.key_storage_bytes,
+        wall_budget_ms: prepared.stages_wall_ms(),
     }
 }
 
@@ -425,7 +427,7 @@ pub(super) async fn wait_for_end(
         ended = state.feeds.await_exit(id, budget) => { ended?; }
         () = state.shutdown.cancelled() => {}
     }
-    state.inner.store.get(id).await
+    state.inner.store.jobs().get(id).await
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -440,7 +442,7 @@ pub(super) async fn show(
     let running = record.status == Status::Running;
     let mut view = JobView::new(record);
     if running {
-        view.cancel_requested = state.inner.store.cancel_requested(&id).await?;
+        view.cancel_requested = state.inner.store.jobs().cancel_requested(&id).await?;
     }
     Ok(Json(view))
 }
@@ -473,10 +475,11 @@ pub(super) async fn cancel(
     let record = owned_job(&state, &caller, &id).await?;
     let store = &state.inner.store;
     let cancelled = cancelled_result(&state.inner.catalog, &record.language);
-    match store.cancel(&id, &cancelled).await? {
+    match store.jobs().cancel(&id, &cancelled).await? {
         CancelOutcome::Cancelled => {
             tracing::info!(job.id = %id, api_key = %caller.name, "Queued job cancelled.");
             let record = store
+                .jobs()
                 .get(&id)
                 .await?
                 .ok_or(ApiError::NotFound("job not found"))?;
@@ -485,6 +488,7 @@ pub(super) async fn cancel(
         CancelOutcome::Requested => {
             tracing::info!(job.id = %id, api_key = %caller.name, "Cancellation of a running job requested.");
             let record = store
+                .jobs()
                 .get(&id)
                 .await?
                 .ok_or(ApiError::NotFound("job not found"))?;
@@ -607,6 +611,7 @@ mod tests {
             created_ms: 1_000,
             started_ms: Some(2_000),
             finished_ms: None,
+            deadline_ms: None,
             metadata: Default::default(),
             result: Some(cancelled_result(
                 &LanguageCatalog::embedded().unwrap(),

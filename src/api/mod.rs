@@ -253,7 +253,7 @@ impl ApiState {
     /// live workers advertise (`Store::advertised_languages`); the whole
     /// catalog until a worker has advertised, or when Redis cannot say.
     pub(crate) async fn offered_catalog(&self) -> LanguageCatalog {
-        match self.inner.store.advertised_languages().await {
+        match self.inner.store.workers().advertised_languages().await {
             Ok(Some(ids)) => self.inner.catalog.only(|l| ids.contains(&l.id)),
             Ok(None) => self.inner.catalog.clone(),
             Err(error) => {

@@ -155,7 +155,7 @@ async fn readyz(State(ops): State<OpsState>) -> Response {
 
 /// Prometheus text; the queue depth is read from Redis at each scrape.
 async fn metrics(State(ops): State<OpsState>) -> Response {
-    match ops.store.queue_depth().await {
+    match ops.store.jobs().queue_depth().await {
         Ok(depth) => ops
             .metrics
             .queue_depth

@@ -171,10 +171,11 @@ async fn authorize(
     };
     let store = &state.inner.store;
     let record = store
+        .jobs()
         .get(id)
         .await?
         .ok_or(ApiError::NotFound("job not found"))?;
-    if record.status == Status::Cancelled || store.cancel_requested(id).await? {
+    if record.status == Status::Cancelled || store.jobs().cancel_requested(id).await? {
         return Err(ApiError::Unauthorized(REVOKED));
     }
     Ok((record, Access::Token(scope)))
@@ -332,7 +333,7 @@ async fn revoked(state: &ApiState, id: &str, access: Access) -> Option<String> {
     if access == Access::Key {
         return None;
     }
-    match state.inner.store.cancel_requested(id).await {
+    match state.inner.store.jobs().cancel_requested(id).await {
         Ok(false) => None,
         Ok(true) => Some(REVOKED.to_string()),
         // The frame's own append reports an unavailable store.
@@ -445,7 +446,7 @@ async fn handle_frame(
         _ => 0,
     };
     let max_stdin = budgets.stdin_bytes;
-    match store.send_input(id, &control, budgets).await {
+    match store.jobs().send_input(id, &control, budgets).await {
         Ok(InputOutcome::Sent { .. }) => None,
         Ok(InputOutcome::OverBudget { stdin_bytes }) => Some(format!(
             "stdin limit reached: a job takes at most {max_stdin} bytes of stdin and \

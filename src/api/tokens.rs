@@ -158,7 +158,7 @@ impl TokenSigner {
             Some(secret) => Ok(Self::new(secret.as_bytes(), ttl)),
             None => {
                 // The Redis value is a salt now; it used to be the secret.
-                let salt = store.shared_token_secret(&random_salt()).await?;
+                let salt = store.tokens().shared_secret(&random_salt()).await?;
                 Ok(Self::new(&derived_secret(&salt, keys), ttl))
             }
         }

@@ -113,6 +113,18 @@ pub struct LimitPolicy {
     pub max_stdin_bytes: usize,
 }
 
+impl LimitPolicy {
+    /// The longest any job may run once its sandbox is up: the largest
+    /// wall limits of a compile and a run stage together.
+    pub fn longest_wall(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.maximum
+                .wall_ms
+                .saturating_add(self.compile_maximum.wall_ms),
+        )
+    }
+}
+
 impl Default for LimitPolicy {
     fn default() -> Self {
         Self {

@@ -4,6 +4,7 @@
 
 pub mod carry;
 pub mod events;
+pub mod lifecycle;
 pub mod limits;
 pub mod result;
 

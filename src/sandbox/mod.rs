@@ -83,6 +83,20 @@ impl SandboxConfig {
             uid_lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
         }
     }
+
+    /// What a job's deadline adds to the wall limits of its stages: the
+    /// start timeout and the grace. A job's whole budget is this plus
+    /// [`PreparedJob::stages_wall_ms`]; the worker stores the deadline from
+    /// it when the job starts.
+    pub fn deadline_slack(&self) -> Duration {
+        self.start_timeout + self.deadline_grace
+    }
+
+    /// The longest a job's container may live: the start timeout, the
+    /// stages' wall limits and the grace.
+    pub fn job_budget(&self, job: &PreparedJob) -> Duration {
+        self.deadline_slack() + Duration::from_millis(job.stages_wall_ms())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

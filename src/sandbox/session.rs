@@ -416,7 +416,7 @@ pub(super) async fn run_cold(
     let uid = lease.uid();
     let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
     let now = SystemTime::now();
-    let budget = job_budget(config, job);
+    let budget = config.job_budget(job);
     let shape = SandboxShape {
         image: job.language.image_ref(),
         language: job.language.id.clone(),
@@ -437,12 +437,6 @@ pub(super) async fn run_cold(
         }
         Err(StartFailure(message)) => failed(job, started, guard, StartKind::Cold, message),
     }
-}
-
-/// The longest a job's container may live: the start timeout, the stages'
-/// wall limits and the grace.
-pub(super) fn job_budget(config: &SandboxConfig, job: &PreparedJob) -> Duration {
-    config.start_timeout + Duration::from_millis(job.stages_wall_ms()) + config.deadline_grace
 }
 
 /// The outcome of a job whose sandbox never ran it.

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 use deadpool_redis::redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
-use super::{Store, StoreError, now_ms};
+use super::redis::Redis;
+use super::{StoreError, now_ms};
 
 /// Most entries the schedule holds at once.
 pub const MAX_ENTRIES: usize = 1000;
@@ -58,12 +59,22 @@ pub enum PutOutcome {
     Full,
 }
 
-impl Store {
+/// The fleet-wide schedule of warm sandboxes (`capacity:schedule`).
+#[derive(Debug, Clone)]
+pub struct Capacity {
+    redis: Redis,
+}
+
+impl Capacity {
+    pub(super) fn new(redis: Redis) -> Self {
+        Self { redis }
+    }
+
     /// The schedule's current and future entries, by start; drops those
     /// whose window has passed.
-    pub async fn capacity_schedule(&self) -> Result<Vec<CapacityEntry>, StoreError> {
-        let mut conn = self.conn().await?;
-        let key = self.keys.capacity();
+    pub async fn schedule(&self) -> Result<Vec<CapacityEntry>, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        let key = self.redis.keys.capacity();
         let raw: HashMap<String, String> = conn.hgetall(&key).await?;
         let now = now_ms();
         let mut entries = Vec::with_capacity(raw.len());
@@ -86,23 +97,25 @@ impl Store {
     }
 
     /// Adds an entry unless the schedule is full.
-    pub async fn put_capacity(&self, entry: &CapacityEntry) -> Result<PutOutcome, StoreError> {
-        if self.capacity_schedule().await?.len() >= MAX_ENTRIES {
+    pub async fn put(&self, entry: &CapacityEntry) -> Result<PutOutcome, StoreError> {
+        if self.schedule().await?.len() >= MAX_ENTRIES {
             return Ok(PutOutcome::Full);
         }
         let json = serde_json::to_string(entry).map_err(|e| StoreError::Corrupt {
             id: entry.id.clone(),
             message: e.to_string(),
         })?;
-        let mut conn = self.conn().await?;
-        let _: u64 = conn.hset(self.keys.capacity(), &entry.id, json).await?;
+        let mut conn = self.redis.conn().await?;
+        let _: u64 = conn
+            .hset(self.redis.keys.capacity(), &entry.id, json)
+            .await?;
         Ok(PutOutcome::Stored)
     }
 
     /// Removes an entry; `false` when there was none with that id.
-    pub async fn delete_capacity(&self, id: &str) -> Result<bool, StoreError> {
-        let mut conn = self.conn().await?;
-        let removed: u64 = conn.hdel(self.keys.capacity(), id).await?;
+    pub async fn delete(&self, id: &str) -> Result<bool, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        let removed: u64 = conn.hdel(self.redis.keys.capacity(), id).await?;
         Ok(removed > 0)
     }
 }

@@ -1,14 +1,13 @@
-//! A job's events stream (`job:<id>:events`): appending a running attempt's
-//! events, and reading them back as [`StoredEvent`]s (the wire JSON without
+//! A job's events stream (`job:<id>:events`), read back as [`StoredEvent`]s (the wire JSON without
 //! `seq`).
 //!
-//! Stored forms (see `scripts.rs`): `event <json>` for status, stage,
+//! Stored forms (see `job/append_events.lua`): `event <json>` for status, stage,
 //! attempt and verdict events; `t <stdout|stderr> d <raw bytes>` for output;
 //! `x <json>` for an `exit` whose result is the job's stored one. Reading
 //! turns each into its JSON: output is encoded for the wire only then, and
 //! an `x` exit gets the job's result put in.
 //!
-//! An API process follows many jobs with one reader ([`Store::read_feeds`]:
+//! An API process follows many jobs with one reader ([`Events::read_feeds`]:
 //! one blocking XREAD over every followed stream), which its own doorbell
 //! stream wakes when the set of followed jobs changes.
 
@@ -17,7 +16,8 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Store, StoreError, unexpected};
+use super::StoreError;
+use super::redis::Redis;
 use crate::job::events::{JobEvent, StoredEvent};
 
 /// What one read of many jobs' streams gave.
@@ -75,82 +75,48 @@ fn seq_of(id: &str) -> u64 {
         .unwrap_or(0)
 }
 
-impl Store {
-    /// Appends a running attempt's events (in order) for `worker`'s
-    /// `attempt`; `None` when the job is not running that attempt any more
-    /// (nothing was appended). Output is stored raw; output past the
-    /// per-job cap of events is left out of the stream (the result keeps
-    /// it). Returns the last `seq` appended (0 if none).
-    pub async fn append_events(
-        &self,
-        id: &str,
-        worker: &str,
-        attempt: u32,
-        events: &[JobEvent],
-    ) -> Result<Option<u64>, StoreError> {
-        if events.is_empty() {
-            return Ok(Some(0));
-        }
-        let mut invocation = self.append_events.key(self.keys.job(id));
-        invocation
-            .key(self.keys.events(id))
-            .arg(worker)
-            .arg(attempt);
-        for event in events {
-            match event {
-                JobEvent::Stdout { .. } => {
-                    invocation
-                        .arg("stdout")
-                        .arg(event.output_bytes().unwrap_or_default());
-                }
-                JobEvent::Stderr { .. } => {
-                    invocation
-                        .arg("stderr")
-                        .arg(event.output_bytes().unwrap_or_default());
-                }
-                _ => {
-                    invocation.arg("event").arg(event.to_json());
-                }
-            }
-        }
-        let mut conn = self.conn().await?;
-        let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;
-        match reply.as_slice() {
-            [ended] if ended == "ended" => Ok(None),
-            [ok, seq, _dropped] if ok == "ok" => Ok(Some(
-                seq.parse()
-                    .map_err(|_| unexpected("append_events", &reply))?,
-            )),
-            _ => Err(unexpected("append_events", reply)),
-        }
+/// Reading jobs' events streams, and the doorbells of their readers.
+#[derive(Debug, Clone)]
+pub struct Events {
+    redis: Redis,
+}
+
+impl Events {
+    pub(super) fn new(redis: Redis) -> Self {
+        Self { redis }
     }
 
     /// The job's events after `after`, at most `count`, on the pool
     /// (never blocks): a replay.
-    pub async fn events_since(
+    pub async fn since(
         &self,
         id: &str,
         after: u64,
         count: usize,
     ) -> Result<Vec<StoredEvent>, StoreError> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.redis.conn().await?;
         let reply: redis::streams::StreamRangeReply = conn
-            .xrange_count(self.keys.events(id), format!("({after}-0"), "+", count)
+            .xrange_count(
+                self.redis.keys.events(id),
+                format!("({after}-0"),
+                "+",
+                count,
+            )
             .await?;
         self.to_events(id, reply.ids).await
     }
 
     /// The `seq` of each job's last event (`None`: the job is gone), in
     /// the order given.
-    pub async fn event_positions(&self, ids: &[String]) -> Result<Vec<Option<u64>>, StoreError> {
+    pub async fn positions(&self, ids: &[String]) -> Result<Vec<Option<u64>>, StoreError> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for id in ids {
-            pipe.hget(self.keys.job(id), "event_seq");
+            pipe.hget(self.redis.keys.job(id), "event_seq");
         }
-        let mut conn = self.conn().await?;
+        let mut conn = self.redis.conn().await?;
         Ok(pipe.query_async(&mut conn).await?)
     }
 
@@ -166,12 +132,12 @@ impl Store {
         jobs: &[(String, u64)],
         block: Duration,
     ) -> Result<FeedRead, StoreError> {
-        let doorbell = self.keys.doorbell(instance);
+        let doorbell = self.redis.keys.doorbell(instance);
         let mut keys = vec![doorbell.clone()];
         let mut ids = vec![doorbell_after.to_string()];
         let mut by_key = HashMap::new();
         for (id, after) in jobs {
-            let key = self.keys.events(id);
+            let key = self.redis.keys.events(id);
             by_key.insert(key.clone(), id.clone());
             keys.push(key);
             ids.push(format!("{after}-0"));
@@ -199,8 +165,8 @@ impl Store {
     /// Rings the doorbell of `instance`: its reader's blocking read returns
     /// at once. Returns the entry's id.
     pub async fn ring_doorbell(&self, instance: &str) -> Result<String, StoreError> {
-        let key = self.keys.doorbell(instance);
-        let mut conn = self.conn().await?;
+        let key = self.redis.keys.doorbell(instance);
+        let mut conn = self.redis.conn().await?;
         let (id,): (String,) = redis::pipe()
             .xadd_maxlen(
                 &key,
@@ -239,7 +205,7 @@ impl Store {
                 }
                 Some(Stored::Exit(exit)) => {
                     if result_json.is_none() {
-                        let result = self.result(id).await?;
+                        let result = super::job::record::read_result(&self.redis, id).await?;
                         result_json = Some(match result {
                             Some(result) => {
                                 serde_json::to_string(&result).map_err(|e| StoreError::Corrupt {

@@ -94,7 +94,7 @@ impl Store {
     /// The server's persistence and eviction settings (`INFO`, and
     /// `CONFIG GET save` where allowed).
     pub async fn redis_health(&self) -> Result<RedisHealth, StoreError> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.redis.conn().await?;
         let (persistence, memory): (String, String) = redis::pipe()
             .cmd("INFO")
             .arg("persistence")
@@ -127,7 +127,7 @@ impl Store {
 
     /// How long the Redis server has been up.
     pub async fn redis_uptime(&self) -> Result<Duration, StoreError> {
-        let mut conn = self.conn().await?;
+        let mut conn = self.redis.conn().await?;
         let server: String = redis::cmd("INFO")
             .arg("server")
             .query_async(&mut conn)

@@ -5,7 +5,8 @@
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::{Store, StoreError, parse_status};
+use super::redis::Redis;
+use super::{StoreError, parse_status};
 use crate::job::Status;
 
 /// How many of the newest job ids `jobs:recent` keeps (the submit script
@@ -34,17 +35,27 @@ pub struct JobSummary {
     pub finished_ms: Option<u64>,
 }
 
-impl Store {
+/// The dashboard's reads.
+#[derive(Debug, Clone)]
+pub struct Overview {
+    redis: Redis,
+}
+
+impl Overview {
+    pub(super) fn new(redis: Redis) -> Self {
+        Self { redis }
+    }
+
     /// Every worker of the `workers` set whose heartbeat lives, by id, with
     /// its heartbeat value.
     pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, StoreError> {
-        let mut conn = self.conn().await?;
-        let mut ids: Vec<String> = conn.smembers(self.keys.workers()).await?;
+        let mut conn = self.redis.conn().await?;
+        let mut ids: Vec<String> = conn.smembers(self.redis.keys.workers()).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         ids.sort();
-        let keys: Vec<String> = ids.iter().map(|id| self.keys.heartbeat(id)).collect();
+        let keys: Vec<String> = ids.iter().map(|id| self.redis.keys.heartbeat(id)).collect();
         let values: Vec<Option<String>> =
             redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
         Ok(ids
@@ -63,16 +74,16 @@ impl Store {
     /// (ids whose job expired are skipped).
     pub async fn recent_jobs(&self, count: u64) -> Result<Vec<JobSummary>, StoreError> {
         let count = count.clamp(1, RECENT_JOBS_KEPT);
-        let mut conn = self.conn().await?;
+        let mut conn = self.redis.conn().await?;
         let ids: Vec<String> = conn
-            .lrange(self.keys.recent(), 0, (count - 1) as isize)
+            .lrange(self.redis.keys.recent(), 0, (count - 1) as isize)
             .await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(self.keys.job(id)).arg(&[
+            pipe.cmd("HMGET").arg(self.redis.keys.job(id)).arg(&[
                 "status",
                 "language",
                 "api_key",

@@ -46,7 +46,7 @@ impl ControlRelay<'_> {
                     tokio::select! {
                         biased;
                         () = self.done.cancelled() => return cancelled,
-                        read = self.store.read_control(conn, self.job_id, &last_id) => read,
+                        read = self.store.jobs().read_control(conn, self.job_id, &last_id) => read,
                     }
                 }
                 None => {
@@ -59,7 +59,7 @@ impl ControlRelay<'_> {
                         // On every (re)connection, the job hash's
                         // `cancel_requested` is read too: a cancel is
                         // honoured even if its message never arrives.
-                        Ok(new) => match self.store.cancel_requested(self.job_id).await {
+                        Ok(new) => match self.store.jobs().cancel_requested(self.job_id).await {
                             Ok(requested) => {
                                 conn = Some(new);
                                 if requested {

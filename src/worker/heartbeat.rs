@@ -55,9 +55,11 @@ impl Shared {
             warm.as_ref(),
         );
         self.store
+            .workers()
             .heartbeat(&self.config.id, &value, self.config.heartbeat_ttl)
             .await?;
         self.store
+            .workers()
             .advertise_languages(
                 &self.config.id,
                 &self.catalog.ids(),

@@ -17,7 +17,9 @@ use super::control::{ControlRelay, INPUT_BUFFER};
 use super::stream::{EVENT_BUFFER, EventStream};
 use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, Timings, prepare};
 use crate::sandbox::{Cleanup, JobIo};
-use crate::store::{FinishOutcome, ReleaseOutcome, StartOutcome, StoreError, now_ms};
+use crate::store::{
+    FinishOutcome, ReleaseOutcome, Skipped, StartOutcome, Started, StoreError, now_ms,
+};
 
 /// Attempts to give a claimed job back to the queue at shutdown before it
 /// is left in the processing list for recovery.
@@ -90,16 +92,17 @@ impl Shared {
         let Some(outcome) = self.start(id, carried.is_none()).await else {
             return;
         };
-        let (spec, created_ms, attempts) = match outcome {
-            StartOutcome::Skip(status) => {
-                tracing::debug!(job.id = %id, %status, "the job is no longer queued; not starting it");
+        let Started {
+            spec,
+            created_ms,
+            attempts,
+            ..
+        } = match outcome {
+            StartOutcome::Start(started) => started,
+            StartOutcome::Skip(skipped) => {
+                tracing::debug!(job.id = %id, ?skipped, "the job is no longer queued; not starting it");
                 return;
             }
-            StartOutcome::Start {
-                spec,
-                created_ms,
-                attempts,
-            } => (spec, created_ms, attempts),
         };
         let job = match carried {
             Some(job) => job,
@@ -154,29 +157,36 @@ impl Shared {
         let mut retried = false;
         loop {
             let host = self.engine.host_id();
-            let error = match self.store.start(id, &self.config.id, host, with_spec).await {
-                Ok(StartOutcome::Skip(status)) if retried && status == "running" => {
-                    // An earlier START may have run with its reply lost: a
+            let slack = self.engine.config().deadline_slack();
+            let started = self
+                .store
+                .jobs()
+                .start(id, &self.config.id, host, with_spec, slack)
+                .await;
+            let error = match started {
+                Ok(StartOutcome::Skip(Skipped::RunningHere)) if retried => {
+                    // An earlier start may have run with its reply lost: a
                     // job running on this worker is ours to run.
                     let spec = async {
                         if with_spec {
-                            Ok(self.store.job_spec(id).await?.unwrap_or_default())
+                            Ok(self.store.jobs().spec(id).await?.unwrap_or_default())
                         } else {
                             Ok(String::new())
                         }
                     };
-                    match (self.store.get(id).await, spec.await) {
+                    match (self.store.jobs().get(id).await, spec.await) {
                         (Ok(Some(record)), Ok(spec))
                             if record.worker.as_deref() == Some(&self.config.id) =>
                         {
-                            return Some(StartOutcome::Start {
+                            return Some(StartOutcome::Start(Started {
                                 spec,
                                 created_ms: record.created_ms,
                                 attempts: record.attempts,
-                            });
+                                deadline_ms: record.deadline_ms,
+                            }));
                         }
                         (Err(error), _) | (_, Err(error)) => error,
-                        (Ok(_), Ok(_)) => return Some(StartOutcome::Skip(status)),
+                        (Ok(_), Ok(_)) => return Some(StartOutcome::Skip(Skipped::RunningHere)),
                     }
                 }
                 Ok(outcome) => return Some(outcome),
@@ -206,7 +216,7 @@ impl Shared {
     pub(super) async fn release(&self, id: &str) {
         let mut backoff = Backoff::redis();
         for attempt in 1..=RELEASE_ATTEMPTS {
-            match self.store.release(id, &self.config.id).await {
+            match self.store.jobs().release(id, &self.config.id).await {
                 Ok(ReleaseOutcome::Requeued) => {
                     tracing::info!(job.id = %id, "gave the claimed job back to the queue");
                     return;
@@ -349,6 +359,7 @@ impl Shared {
         loop {
             let error = match self
                 .store
+                .jobs()
                 .finish(id, &self.config.id, attempt, result)
                 .await
             {

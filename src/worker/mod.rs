@@ -185,9 +185,7 @@ impl Worker {
             carried,
         } = self.services;
         let pool = (self.config.warm_max > 0).then(|| {
-            let longest_job = engine.config().start_timeout
-                + Duration::from_millis(policy.maximum.wall_ms + policy.compile_maximum.wall_ms)
-                + engine.config().deadline_grace;
+            let longest_job = engine.config().deadline_slack() + policy.longest_wall();
             WarmPool::start(
                 &engine,
                 PoolSettings {
@@ -272,7 +270,7 @@ impl Worker {
                 worker.id = %id,
                 "jobs were left in this worker's processing list; not retiring, so they are recovered once the heartbeat expires"
             );
-        } else if let Err(error) = shared.store.retire(&id).await {
+        } else if let Err(error) = shared.store.workers().retire(&id).await {
             tracing::warn!(worker.id = %id, %error, "could not remove the heartbeat; it expires on its own");
         }
         tracing::info!(worker.id = %id, "worker stopped");
@@ -372,7 +370,7 @@ impl Shared {
                 // Not raced with shutdown: a BLMOVE in flight may still move
                 // an id into the processing list, and only its reply says
                 // which one to give back.
-                Some(conn) => self.store.claim(conn, worker).await,
+                Some(conn) => self.store.jobs().claim(conn, worker).await,
                 None => match self.store.dedicated().await {
                     Ok(new) => {
                         conn = Some(new);

@@ -72,11 +72,17 @@ impl Shared {
         }
         let ids = self
             .store
-            .processing(worker)
+            .jobs()
+            .claimed_by(worker)
             .await
             .map_err(|e| e.to_string())?;
         for id in ids {
-            let job = self.store.lost_job(&id).await.map_err(|e| e.to_string())?;
+            let job = self
+                .store
+                .jobs()
+                .lost_job(&id)
+                .await
+                .map_err(|e| e.to_string())?;
             let version = self
                 .catalog
                 .find(&job.language)
@@ -95,7 +101,8 @@ impl Shared {
             };
             let outcome = self
                 .store
-                .reap_job(worker, &id, policy, &results)
+                .jobs()
+                .reap(worker, &id, policy, &results)
                 .await
                 .map_err(|e| e.to_string())?;
             if outcome != ReapOutcome::Absent {
@@ -118,7 +125,7 @@ impl Shared {
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
     ) -> Result<(), crate::store::StoreError> {
-        let ids = self.store.processing(&self.config.id).await?;
+        let ids = self.store.jobs().claimed_by(&self.config.id).await?;
         let held = self.running_ids();
         for id in ids.into_iter().filter(|id| !held.contains(id)) {
             let permit = tokio::select! {

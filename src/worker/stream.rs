@@ -462,7 +462,9 @@ impl EventStream {
         Box::pin(async move {
             let attempt = match tokio::time::timeout(
                 ATTEMPT_TIMEOUT,
-                store.append_events(&id, &worker, job_attempt, &batch.events),
+                store
+                    .jobs()
+                    .append_events(&id, &worker, job_attempt, &batch.events),
             )
             .await
             {

@@ -77,8 +77,8 @@ impl Shared {
     pub(super) async fn retarget(&self, pool: &WarmPool) {
         let me = self.config.id.as_str();
         let fleet = async {
-            let schedule = self.store.capacity_schedule().await?;
-            let live = self.store.live_workers().await?;
+            let schedule = self.store.capacity().schedule().await?;
+            let live = self.store.overview().live_workers().await?;
             Ok::<_, crate::store::StoreError>((schedule, live))
         };
         let (schedule, live) = match fleet.await {

@@ -63,7 +63,22 @@ impl Harness {
         Self::with_settings(default_settings(runtime)).await
     }
 
-    /// What a worker or reaper needs, with this test's engine and catalog.
+    /// What a reaper needs, with this test's engine and catalog.
+    pub fn reaper_handles(
+        &self,
+        store: code_runner::store::Store,
+        metrics: code_runner::metrics::Metrics,
+    ) -> code_runner::reaper::ReaperHandles {
+        code_runner::reaper::ReaperHandles {
+            store,
+            engine: self.engine.clone(),
+            catalog: self.catalog.clone(),
+            metrics,
+            longest_wall: self.policy.longest_wall(),
+        }
+    }
+
+    /// What a worker needs, with this test's engine and catalog.
     pub fn services(
         &self,
         store: code_runner::store::Store,

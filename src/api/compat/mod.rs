@@ -201,6 +201,7 @@ async fn submit_uncounted(
     let admission = super::jobs::admission(config, caller, &prepared);
     let outcome = config
         .store
+        .jobs()
         .submit(NewJob {
             id: &id,
             spec,

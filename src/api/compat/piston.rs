@@ -520,7 +520,7 @@ async fn interleaved_output(state: &ApiState, id: &str) -> Option<(String, Strin
     let mut stage = "";
     let mut after = 0;
     loop {
-        let events = store.events_since(id, after, 1000).await.ok()?;
+        let events = store.events().since(id, after, 1000).await.ok()?;
         let Some(last) = events.last() else { break };
         after = last.seq;
         for stored in &events {
@@ -858,7 +858,13 @@ async fn handle_message(
 /// more (its `exit` is on its way).
 async fn send_control(state: &ApiState, id: &str, control: Control) -> Result<(), Message> {
     let budgets = state.input_budgets();
-    match state.inner.store.send_input(id, &control, budgets).await {
+    match state
+        .inner
+        .store
+        .jobs()
+        .send_input(id, &control, budgets)
+        .await
+    {
         Ok(InputOutcome::Sent { .. } | InputOutcome::Ended(_)) => Ok(()),
         Ok(InputOutcome::OverBudget { stdin_bytes }) => {
             Err(over_budget(stdin_bytes, budgets.stdin_bytes))

@@ -194,7 +194,8 @@ async fn submit_one(
     state
         .inner
         .store
-        .put_compat_record(&id, &json)
+        .compat()
+        .put(&id, &json)
         .await
         .map_err(|e| from_api_error(ApiError::Unavailable(e)))?;
     let submitted = submit(state, caller, id, &spec, catalog)
@@ -259,7 +260,7 @@ async fn with_spec(
             .iter()
             .any(|f| matches!(*f, "*" | "source_code" | "stdin"))
     {
-        job.spec = state.inner.store.job_spec(&job.id).await?;
+        job.spec = state.inner.store.jobs().spec(&job.id).await?;
     }
     Ok(job)
 }
@@ -281,7 +282,7 @@ async fn find(
         Err(other) => return Err(other),
     };
     let job = with_spec(state, job, fields).await?;
-    let records = state.inner.store.compat_records(&[id]).await?;
+    let records = state.inner.store.compat().get_many(&[id]).await?;
     let record = records
         .into_iter()
         .next()

@@ -1,0 +1,131 @@
+-- The helpers every step's script shares (see script.rs for what comes
+-- before this: STEP and MOVES). Numbers the Rust side names as constants
+-- (EVENT_OVERHEAD, JOB_OVERHEAD, MAX_OUTPUT_EVENTS, IDEMPOTENCY_BYTES) are
+-- defined here once; a test keeps them equal.
+local EVENT_OVERHEAD = 64
+local JOB_OVERHEAD = 4096
+local MAX_OUTPUT_EVENTS = 4096
+local IDEMPOTENCY_BYTES = 256
+local OUT_FIELDS = {'out:compile:stdout', 'out:compile:stderr', 'out:run:stdout', 'out:run:stderr'}
+
+-- Whether this step may move `job` to status `to` (MOVES); and the status
+-- it has now ('-': no job).
+local function may_become(job, to)
+  local from = redis.call('HGET', job, 'status') or '-'
+  local allowed = MOVES[STEP][from]
+  return (allowed ~= nil and allowed[to] == true), from
+end
+
+-- The only write of a job's status: moves `job` to `to` if MOVES allows
+-- it for this step, else writes nothing and returns false and the status
+-- it has. A script calls it before any other write of the same branch.
+local function set_status(job, to)
+  local ok, from = may_become(job, to)
+  if ok then
+    redis.call('HSET', job, 'status', to)
+  end
+  return ok, from
+end
+
+-- The reply of a step whose move the table refused.
+local function refused(from, to)
+  return {'refused', from, to}
+end
+
+-- Numbers the event with the job's next `seq` (a counter in the job hash)
+-- and adds it with the stream id `<seq>-0`, so clients resume by `seq`;
+-- any fields (raw output, an exit to be completed with the stored result).
+local function append_entry(stream, job, ...)
+  local seq = redis.call('HINCRBY', job, 'event_seq', 1)
+  redis.call('XADD', stream, seq .. '-0', ...)
+  return seq
+end
+
+local function append_event(stream, job, event)
+  return append_entry(stream, job, 'event', event)
+end
+
+-- The stored form of the `exit` event (the readers put the result in).
+local function exit_event(status, replaces)
+  local event = '{"type":"exit","status":"' .. status .. '"'
+  if replaces then
+    event = event .. ',"replaces":' .. replaces
+  end
+  return event .. '}'
+end
+
+-- Sets the job's entry in its key's storage budget to its actual size.
+local function account(job, id, expires_ms)
+  local stored = redis.call('HGET', job, 'stored_key')
+  if not stored then
+    return
+  end
+  local actual = JOB_OVERHEAD + redis.call('HSTRLEN', job, 'spec') + redis.call('HSTRLEN', job, 'result')
+    + tonumber(redis.call('HGET', job, 'event_bytes') or '0')
+    + tonumber(redis.call('HGET', job, 'control_bytes') or '0')
+  for _, field in ipairs(OUT_FIELDS) do
+    actual = actual + redis.call('HSTRLEN', job, field)
+  end
+  local member = 'j:' .. id
+  local old = tonumber(redis.call('HGET', stored, member) or '0')
+  redis.call('HSET', stored, member, actual)
+  redis.call('HINCRBY', stored, 'total', actual - old)
+  redis.call('ZADD', redis.call('HGET', job, 'expiry_key'), expires_ms, member)
+end
+
+-- Takes an ended job out of its API key's active set, sets its keys to
+-- expire and accounts its size until then.
+local function expire_job(job, events, stdin, id, now, ttl)
+  local active = redis.call('HGET', job, 'active_key')
+  if active then
+    redis.call('SREM', active, id)
+  end
+  redis.call('EXPIRE', job, ttl)
+  redis.call('EXPIRE', events, ttl)
+  redis.call('EXPIRE', stdin, ttl)
+  account(job, id, tonumber(now) + tonumber(ttl) * 1000)
+end
+
+-- Settles a job: its terminal status, result and raw output, the `exit`
+-- event (stored with `exit`'s JSON when given, else to be completed with
+-- the stored result, saying which `seq` it `replaces` when it does), then
+-- expire_job. Every path that ends a job goes through it. It clears the
+-- late-result record; a verdict sets it again right after (give_up).
+-- Returns the exit event's seq, or nil and the job's status when the
+-- table refuses the move (nothing is written then).
+local function settle_job(job, events, stdin, id, status, result, outputs, now, ttl, exit, replaces)
+  local ok, from = set_status(job, status)
+  if not ok then
+    return nil, from
+  end
+  redis.call('HDEL', job, 'lost_worker', 'lost_attempt', 'lost_until', 'verdict_seq')
+  redis.call('HSET', job, 'result', result, 'finished_ms', now)
+  for i, field in ipairs(OUT_FIELDS) do
+    local output = outputs and outputs[i] or ''
+    if output == '' then
+      redis.call('HDEL', job, field)
+    else
+      redis.call('HSET', job, field, output)
+    end
+  end
+  local seq
+  if exit then
+    seq = append_event(events, job, exit)
+  else
+    seq = append_entry(events, job, 'x', exit_event(status, replaces))
+  end
+  expire_job(job, events, stdin, id, now, ttl)
+  return seq
+end
+
+-- Records that the platform gave up on `worker`'s `attempt`, so its real
+-- result, if it still comes within the window, can win.
+local function give_up(job, worker, attempt, now, window, seq)
+  redis.call('HSET', job, 'lost_worker', worker, 'lost_attempt', attempt,
+    'lost_until', tonumber(now) + tonumber(window))
+  if seq then
+    redis.call('HSET', job, 'verdict_seq', seq)
+  else
+    redis.call('HDEL', job, 'verdict_seq')
+  end
+end

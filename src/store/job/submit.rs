@@ -1,0 +1,218 @@
+//! Submit: a new job is admitted (queue depth, the key's `max_active`, the
+//! key's storage budget), recorded with its idempotency key and pushed onto
+//! `jobs:queue`, in one step (`submit.lua`). — → `queued`.
+
+use super::script::{StepScript, script_inputs};
+use super::{EVENT_OVERHEAD, JOB_OVERHEAD, Jobs, MAX_OUTPUT_EVENTS};
+use crate::job::JobSpec;
+use crate::job::lifecycle::Step;
+use crate::store::overview::RECENT_JOBS_KEPT;
+use crate::store::{StoreError, now_ms};
+
+script_inputs! {
+    struct SubmitInputs {
+        keys { queue, job, active, idempotency, events, recent, stored, expiry }
+        args {
+            id: String,
+            spec: String,
+            api_key: String,
+            language: String,
+            now_ms: u64,
+            max_depth: u64,
+            key_limit: u64,
+            body_hash: String,
+            idempotency_ttl: u64,
+            metadata: String,
+            recent_last: u64,
+            max_attempts: u32,
+            reserve: u64,
+            storage_budget: u64,
+            idempotency_member: String,
+            wall_budget_ms: u64,
+        }
+    }
+}
+
+pub(super) fn script() -> StepScript<SubmitInputs> {
+    StepScript::new(Step::Submit, include_str!("submit.lua"))
+}
+
+/// A job to enqueue.
+#[derive(Debug, Clone)]
+pub struct NewJob<'a> {
+    pub id: &'a str,
+    pub spec: &'a JobSpec,
+    pub api_key: &'a str,
+    pub language: &'a str,
+    /// Idempotency key and the hash of the request body.
+    pub idempotency: Option<(&'a str, &'a str)>,
+    pub admission: Admission,
+}
+
+/// What a new job is admitted under: the queue and API key limits it must
+/// fit, and what it may use once admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub max_queue_depth: u64,
+    /// Most queued + running jobs of this API key (`None`: no limit).
+    pub key_limit: Option<u64>,
+    /// Most times the job may be started (see
+    /// [`JobRecord::max_attempts`](crate::store::JobRecord::max_attempts)).
+    pub max_attempts: u32,
+    /// The most output the job's stages may write, in bytes: with the size
+    /// of the stored spec it makes the job's [`storage_reserve`], held
+    /// against the key's budget until it ends.
+    pub output_limit_bytes: u64,
+    /// The API key's storage budget, in bytes.
+    pub storage_budget: u64,
+    /// The sum of the wall limits of the job's stages, as resolved at
+    /// submit ([`crate::job::PreparedJob::stages_wall_ms`]): start adds the
+    /// worker's start timeout and grace to it and stores the deadline.
+    pub wall_budget_ms: u64,
+}
+
+/// The most a job can come to hold in Redis, reserved from its API key's
+/// storage budget while it is queued or running: its spec, its output
+/// twice (events and result, each capped at the stages' output limits, raw
+/// bytes), the entries of its output events and the job's fixed overhead.
+/// Stdin a client sends is counted as it comes, not reserved.
+pub fn storage_reserve(spec_bytes: u64, output_limit_bytes: u64) -> u64 {
+    spec_bytes + 2 * output_limit_bytes + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitOutcome {
+    Accepted,
+    /// The idempotency key was used before with the same body: that job.
+    Existing(String),
+    /// The idempotency key was used before with another body.
+    Conflict(String),
+    QueueFull {
+        depth: u64,
+    },
+    KeyLimit {
+        active: u64,
+    },
+    /// The key's jobs hold `held` bytes and this one, which would reserve
+    /// `needed`, would take the key over its storage budget.
+    KeyStorage {
+        held: u64,
+        needed: u64,
+    },
+}
+
+impl SubmitOutcome {
+    fn from_reply(reply: &super::script::Reply, reserve: u64) -> Result<Self, StoreError> {
+        Ok(match reply.outcome() {
+            "accepted" => SubmitOutcome::Accepted,
+            "existing" => SubmitOutcome::Existing(reply.detail(0).to_string()),
+            "conflict" => SubmitOutcome::Conflict(reply.detail(0).to_string()),
+            "queue_full" => SubmitOutcome::QueueFull {
+                depth: reply.number(0)?,
+            },
+            "key_limit" => SubmitOutcome::KeyLimit {
+                active: reply.number(0)?,
+            },
+            "key_storage" => SubmitOutcome::KeyStorage {
+                held: reply.number(0)?,
+                needed: reserve,
+            },
+            _ => return Err(reply.unexpected()),
+        })
+    }
+}
+
+impl Jobs {
+    /// Enqueues a job, atomically with the admission checks and the
+    /// idempotency record.
+    pub async fn submit(&self, job: NewJob<'_>) -> Result<SubmitOutcome, StoreError> {
+        let spec = serde_json::to_string(job.spec).map_err(|e| StoreError::Corrupt {
+            id: job.id.to_string(),
+            message: e.to_string(),
+        })?;
+        // The reserve counts the spec as stored: the JSON just made.
+        let reserve = storage_reserve(spec.len() as u64, job.admission.output_limit_bytes);
+        let metadata = serde_json::to_string(&job.spec.metadata).unwrap_or_else(|_| "{}".into());
+        let keys = &self.redis.keys;
+        let (idempotency, body_hash) = match job.idempotency {
+            Some((key, hash)) => (keys.idempotency(job.api_key, key), hash.to_string()),
+            None => (String::new(), String::new()),
+        };
+        let inputs = SubmitInputs {
+            queue: keys.queue(),
+            job: keys.job(job.id),
+            active: keys.active(job.api_key),
+            idempotency,
+            events: keys.events(job.id),
+            recent: keys.recent(),
+            stored: keys.stored(job.api_key),
+            expiry: keys.expiry(job.api_key),
+            id: job.id.to_string(),
+            spec,
+            api_key: job.api_key.to_string(),
+            language: job.language.to_string(),
+            now_ms: now_ms(),
+            max_depth: job.admission.max_queue_depth,
+            key_limit: job.admission.key_limit.unwrap_or(0),
+            body_hash,
+            idempotency_ttl: self.redis.result_ttl_secs() * 24,
+            metadata,
+            recent_last: RECENT_JOBS_KEPT - 1,
+            max_attempts: job.admission.max_attempts,
+            reserve,
+            storage_budget: job.admission.storage_budget,
+            idempotency_member: format!("i:{}", job.idempotency.map_or("", |(key, _)| key)),
+            wall_budget_ms: job.admission.wall_budget_ms,
+        };
+        let mut conn = self.redis.conn().await?;
+        let reply = self.scripts.submit.run(&mut conn, &inputs, &[]).await?;
+        SubmitOutcome::from_reply(&reply, reserve)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::job::script::Reply;
+
+    fn reply(parts: &[&str]) -> Reply {
+        Reply {
+            step: Step::Submit,
+            parts: parts.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn unexpected_replies_are_errors() {
+        assert!(matches!(
+            SubmitOutcome::from_reply(&reply(&["nonsense"]), 0),
+            Err(StoreError::UnexpectedReply {
+                script: "submit",
+                ..
+            })
+        ));
+        assert!(matches!(
+            SubmitOutcome::from_reply(&reply(&["key_limit", "lots"]), 0),
+            Err(StoreError::UnexpectedReply { .. })
+        ));
+        assert_eq!(
+            SubmitOutcome::from_reply(&reply(&["key_limit", "3"]), 0).unwrap(),
+            SubmitOutcome::KeyLimit { active: 3 }
+        );
+        assert_eq!(
+            SubmitOutcome::from_reply(&reply(&["key_storage", "77"]), 1024).unwrap(),
+            SubmitOutcome::KeyStorage {
+                held: 77,
+                needed: 1024
+            }
+        );
+    }
+
+    #[test]
+    fn a_reserve_covers_the_output_twice_and_the_overheads() {
+        assert_eq!(
+            storage_reserve(100, 1 << 20),
+            100 + (2 << 20) + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
+        );
+    }
+}

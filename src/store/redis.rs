@@ -1,0 +1,86 @@
+//! The connection every part of the store shares: a pool for ordinary
+//! commands, and a client for the dedicated connections blocking commands
+//! need (so they never hold a pooled connection).
+
+use std::time::Duration;
+
+use deadpool_redis::redis;
+
+use super::keys::Keys;
+use super::{BLOCK_TIMEOUT, StoreError};
+
+#[derive(Clone)]
+pub(super) struct Redis {
+    pool: deadpool_redis::Pool,
+    client: redis::Client,
+    pub(super) keys: Keys,
+    pub(super) result_ttl: Duration,
+}
+
+impl std::fmt::Debug for Redis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redis").field("keys", &self.keys).finish()
+    }
+}
+
+impl Redis {
+    /// Sets up the pool; does not connect yet (the first command does).
+    pub(super) fn new(
+        url: &str,
+        prefix: &str,
+        result_ttl: Duration,
+        pool_size: usize,
+    ) -> Result<Self, StoreError> {
+        // Nagle's algorithm off (redis-rs leaves it on): a command written
+        // while an earlier one's reply is outstanding must not wait for a
+        // delayed ACK (40 ms) on the hot path.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let mut config = deadpool_redis::Config::default();
+        let timeout = Some(Duration::from_secs(2));
+        config.pool = Some(deadpool_redis::PoolConfig {
+            max_size: pool_size,
+            timeouts: deadpool_redis::Timeouts {
+                wait: timeout,
+                create: timeout,
+                recycle: timeout,
+            },
+            ..Default::default()
+        });
+        let pool = deadpool_redis::Pool::builder(deadpool_redis::Manager::new(info.clone())?)
+            .config(config.get_pool_config())
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .map_err(|error| {
+                StoreError::CreatePool(deadpool_redis::CreatePoolError::Build(error))
+            })?;
+        let client = redis::Client::open(info)?;
+        Ok(Self {
+            pool,
+            client,
+            keys: Keys::new(prefix),
+            result_ttl,
+        })
+    }
+
+    pub(super) async fn conn(&self) -> Result<deadpool_redis::Connection, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// A connection of its own, for blocking commands; its response timeout
+    /// leaves room for the block.
+    pub(super) async fn dedicated(&self) -> Result<redis::aio::MultiplexedConnection, StoreError> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(2)))
+            .set_response_timeout(Some(BLOCK_TIMEOUT + Duration::from_secs(5)));
+        Ok(self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
+    }
+
+    /// How long a job's keys live once it ended, in whole seconds (at least 1).
+    pub(super) fn result_ttl_secs(&self) -> u64 {
+        self.result_ttl.as_secs().max(1)
+    }
+}
