@@ -9,10 +9,12 @@
 //! - [`languages`]: the language catalog (`runner-images/languages.toml`).
 //! - [`sandbox`]: the engine that runs one job in one hardened container
 //!   through the Docker Engine API. Knows Docker, not HTTP or Redis.
-//! - [`queue`]: Redis, the shared state; the only module that names a key.
+//! - [`store`]: Redis, the shared state; the only module that names a key.
+//!   The job's life is one file per step there, checked against the one
+//!   transition table of [`job::lifecycle`].
 //! - [`worker`]: claims jobs (a semaphore permit first), runs them in the
 //!   engine, writes results, heartbeats, drains on shutdown.
-//! - [`reaper`]: removes the containers and settles the jobs of workers
+//! - [`reaper`]: removes the containers and reaps the jobs of workers
 //!   that died; runs in every worker process and as `code-runner reaper`.
 //! - [`api`]: the HTTP API (axum). Knows HTTP, not bollard or Redis keys.
 //! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root

@@ -12,8 +12,8 @@
 //!    that is more than `grace` past its `code-runner.deadline` label. A
 //!    container of a worker this fleet does not know (another fleet on the
 //!    same Docker host, a `sandbox run` CLI) is otherwise left alone.
-//! 3. Jobs: settles each id in a dead worker's processing list with one
-//!    atomic script, so reapers running in every worker never settle a job
+//! 3. Jobs: reaps each id in a dead worker's processing list with one
+//!    atomic script, so reapers running in every worker never reap a job
 //!    twice: claimed but never started → back to the queue (up to
 //!    `max_requeues` times, then `error`/`worker_lost` and `jobs:dead`);
 //!    started → run again while it has attempts left (`max_attempts`, never
@@ -21,11 +21,12 @@
 //!    (no container of the job on this host and the attempt ran here, or
 //!    its deadline passed), else `error`/`worker_lost`. A dead worker whose
 //!    list is empty is forgotten.
-//! 4. Stuck jobs: a job `running` on a live worker past its start time plus
-//!    its deadline budget (the engine's start timeout + the stages' wall
-//!    limits + the engine's deadline grace) plus `grace` is settled as
-//!    `error`/`deadline_exceeded`: its worker is alive but silent about it.
-//!    Its container, past its deadline label, goes by rule 2.
+//! 4. Overdue jobs: a job `running` on a live worker past its deadline
+//!    (stored by start: the engine's start timeout + the stages' wall
+//!    limits + the engine's deadline grace after it started) plus `grace`
+//!    is given up on: settled as `error`/`deadline_exceeded`, its worker
+//!    being alive but silent about it. Its container, past its deadline
+//!    label, goes by rule 2.
 //!
 //! An outage is not a death. A heartbeat that expired while Redis was
 //! unreachable says nothing about its worker, so the reaper judges no one
@@ -152,8 +153,8 @@ pub fn judge(
 pub struct PassReport {
     /// Containers removed, with why.
     pub containers: Vec<(SandboxContainer, ContainerVerdict)>,
-    /// Jobs settled now: (worker, job id, outcome); ids another reaper
-    /// settled first are not here.
+    /// Jobs reaped now: (worker, job id, outcome); ids another reaper
+    /// reaped first are not here.
     pub jobs: Vec<(String, String, ReapOutcome)>,
     /// Dead workers removed from the `workers` set.
     pub forgotten: Vec<String>,
@@ -174,7 +175,7 @@ fn outcome_kind(outcome: &ReapOutcome) -> Option<&'static str> {
     }
 }
 
-/// Removes orphaned containers and settles the jobs of dead workers; see
+/// Removes orphaned containers and reaps the jobs of dead workers; see
 /// the module documentation.
 #[derive(Debug, Clone)]
 pub struct Reaper {
@@ -334,7 +335,7 @@ impl Reaper {
                     .await
                 {
                     self.lock_connectivity().failed();
-                    tracing::warn!(worker.id = %worker, %error, "the reaper could not settle the jobs of a dead worker; retrying next pass");
+                    tracing::warn!(worker.id = %worker, %error, "the reaper could not reap the jobs of a dead worker; retrying next pass");
                 }
             }
             for worker in &fleet.alive {
@@ -524,7 +525,7 @@ impl Reaper {
                 worker.id = %worker,
                 outcome = kind,
                 detail = ?outcome,
-                "the reaper settled a job of a dead worker"
+                "the reaper reaped a job of a dead worker"
             );
             report.jobs.push((worker.to_string(), id, outcome));
         }

@@ -37,7 +37,7 @@ pub enum Command {
     /// A worker only: claims jobs from Redis and runs them (a fleet node);
     /// it runs the reaper too.
     Worker(Box<WorkerArgs>),
-    /// The orphan reaper only: removes the containers and settles the jobs
+    /// The orphan reaper only: removes the containers and reaps the jobs
     /// of workers that died.
     Reaper(Box<ReaperArgs>),
     /// Submit files to a running API, print the output, exit with the

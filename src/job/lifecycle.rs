@@ -29,7 +29,8 @@ pub enum Step {
     AppendEvents,
     /// A stream client's stdin, stdin close or signal (no status change).
     SendInput,
-    /// The reaper settles one job of a worker whose heartbeat expired.
+    /// The reaper takes back or settles one job of a worker whose heartbeat
+    /// expired.
     Reap,
     /// The reaper gives up on a job running on a live worker past its
     /// deadline.
@@ -138,7 +139,7 @@ pub const MOVES: &[Move] = &[
         step: Step::Finish,
         from: Some(Status::Running),
         to: TERMINAL,
-        when: "the running attempt's own result",
+        when: "the running attempt's own result (or a late result, which cancels a retry running elsewhere)",
     },
     Move {
         step: Step::Reap,
@@ -275,5 +276,24 @@ mod tests {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod doc_tests {
+    /// docs/ARCHITECTURE.md prints the table; this keeps it the code's.
+    #[test]
+    fn the_architecture_doc_prints_the_table_of_the_code() {
+        let doc = include_str!("../../docs/ARCHITECTURE.md");
+        let begin = "<!-- job-moves: generated from src/job/lifecycle.rs -->\n";
+        let end = "<!-- /job-moves -->";
+        let start = doc.find(begin).expect("the doc has the job-moves marker") + begin.len();
+        let stop = start + doc[start..].find(end).expect("the doc ends the table");
+        let table = super::markdown_table();
+        assert_eq!(
+            &doc[start..stop],
+            table,
+            "docs/ARCHITECTURE.md's job table differs from the code; paste this:\n{table}"
+        );
     }
 }

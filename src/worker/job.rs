@@ -1,7 +1,7 @@
 //! One claimed job, from START to a durable result: mark it running, take
 //! the prepared job the API of this process left (or check it still
 //! validates here), take a warm sandbox of its class if one is ready, run it
-//! with its control relay, settle its status, write the result (retrying
+//! with its control relay, the status a kill gives it, write the result (retrying
 //! through Redis outages), count it, and only then remove its container.
 
 use std::sync::Arc;
@@ -42,12 +42,12 @@ pub(super) fn drain_message(drain_timeout: Duration) -> String {
     )
 }
 
-/// The status a killed job is settled with. The engine reports a killed job
+/// The result of a job the worker killed, as it finishes it. The engine reports a killed job
 /// as `cancelled` (or `error` when the kill came before the sandbox was
 /// ready); a client's cancel stays `cancelled`, a drain kill is the
 /// platform's doing and becomes `error` with the reason. A job that ended on
 /// its own before the kill landed keeps its status.
-pub(super) fn settle(
+pub(super) fn apply_kill(
     mut result: JobResult,
     kill: Option<Kill>,
     drain_timeout: Duration,
@@ -242,7 +242,7 @@ impl Shared {
     }
 
     /// Runs the job in a sandbox (a warm one of its class when the pool has
-    /// one ready) with its control relay and its events stream; the settled
+    /// one ready) with its control relay and its events stream; the finished
     /// result, and the container still to remove. Every event of the job is
     /// appended (or given up on) before this returns, so the `exit` event the
     /// result writes is the last one.
@@ -298,7 +298,7 @@ impl Shared {
         } else {
             None
         };
-        let result = settle(outcome.result, kill, self.config.drain_timeout);
+        let result = apply_kill(outcome.result, kill, self.config.drain_timeout);
         let start = result.start.unwrap_or(StartKind::Cold);
         self.metrics
             .job_starts
@@ -437,45 +437,45 @@ mod tests {
     const DRAIN: Duration = Duration::from_millis(300);
 
     #[test]
-    fn a_drain_kill_settles_as_error_with_the_reason() {
-        let settled = settle(result(Status::Cancelled, None), Some(Kill::Drain), DRAIN);
-        assert_eq!(settled.status, Status::Error);
+    fn a_drain_kill_finishes_as_error_with_the_reason() {
+        let finished = apply_kill(result(Status::Cancelled, None), Some(Kill::Drain), DRAIN);
+        assert_eq!(finished.status, Status::Error);
         assert_eq!(
-            settled.error.as_deref(),
+            finished.error.as_deref(),
             Some("the worker shut down (drain timeout of 300 ms passed) while the job was running")
         );
         // Killed before the sandbox was ready: the engine says error, with
         // its own message; the drain is the real reason.
-        let settled = settle(
+        let finished = apply_kill(
             result(Status::Error, Some("the sandbox did not start within 30 s")),
             Some(Kill::Drain),
             DRAIN,
         );
-        assert_eq!(settled.error, Some(drain_message(DRAIN)));
+        assert_eq!(finished.error, Some(drain_message(DRAIN)));
     }
 
     #[test]
     fn a_client_cancel_stays_cancelled() {
-        let settled = settle(result(Status::Cancelled, None), Some(Kill::Client), DRAIN);
-        assert_eq!(settled.status, Status::Cancelled);
-        assert_eq!(settled.error, None);
-        let settled = settle(
+        let finished = apply_kill(result(Status::Cancelled, None), Some(Kill::Client), DRAIN);
+        assert_eq!(finished.status, Status::Cancelled);
+        assert_eq!(finished.error, None);
+        let finished = apply_kill(
             result(Status::Error, Some("the sandbox did not start within 30 s")),
             Some(Kill::Client),
             DRAIN,
         );
-        assert_eq!(settled.status, Status::Cancelled);
-        assert_eq!(settled.error, None);
+        assert_eq!(finished.status, Status::Cancelled);
+        assert_eq!(finished.error, None);
     }
 
     #[test]
     fn a_job_that_ended_on_its_own_keeps_its_status() {
         for status in [Status::Succeeded, Status::Failed, Status::TimedOut] {
             for kill in [None, Some(Kill::Client), Some(Kill::Drain)] {
-                assert_eq!(settle(result(status, None), kill, DRAIN).status, status);
+                assert_eq!(apply_kill(result(status, None), kill, DRAIN).status, status);
             }
         }
         let error = result(Status::Error, Some("docker could not create the sandbox"));
-        assert_eq!(settle(error.clone(), None, DRAIN), error);
+        assert_eq!(apply_kill(error.clone(), None, DRAIN), error);
     }
 }

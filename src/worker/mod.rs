@@ -21,7 +21,7 @@
 //! - Shutdown: stop claiming at once (a claim that returns after shutdown
 //!   began is given back to the head of the queue), empty the warm pool, let
 //!   running jobs finish for up to `drain_timeout`, then kill the rest
-//!   through the drain kill token (they are settled as `error`, with the
+//!   through the drain kill token (they are finished as `error`, with the
 //!   reason), wait for their results, stop the heartbeat and retire it.
 
 pub(crate) mod backoff;
@@ -52,10 +52,10 @@ use crate::sandbox::{SandboxEngine, WarmPool};
 use crate::store::{Store, now_ms};
 use backoff::{Backoff, sleep_unless_cancelled};
 
-/// After the drain kill: how long killed jobs get to be settled (the engine
+/// After the drain kill: how long killed jobs get to be finished (the engine
 /// removes the container, the result is written) before the worker gives up
 /// on writing results that Redis still refuses.
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(15);
+const FINISH_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long Docker may take to answer the check before a claim.
 const DOCKER_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// A claim is preceded by a check that Docker answers unless Docker
@@ -173,7 +173,7 @@ impl Worker {
     }
 
     /// Claims and runs jobs until `shutdown`, then drains: returns once
-    /// every claimed job is settled (or given up on) and the heartbeat is
+    /// every claimed job is finished (or given up on) and the heartbeat is
     /// retired.
     pub async fn run(self, shutdown: CancellationToken) {
         let Services {
@@ -234,7 +234,7 @@ impl Worker {
         };
         let heartbeat_stop = CancellationToken::new();
         // Nothing of this process runs before what an earlier process under
-        // this worker id left is settled.
+        // this worker id left is recovered.
         let recovered = CancellationToken::new();
         let warm = async {
             tokio::select! {
@@ -461,8 +461,8 @@ impl Shared {
     /// Runs `jobs` (the claim loop, then the wait for every job task) until
     /// shutdown, then for up to `drain_timeout` more, counted from the
     /// shutdown (not from the end of a claim still in flight); then kills
-    /// what is left and waits for it to be settled, giving up on results
-    /// Redis still refuses after [`SETTLE_TIMEOUT`].
+    /// what is left and waits for it to be finished, giving up on results
+    /// Redis still refuses after [`FINISH_TIMEOUT`].
     async fn drain(&self, jobs: impl Future<Output = ()>) {
         let worker = self.config.id.as_str();
         let drain_timeout_ms = self.config.drain_timeout.as_millis() as u64;
@@ -503,7 +503,7 @@ impl Shared {
             "the drain timeout passed; killing the jobs still running"
         );
         self.drain_kill.cancel();
-        if tokio::time::timeout(SETTLE_TIMEOUT, &mut jobs)
+        if tokio::time::timeout(FINISH_TIMEOUT, &mut jobs)
             .await
             .is_ok()
         {

@@ -3,7 +3,7 @@
 //! - At start ([`Shared::recover_own`]): a process restarted under the same
 //!   worker id finds what its previous incarnation left. It removes every
 //!   sandbox container of its id on this Docker host (nothing of this
-//!   process exists yet), then settles each id in its list as the reaper
+//!   process exists yet), then reaps each id in its list as the reaper
 //!   would a dead worker's: a job claimed but never started goes back to
 //!   the queue; a started one runs again if it has attempts left (its
 //!   sandbox is gone: it was on this host) or ends `worker_lost`.
@@ -22,7 +22,7 @@ use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::store::{LostResults, ReapOutcome, ReapPolicy, Retry};
 
 impl Shared {
-    /// Settles what a previous process under this worker id left (see the
+    /// Recovers what a previous process under this worker id left (see the
     /// module documentation); retries through Redis and Docker failures
     /// until done or shutdown.
     pub(super) async fn recover_own(&self) {

@@ -1,7 +1,7 @@
 -- REAP: settles one job of a worker whose heartbeat expired, once:
 -- nothing happens while the heartbeat lives ({'alive'}, unless `own`: the
 -- worker itself, restarted under the same id, recovers its own list), and
--- a job not in the list is {'absent'} (another reaper settled it). Then,
+-- a job not in the list is {'absent'} (another reaper reaped it). Then,
 -- by status:
 -- - `queued` (claimed, never started): back to the claim end of the queue
 --   while it has requeues left ({'requeued', requeues}), else `error` and

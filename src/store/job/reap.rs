@@ -1,5 +1,5 @@
-//! Reap: the reaper settles one job in the processing list of a worker
-//! whose heartbeat expired (`reap.lua`), so any number of reapers settle
+//! Reap: the reaper reaps one job in the processing list of a worker
+//! whose heartbeat expired (`reap.lua`), so any number of reapers reap
 //! it once: `queued` → `error` (requeues exhausted; a requeue keeps it
 //! `queued`); `running` → `queued` (a retry), `cancelled` or `error` (the
 //! `worker_lost` verdict).
@@ -178,7 +178,7 @@ pub enum ReapOutcome {
     Terminal(String),
     /// Its hash is gone (expired); only dropped from the list.
     Missing,
-    /// Not in the processing list any more (another reaper settled it).
+    /// Not in the processing list any more (another reaper reaped it).
     Absent,
     /// The worker's heartbeat is back: nothing was done.
     Alive,
