@@ -22,7 +22,7 @@ use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
 use super::tokens::AttachTokens;
-use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
+use crate::job::{JobResult, JobSpec, Status, prepare};
 use crate::languages::LanguageCatalog;
 use crate::store::{Admission, CancelOutcome, JobRecord, NewJob, SubmitOutcome};
 
@@ -448,17 +448,11 @@ pub(super) async fn show(
 /// The result stored for a job cancelled before it started.
 fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
     let language = catalog.find(language);
-    JobResult {
-        status: Status::Cancelled,
-        language: language.map_or_else(String::new, |l| l.id.clone()),
-        version: language.map_or_else(String::new, |l| l.version.clone()),
-        compile: None,
-        run: None,
-        error: None,
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(
+        Status::Cancelled,
+        language.map_or_else(String::new, |l| l.id.clone()),
+        language.map_or_else(String::new, |l| l.version.clone()),
+    )
 }
 
 /// `DELETE /v1/jobs/{id}`: a queued job never starts (200, `cancelled`); a
