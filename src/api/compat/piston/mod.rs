@@ -39,7 +39,7 @@ use serde_json::{Map, Value, json};
 use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
-use super::super::jobs::{wait_budget, wait_for_end};
+use super::super::submit::wait_for_end;
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, semver3, submit};
 use crate::languages::Language;
 use answer::piston_answer;
@@ -228,7 +228,7 @@ async fn run_and_answer(state: &ApiState, caller: &Caller, body: &Map<String, Va
         }
         Err(error) => return from_api_error(error),
     };
-    let budget = wait_budget(state, &submitted.prepared);
+    let budget = submitted.wait_budget;
     let record = match wait_for_end(state, &submitted.id, budget).await {
         Ok(Some(record)) => record,
         Ok(None) => {
