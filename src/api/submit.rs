@@ -163,13 +163,20 @@ fn admission(config: &super::ApiConfig, caller: &Caller, prepared: &PreparedJob)
 /// refusals and are not counted).
 pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
     if let Some(reason) = error.rejection_reason() {
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&[reason])
-            .inc();
+        count_refusal(state, reason);
     }
+}
+
+/// Counts a submission refused for `reason` (a `reason` label of
+/// `code_runner_submissions_rejected_total`), for the refusals a compatible
+/// API makes in its own words, without an `ApiError`.
+pub(super) fn count_refusal(state: &ApiState, reason: &'static str) {
+    state
+        .inner
+        .metrics
+        .submissions_rejected
+        .with_label_values(&[reason])
+        .inc();
 }
 
 /// How long a waiting submit waits for `prepared` to end: its stages' wall

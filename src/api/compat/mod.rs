@@ -25,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
-use super::submit::{Admitted, Submission, count_rejection, refuse_while_draining};
+use super::submit::{Admitted, Submission, count_refusal, count_rejection, refuse_while_draining};
 use crate::job::{JobSpec, prepare};
 use crate::languages::LanguageCatalog;
 
@@ -148,12 +148,7 @@ fn compat_caller(
             CallerRefusal::NoKey => "unauthorized",
             CallerRefusal::Rate(_) => "rate_limited",
         };
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&[reason])
-            .inc();
+        count_refusal(state, reason);
     }
     Err(refusal)
 }

@@ -35,7 +35,7 @@ use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
 use super::super::jobs::{job_id, owned_job};
-use super::super::submit::{Admitted, wait_for_end};
+use super::super::submit::{Admitted, count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, submit};
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
@@ -182,12 +182,7 @@ async fn submit_one(
 ) -> Result<(Admitted, Judge0Record), Response> {
     let (spec, record) =
         submission_job(body, base64, catalog, &state.inner.policy).map_err(|errors| {
-            state
-                .inner
-                .metrics
-                .submissions_rejected
-                .with_label_values(&["invalid"])
-                .inc();
+            count_refusal(state, "invalid");
             (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response()
         })?;
     let id = new_job_id();

@@ -39,7 +39,7 @@ use serde_json::{Map, Value, json};
 use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
-use super::super::submit::wait_for_end;
+use super::super::submit::{count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, semver3, submit};
 use crate::languages::Language;
 use answer::piston_answer;
@@ -212,12 +212,7 @@ async fn run_and_answer(state: &ApiState, caller: &Caller, body: &Map<String, Va
     let (spec, language) = match piston_job(body, &catalog, state, false) {
         Ok(job) => job,
         Err(message) => {
-            state
-                .inner
-                .metrics
-                .submissions_rejected
-                .with_label_values(&["invalid"])
-                .inc();
+            count_refusal(state, "invalid");
             return piston_error(StatusCode::BAD_REQUEST, message);
         }
     };
