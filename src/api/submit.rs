@@ -103,18 +103,17 @@ pub(super) async fn submit(
 
     match outcome? {
         SubmitOutcome::Accepted => {
+            // The targets are the modules that logged these lines before
+            // this one existed, so log filters keep selecting them.
             match via {
                 None => tracing::info!(
-                    job.id = %id,
-                    language = %language,
-                    api_key = %caller.name,
+                    target: "code_runner::api::jobs",
+                    { job.id = %id, language = %language, api_key = %caller.name },
                     "Job accepted."
                 ),
                 Some(via) => tracing::info!(
-                    job.id = %id,
-                    language = %language,
-                    api_key = %caller.name,
-                    via = via,
+                    target: "code_runner::api::compat",
+                    { job.id = %id, language = %language, api_key = %caller.name, via = via },
                     "Job accepted."
                 ),
             }
@@ -125,7 +124,11 @@ pub(super) async fn submit(
             })
         }
         SubmitOutcome::Existing(id) if idempotency.is_some() => {
-            tracing::debug!(job.id = %id, api_key = %caller.name, "Idempotent submit: answering with the existing job.");
+            tracing::debug!(
+                target: "code_runner::api::jobs",
+                { job.id = %id, api_key = %caller.name },
+                "Idempotent submit: answering with the existing job."
+            );
             Ok(Admitted {
                 id,
                 existing: true,
