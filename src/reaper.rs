@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::job::result::ErrorReason;
-use crate::job::{JobResult, Status, Timings};
+use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::sandbox::{SandboxContainer, SandboxEngine};
@@ -399,19 +399,11 @@ impl Reaper {
     }
 
     fn stuck_result(&self, worker: &str, job: &RunningJob, budget_ms: u64) -> JobResult {
-        JobResult {
-            status: Status::Error,
-            language: job.language.clone(),
-            version: self.version(&job.language),
-            compile: None,
-            run: None,
-            error: Some(format!(
+        JobResult::without_stages(Status::Error, &job.language, self.version(&job.language))
+            .with_error(format!(
                 "the job outlived its deadline ({budget_ms} ms after it started, with the reaper's grace) on worker {worker}, which never reported it"
-            )),
-            reason: Some(ErrorReason::DeadlineExceeded),
-            start: None,
-            timings: Timings::default(),
-        }
+            ))
+            .with_reason(ErrorReason::DeadlineExceeded)
     }
 
     fn version(&self, language: &str) -> String {

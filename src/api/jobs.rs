@@ -7,8 +7,6 @@
 //! Timestamps are RFC 3339 in UTC with milliseconds
 //! (`2026-05-01T09:00:00.123Z`).
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
@@ -21,14 +19,12 @@ use sha2::{Digest, Sha256};
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
+use super::submit::{Admitted, Submission, count_rejection, refuse_while_draining, wait_for_end};
 use super::tokens::AttachTokens;
-use crate::job::{JobResult, JobSpec, Status, Timings, prepare};
+use crate::job::{JobResult, JobSpec, Status, prepare};
 use crate::languages::LanguageCatalog;
-use crate::store::{Admission, CancelOutcome, JobRecord, NewJob, SubmitOutcome};
+use crate::store::{CancelOutcome, JobRecord};
 
-/// What `?wait=true` allows beyond the job's own wall limits (queueing,
-/// container start, removal), before `max_wait` caps it.
-const WAIT_SLACK: Duration = Duration::from_secs(30);
 /// Longest `Idempotency-Key` accepted.
 const MAX_IDEMPOTENCY_KEY_CHARS: usize = 200;
 
@@ -248,28 +244,13 @@ pub(super) async fn submit(State(state): State<ApiState>, request: Request) -> R
     }
 }
 
-/// Counts a refused submission by its reason (failures of our own are not
-/// refusals and are not counted).
-pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
-    if let Some(reason) = error.rejection_reason() {
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&[reason])
-            .inc();
-    }
-}
-
 /// Checks in order: the key (before any of the body is read), the headers,
 /// the body's size, its JSON, the job, then admission in one atomic step.
 async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiError> {
     let config = &state.inner;
     let (parts, body) = request.into_parts();
     let caller = config.keys.authenticate(&parts)?;
-    if config.draining.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
+    refuse_while_draining(state)?;
     let idempotency = idempotency_key(&parts.headers)?;
     let wait = wait_requested(&parts.uri)?;
     let body = Bytes::from_request(Request::from_parts(parts, body), &())
@@ -288,146 +269,73 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let spec = parse_spec(&body)?;
     let prepared = prepare(&spec, &config.catalog, &config.policy)?;
 
-    let new_id = uuid::Uuid::new_v4().to_string();
     // The body's hash is only needed to tell a retry from a conflict.
     let body_hash = idempotency
         .as_ref()
         .map(|_| hex::encode(Sha256::digest(&body)));
-    let idempotency = idempotency.as_deref().zip(body_hash.as_deref());
-    let language = prepared.language.id.clone();
-    let wait_budget = wait_budget(state, &prepared);
-    let admission = admission(config, &caller, &prepared);
-    if let Some(carried) = &config.carried {
-        // Before the job is queued: this process's worker may claim it at once.
-        carried.insert(&new_id, prepared);
-    }
-    let outcome = config
-        .store
-        .jobs()
-        .submit(NewJob {
-            id: &new_id,
+    let Admitted {
+        id,
+        existing,
+        wait_budget,
+    } = super::submit::submit(
+        state,
+        Submission {
+            caller: &caller,
+            id: uuid::Uuid::new_v4().to_string(),
             spec: &spec,
-            api_key: &caller.name,
-            language: &language,
-            idempotency,
-            admission,
-        })
-        .await;
-    if !matches!(outcome, Ok(SubmitOutcome::Accepted))
-        && let Some(carried) = &config.carried
-    {
-        carried.take(&new_id);
-    }
+            prepared,
+            idempotency: idempotency.as_deref().zip(body_hash.as_deref()),
+            carry: true,
+            via: None,
+        },
+    )
+    .await?;
+    let tokens = config.tokens.sign_both(&id);
 
-    match outcome? {
-        SubmitOutcome::Accepted => {
-            tracing::info!(
-                job.id = %new_id,
-                language = %language,
-                api_key = %caller.name,
-                "Job accepted."
-            );
-            let tokens = config.tokens.sign_both(&new_id);
-            if wait {
-                match wait_for_end(state, &new_id, wait_budget).await {
-                    Ok(Some(record)) => {
-                        let code = if record.status.is_terminal() {
-                            StatusCode::OK
-                        } else {
-                            StatusCode::ACCEPTED
-                        };
-                        return Ok(
-                            (code, Json(JobView::new(record).with_tokens(tokens))).into_response()
-                        );
-                    }
-                    // The job is in; say so even if it cannot be read now,
-                    // so the client polls instead of submitting it again.
-                    Ok(None) => {}
-                    Err(error) => {
-                        tracing::warn!(job.id = %new_id, error = %error, "Cannot follow an accepted job; answering 202.");
-                    }
-                }
+    if existing {
+        let record = if wait {
+            wait_for_end(state, &id, wait_budget).await?
+        } else {
+            config.store.jobs().get(&id).await?
+        };
+        let record = record.ok_or(ApiError::IdempotencyExpired)?;
+        return Ok((
+            StatusCode::OK,
+            Json(JobView::new(record).with_tokens(tokens)),
+        )
+            .into_response());
+    }
+    if wait {
+        match wait_for_end(state, &id, wait_budget).await {
+            Ok(Some(record)) => {
+                let code = if record.status.is_terminal() {
+                    StatusCode::OK
+                } else {
+                    StatusCode::ACCEPTED
+                };
+                return Ok((code, Json(JobView::new(record).with_tokens(tokens))).into_response());
             }
-            let location = format!("/v1/jobs/{new_id}");
-            Ok((
-                StatusCode::ACCEPTED,
-                [(header::LOCATION, location)],
-                Json(Accepted {
-                    urls: JobUrls::new(&new_id),
-                    id: new_id,
-                    status: Status::Queued,
-                    token: tokens.control.clone(),
-                    tokens,
-                }),
-            )
-                .into_response())
+            // The job is in; say so even if it cannot be read now,
+            // so the client polls instead of submitting it again.
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(job.id = %id, error = %error, "Cannot follow an accepted job; answering 202.");
+            }
         }
-        SubmitOutcome::Existing(id) => {
-            tracing::debug!(job.id = %id, api_key = %caller.name, "Idempotent submit: answering with the existing job.");
-            let record = if wait {
-                wait_for_end(state, &id, wait_budget).await?
-            } else {
-                config.store.jobs().get(&id).await?
-            };
-            let record = record.ok_or(ApiError::IdempotencyExpired)?;
-            let tokens = config.tokens.sign_both(&id);
-            Ok((
-                StatusCode::OK,
-                Json(JobView::new(record).with_tokens(tokens)),
-            )
-                .into_response())
-        }
-        SubmitOutcome::Conflict(_) => Err(ApiError::IdempotencyConflict),
-        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
-        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
-        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
-            held,
-            needed,
-            budget: config.limits.key_storage_bytes,
+    }
+    let location = format!("/v1/jobs/{id}");
+    Ok((
+        StatusCode::ACCEPTED,
+        [(header::LOCATION, location)],
+        Json(Accepted {
+            urls: JobUrls::new(&id),
+            id,
+            status: Status::Queued,
+            token: tokens.control.clone(),
+            tokens,
         }),
-    }
-}
-
-/// The fields of a new job every submission path sets alike: the store
-/// and key limits, the attempts, and the output that sizes the storage
-/// reserved for it.
-pub(super) fn admission(
-    config: &super::ApiConfig,
-    caller: &Caller,
-    prepared: &crate::job::PreparedJob,
-) -> Admission {
-    Admission {
-        max_queue_depth: config.max_queue_depth,
-        key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
-        max_attempts: prepared.max_attempts(config.limits.max_attempts),
-        output_limit_bytes: prepared.output_limit_bytes(),
-        storage_budget: config.limits.key_storage_bytes,
-        wall_budget_ms: prepared.stages_wall_ms(),
-    }
-}
-
-/// How long a waiting submit waits for `prepared` to end: its stages' wall
-/// limits and a slack, at most `max_wait`.
-pub(super) fn wait_budget(state: &ApiState, prepared: &crate::job::PreparedJob) -> Duration {
-    state
-        .inner
-        .max_wait
-        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK)
-}
-
-/// Waits until the job is terminal (woken by its `exit` event, not a
-/// timer), `budget` has passed or the server shuts down; returns the job as
-/// it is then (`None`: the job is gone).
-pub(super) async fn wait_for_end(
-    state: &ApiState,
-    id: &str,
-    budget: Duration,
-) -> Result<Option<JobRecord>, crate::store::StoreError> {
-    tokio::select! {
-        ended = state.feeds.await_exit(id, budget) => { ended?; }
-        () = state.shutdown.cancelled() => {}
-    }
-    state.inner.store.jobs().get(id).await
+    )
+        .into_response())
 }
 
 /// `GET /v1/jobs/{id}`.
@@ -450,17 +358,11 @@ pub(super) async fn show(
 /// The result stored for a job cancelled before it started.
 fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
     let language = catalog.find(language);
-    JobResult {
-        status: Status::Cancelled,
-        language: language.map_or_else(String::new, |l| l.id.clone()),
-        version: language.map_or_else(String::new, |l| l.version.clone()),
-        compile: None,
-        run: None,
-        error: None,
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(
+        Status::Cancelled,
+        language.map_or_else(String::new, |l| l.id.clone()),
+        language.map_or_else(String::new, |l| l.version.clone()),
+    )
 }
 
 /// `DELETE /v1/jobs/{id}`: a queued job never starts (200, `cancelled`); a

@@ -5,7 +5,9 @@
 //! - [`auth`]: API keys and the bearer check (constant time).
 //! - [`tokens`]: job-scoped attach tokens (HMAC), for the streams.
 //! - [`error`]: the one error type and its JSON answers.
-//! - `jobs`: submit, status, cancel; the job view.
+//! - `jobs`: submit, status, cancel; the job view. `submit`: the one
+//!   submit path of `/v1/jobs` and the compatible APIs (admission, its
+//!   refusals, their count, the wait for a job's end).
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
 //! - `streams`: the job's WebSocket and Server-Sent Events; `feeds`: the
 //!   one Redis follower of each followed job in this process, fanned out to
@@ -52,6 +54,7 @@ mod ratelimit;
 pub mod server;
 mod stream_caps;
 mod streams;
+mod submit;
 pub mod tokens;
 mod web;
 

@@ -88,7 +88,7 @@ pub(super) async fn limit(
         Err(error) => {
             // POST is the one submission among these routes.
             if request.method() == Method::POST {
-                super::jobs::count_rejection(&state, &error);
+                super::submit::count_rejection(&state, &error);
             }
             error.into_response()
         }

@@ -218,6 +218,44 @@ impl ErrorReason {
 }
 
 impl JobResult {
+    /// The result of a job the platform ended before any stage reported:
+    /// cancelled before it started, refused by its worker, a sandbox that
+    /// never ran it, a lost worker, a passed deadline. No error, no reason,
+    /// no sandbox tried and no time spent until the `with_*` calls say so.
+    pub fn without_stages(
+        status: Status,
+        language: impl Into<String>,
+        version: impl Into<String>,
+    ) -> JobResult {
+        JobResult {
+            status,
+            language: language.into(),
+            version: version.into(),
+            compile: None,
+            run: None,
+            error: None,
+            reason: None,
+            start: None,
+            timings: Timings::default(),
+        }
+    }
+
+    /// The same result with what went wrong on the platform's side.
+    pub fn with_error(self, error: impl Into<String>) -> JobResult {
+        JobResult {
+            error: Some(error.into()),
+            ..self
+        }
+    }
+
+    /// The same result with why, for machines.
+    pub fn with_reason(self, reason: ErrorReason) -> JobResult {
+        JobResult {
+            reason: Some(reason),
+            ..self
+        }
+    }
+
     /// Status from the stage results: a stage that timed out makes the job
     /// `timed_out`; any other unsuccessful stage makes it `failed`.
     pub fn status_from_stages(compile: Option<&StageResult>, run: Option<&StageResult>) -> Status {
@@ -362,5 +400,29 @@ mod tests {
         assert_eq!(outputs[3], [0xff]);
         assert!(outputs[0].is_empty() && outputs[1].is_empty());
         assert_eq!(bare.with_output(outputs), result);
+    }
+
+    #[test]
+    fn a_result_without_stages_has_the_json_it_always_had() {
+        let lost = JobResult::without_stages(Status::Error, "python", "3.12")
+            .with_error("worker w1 was lost")
+            .with_reason(ErrorReason::WorkerLost);
+        assert_eq!(
+            serde_json::to_string(&lost).unwrap(),
+            concat!(
+                r#"{"status":"error","language":"python","version":"3.12","compile":null,"#,
+                r#""run":null,"error":"worker w1 was lost","reason":"worker_lost","#,
+                r#""timings":{"container_start_ms":0,"compile_ms":null,"run_ms":null,"total_ms":0}}"#
+            )
+        );
+        let cancelled = JobResult::without_stages(Status::Cancelled, "python", "3.12");
+        assert_eq!(
+            serde_json::to_string(&cancelled).unwrap(),
+            concat!(
+                r#"{"status":"cancelled","language":"python","version":"3.12","compile":null,"#,
+                r#""run":null,"error":null,"#,
+                r#""timings":{"container_start_ms":0,"compile_ms":null,"run_ms":null,"total_ms":0}}"#
+            )
+        );
     }
 }

@@ -450,18 +450,13 @@ fn failed(
     let container = guard.name().to_string();
     RunOutcome {
         result: JobResult {
-            status: Status::Error,
-            language: job.language.id.clone(),
-            version: job.language.version.clone(),
-            compile: None,
-            run: None,
-            error: Some(error),
-            reason: None,
             start: Some(kind),
             timings: Timings {
                 total_ms: started.elapsed().as_millis() as u64,
                 ..Timings::default()
             },
+            ..JobResult::without_stages(Status::Error, &job.language.id, &job.language.version)
+                .with_error(error)
         },
         cleanup: Cleanup { guard: Some(guard) },
         container,

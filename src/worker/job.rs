@@ -15,7 +15,7 @@ use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
 use super::stream::{EVENT_BUFFER, EventStream};
-use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, Timings, prepare};
+use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, prepare};
 use crate::sandbox::{Cleanup, JobIo};
 use crate::store::{
     FinishOutcome, ReleaseOutcome, Skipped, StartOutcome, Started, StoreError, now_ms,
@@ -71,17 +71,8 @@ pub(super) fn apply_kill(
 
 /// The result of a job that never reached a sandbox.
 fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
-    JobResult {
-        status: Status::Error,
-        language: language.to_string(),
-        version: version.unwrap_or_default().to_string(),
-        compile: None,
-        run: None,
-        error: Some(error),
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(Status::Error, language, version.unwrap_or_default())
+        .with_error(error)
 }
 
 impl Shared {

@@ -1,11 +1,12 @@
 //! APIs compatible with Piston v2 ([`piston`]) and Judge0 CE ([`judge0`]):
 //! thin adapters that turn the other product's request into an ordinary
 //! [`JobSpec`], submit it through the same path as `POST /v1/jobs`
-//! (`prepare`, then one atomic `Store::submit` with the queue-depth and
-//! per-key admission checks), wait with the same `wait_for_end`, and turn the
-//! job's result into the other product's answer. Jobs submitted here are
-//! ordinary jobs: queued, limited, metered (`code_runner_jobs_total`, the
-//! rejection counter) and visible in `GET /v1/jobs/{id}` to the same key.
+//! (`prepare`, then the one submit path, `api::submit`: an atomic
+//! `Store::submit` with the queue-depth and per-key admission checks), wait
+//! with the same `wait_for_end`, and turn the job's result into the other
+//! product's answer. Jobs submitted here are ordinary jobs: queued,
+//! limited, metered (`code_runner_jobs_total`, the rejection counter) and
+//! visible in `GET /v1/jobs/{id}` to the same key.
 //!
 //! Each adapter answers in its original's shapes, errors included; what
 //! differs from the original is written in `docs/migrating.md`.
@@ -24,9 +25,9 @@ use axum::response::{IntoResponse, Response};
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::job::{JobSpec, PreparedJob, prepare};
+use super::submit::{Admitted, Submission, count_refusal, count_rejection, refuse_while_draining};
+use crate::job::{JobSpec, prepare};
 use crate::languages::LanguageCatalog;
-use crate::store::{NewJob, SubmitOutcome};
 
 /// Where the compatible APIs are served (`None`: not served), and Piston's
 /// keyless mode.
@@ -147,12 +148,7 @@ fn compat_caller(
             CallerRefusal::NoKey => "unauthorized",
             CallerRefusal::Rate(_) => "rate_limited",
         };
-        state
-            .inner
-            .metrics
-            .submissions_rejected
-            .with_label_values(&[reason])
-            .inc();
+        count_refusal(state, reason);
     }
     Err(refusal)
 }
@@ -162,15 +158,9 @@ fn new_job_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
-/// An accepted job.
-struct Submitted {
-    id: String,
-    prepared: PreparedJob,
-}
-
 /// Submits `spec` as `caller` under the new job id `id`, like `POST /v1/jobs` does: refused while the
 /// server drains, validated by `prepare` against `catalog` (the languages on
-/// offer), then admitted and queued in one atomic `Store::submit`. Every
+/// offer), then admitted and queued through the one submit path. Every
 /// refusal is counted in `code_runner_submissions_rejected_total`.
 async fn submit(
     state: &ApiState,
@@ -178,10 +168,10 @@ async fn submit(
     id: String,
     spec: &JobSpec,
     catalog: &LanguageCatalog,
-) -> Result<Submitted, ApiError> {
+) -> Result<Admitted, ApiError> {
     let submitted = submit_uncounted(state, caller, id, spec, catalog).await;
     if let Err(error) = &submitted {
-        super::jobs::count_rejection(state, error);
+        count_rejection(state, error);
     }
     submitted
 }
@@ -192,48 +182,27 @@ async fn submit_uncounted(
     id: String,
     spec: &JobSpec,
     catalog: &LanguageCatalog,
-) -> Result<Submitted, ApiError> {
-    let config = &state.inner;
-    if config.draining.is_cancelled() {
-        return Err(ApiError::ShuttingDown);
-    }
-    let prepared = prepare(spec, catalog, &config.policy)?;
-    let admission = super::jobs::admission(config, caller, &prepared);
-    let outcome = config
-        .store
-        .jobs()
-        .submit(NewJob {
-            id: &id,
+) -> Result<Admitted, ApiError> {
+    refuse_while_draining(state)?;
+    let prepared = prepare(spec, catalog, &state.inner.policy)?;
+    let via = spec
+        .metadata
+        .get("via")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    super::submit::submit(
+        state,
+        Submission {
+            caller,
+            id,
             spec,
-            api_key: &caller.name,
-            language: &prepared.language.id,
+            prepared,
             idempotency: None,
-            admission,
-        })
-        .await?;
-    match outcome {
-        SubmitOutcome::Accepted => {
-            tracing::info!(
-                job.id = %id,
-                language = %prepared.language.id,
-                api_key = %caller.name,
-                via = spec.metadata.get("via").and_then(|v| v.as_str()).unwrap_or(""),
-                "Job accepted."
-            );
-            Ok(Submitted { id, prepared })
-        }
-        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
-        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
-        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
-            held,
-            needed,
-            budget: admission.storage_budget,
-        }),
-        // No idempotency key was given: these cannot happen.
-        SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
-            Err(ApiError::IdempotencyConflict)
-        }
-    }
+            carry: false,
+            via: Some(via),
+        },
+    )
+    .await
 }
 
 /// A version as `major.minor.patch`, as Piston's clients compare them: `3.11`

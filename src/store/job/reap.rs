@@ -10,8 +10,9 @@ use deadpool_redis::redis;
 
 use super::Jobs;
 use super::script::{Reply, StepScript, script_inputs};
-use crate::job::JobResult;
 use crate::job::lifecycle::Step;
+use crate::job::result::ErrorReason;
+use crate::job::{JobResult, Status};
 use crate::store::{StoreError, now_ms};
 
 script_inputs! {
@@ -105,35 +106,20 @@ impl Retry {
 impl LostResults {
     /// The results a job of the lost `worker` is settled with.
     pub fn new(worker: &str, language: &str, version: &str, max_requeues: u32) -> Self {
-        let lost = |status: crate::job::Status, error: Option<String>, reason| JobResult {
-            status,
-            language: language.to_string(),
-            version: version.to_string(),
-            compile: None,
-            run: None,
-            error,
-            reason,
-            start: None,
-            timings: crate::job::Timings::default(),
+        let lost = |error: String| {
+            JobResult::without_stages(Status::Error, language, version)
+                .with_error(error)
+                .with_reason(ErrorReason::WorkerLost)
         };
-        let worker_lost = Some(crate::job::result::ErrorReason::WorkerLost);
         LostResults {
-            running: lost(
-                crate::job::Status::Error,
-                Some(format!(
-                    "worker {worker} was lost (its heartbeat expired) while the job was running"
-                )),
-                worker_lost,
-            ),
-            dead: lost(
-                crate::job::Status::Error,
-                Some(format!(
-                    "the job was claimed {} times by workers that were lost before starting it (the last: {worker})",
-                    max_requeues + 1
-                )),
-                worker_lost,
-            ),
-            cancelled: lost(crate::job::Status::Cancelled, None, None),
+            running: lost(format!(
+                "worker {worker} was lost (its heartbeat expired) while the job was running"
+            )),
+            dead: lost(format!(
+                "the job was claimed {} times by workers that were lost before starting it (the last: {worker})",
+                max_requeues + 1
+            )),
+            cancelled: JobResult::without_stages(Status::Cancelled, language, version),
         }
     }
 }

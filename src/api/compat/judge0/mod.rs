@@ -34,7 +34,8 @@ use serde_json::{Map, Value, json};
 use super::super::ApiState;
 use super::super::auth::Caller;
 use super::super::error::ApiError;
-use super::super::jobs::{job_id, owned_job, wait_budget, wait_for_end};
+use super::super::jobs::{job_id, owned_job};
+use super::super::submit::{Admitted, count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, submit};
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
@@ -178,15 +179,10 @@ async fn submit_one(
     body: &Map<String, Value>,
     base64: bool,
     catalog: &crate::languages::LanguageCatalog,
-) -> Result<(super::Submitted, Judge0Record), Response> {
+) -> Result<(Admitted, Judge0Record), Response> {
     let (spec, record) =
         submission_job(body, base64, catalog, &state.inner.policy).map_err(|errors| {
-            state
-                .inner
-                .metrics
-                .submissions_rejected
-                .with_label_values(&["invalid"])
-                .inc();
+            count_refusal(state, "invalid");
             (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response()
         })?;
     let id = new_job_id();
@@ -228,7 +224,7 @@ async fn create(State(state): State<ApiState>, request: Request) -> Response {
     if !params.wait {
         return (StatusCode::CREATED, Json(json!({"token": submitted.id}))).into_response();
     }
-    let budget = wait_budget(&state, &submitted.prepared);
+    let budget = submitted.wait_budget;
     let job = match wait_for_end(&state, &submitted.id, budget).await {
         Ok(Some(job)) => job,
         Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),

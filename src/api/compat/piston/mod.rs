@@ -1,0 +1,250 @@
+//! Piston v2 (engineer-man/piston `api/src/api/v2.js`), under the Piston
+//! prefix (default `/api/v2`):
+//!
+//! - `GET /runtimes` — `[{language, version, aliases, runtime?}]` of the
+//!   languages on offer, named as Piston names them (`c++`, `rscript`,
+//!   `sqlite3`; our id is then an alias) with a three-part version.
+//! - `POST /execute` — Piston's request, run as an ordinary job and waited
+//!   for; Piston's answer (`run`, and `compile` for compiled languages, each
+//!   with `stdout`, `stderr`, `output`, `code`, `signal`, `message`, `status`,
+//!   `cpu_time`, `wall_time`, `memory`). Errors are `{"message"}` with
+//!   Piston's texts and status codes.
+//! - `GET /connect` — Piston's interactive WebSocket: `init`, `data`,
+//!   `signal` in; `runtime`, `stage`, `data`, `exit`, `error` out; closed
+//!   with Piston's codes (4999 when the job completed).
+//!
+//! Piston has no keys: a key is taken from `Authorization` (raw or
+//! `Bearer`), and with `CODE_RUNNER_PISTON_LOOPBACK_KEY` a keyless request
+//! from a loopback address is served as that key.
+//!
+//! `request.rs` turns Piston's request into a job, `answer.rs` our result
+//! into Piston's answer, `connect.rs` is the `/connect` WebSocket; the
+//! routes are here.
+
+mod answer;
+mod connect;
+mod request;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use super::super::ApiState;
+use super::super::auth::Caller;
+use super::super::error::ApiError;
+use super::super::submit::{count_refusal, wait_for_end};
+use super::{CallerRefusal, Refusal, compat_caller, new_job_id, semver3, submit};
+use crate::languages::Language;
+use answer::piston_answer;
+use request::piston_job;
+
+/// Our ids that Piston names otherwise, and the runtime Piston reports for
+/// a language (`runtime` is only there when Piston has one).
+const PISTON_NAMES: &[(&str, &str, Option<&str>)] = &[
+    ("javascript", "javascript", Some("node")),
+    ("c", "c", Some("gcc")),
+    ("cpp", "c++", Some("gcc")),
+    ("fortran", "fortran", Some("gcc")),
+    ("csharp", "csharp", Some("mono")),
+    ("r", "rscript", None),
+    ("sql", "sqlite3", None),
+];
+
+/// Piston's signal names (globals.js); SIGINT interrupts, every other one kills.
+const SIGNALS: &[&str] = &[
+    "SIGHUP",
+    "SIGINT",
+    "SIGQUIT",
+    "SIGILL",
+    "SIGTRAP",
+    "SIGABRT",
+    "SIGBUS",
+    "SIGFPE",
+    "SIGKILL",
+    "SIGUSR1",
+    "SIGSEGV",
+    "SIGUSR2",
+    "SIGPIPE",
+    "SIGALRM",
+    "SIGTERM",
+    "SIGSTKFLT",
+    "SIGCHLD",
+    "SIGCONT",
+    "SIGSTOP",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGURG",
+    "SIGXCPU",
+    "SIGXFSZ",
+    "SIGVTALRM",
+    "SIGPROF",
+    "SIGWINCH",
+    "SIGIO",
+    "SIGPWR",
+    "SIGSYS",
+];
+
+pub(super) fn router() -> Router<ApiState> {
+    Router::new()
+        .route("/runtimes", get(runtimes))
+        .route("/execute", post(execute))
+        .route("/connect", get(connect::connect))
+}
+
+/// Piston's name for a language, and its runtime.
+fn piston_name(language: &Language) -> (&str, Option<&'static str>) {
+    PISTON_NAMES
+        .iter()
+        .find(|(id, _, _)| *id == language.id)
+        .map_or((language.id.as_str(), None), |(_, name, runtime)| {
+            (*name, *runtime)
+        })
+}
+
+/// An error in Piston's shape: `{"message": …}`.
+fn piston_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "message": message.into() }))).into_response()
+}
+
+/// One of our errors in Piston's shape, with our status code (429 keeps its
+/// `Retry-After`).
+fn from_api_error(error: ApiError) -> Response {
+    let status = error.status();
+    let retry_after = error.retry_after();
+    let mut response = piston_error(status, error.to_string());
+    if let Some(seconds) = retry_after {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, seconds.into());
+    }
+    response
+}
+
+/// The caller of a Piston submission (`/execute`, `/connect`) within its
+/// key's rate, or the 401 or 429 answer in Piston's shape.
+fn piston_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
+    compat_caller(state, parts, None, true, true).map_err(|refusal| {
+        Refusal::from(match refusal {
+            CallerRefusal::NoKey => piston_error(
+                StatusCode::UNAUTHORIZED,
+                "an API key is required: send it as Authorization",
+            ),
+            CallerRefusal::Rate(error) => from_api_error(error),
+        })
+    })
+}
+
+#[derive(Debug, Serialize)]
+struct Runtime<'a> {
+    language: &'a str,
+    version: String,
+    aliases: Vec<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    runtime: Option<&'a str>,
+}
+
+/// `GET /runtimes`: no key needed, like `/v1/languages`.
+async fn runtimes(State(state): State<ApiState>) -> Response {
+    let catalog = state.offered_catalog().await;
+    let runtimes: Vec<Runtime> = catalog
+        .all()
+        .iter()
+        .map(|language| {
+            let (name, runtime) = piston_name(language);
+            let aliases = std::iter::once(language.id.as_str())
+                .chain(language.aliases.iter().map(String::as_str))
+                .filter(|alias| *alias != name)
+                .collect();
+            Runtime {
+                language: name,
+                version: semver3(&language.version),
+                aliases,
+                runtime,
+            }
+        })
+        .collect();
+    Json(runtimes).into_response()
+}
+
+/// `POST /execute`.
+async fn execute(State(state): State<ApiState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let caller = match piston_caller(&state, &parts) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
+    };
+    // Piston's own clients send JSON without a JSON content type
+    // (piston-client posts text/plain): any body that parses is taken.
+    let body = match Bytes::from_request(Request::from_parts(parts, body), &()).await {
+        Ok(body) => body,
+        Err(rejection) => {
+            return if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                from_api_error(ApiError::TooLarge {
+                    limit: state.inner.max_body_bytes,
+                })
+            } else {
+                piston_error(StatusCode::BAD_REQUEST, rejection.body_text())
+            };
+        }
+    };
+    let body: Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(body) => body,
+        Err(error) => {
+            return piston_error(
+                StatusCode::BAD_REQUEST,
+                format!("the body is not a JSON object: {error}"),
+            );
+        }
+    };
+    run_and_answer(&state, &caller, &body).await
+}
+
+async fn run_and_answer(state: &ApiState, caller: &Caller, body: &Map<String, Value>) -> Response {
+    let catalog = state.offered_catalog().await;
+    let (spec, language) = match piston_job(body, &catalog, state, false) {
+        Ok(job) => job,
+        Err(message) => {
+            count_refusal(state, "invalid");
+            return piston_error(StatusCode::BAD_REQUEST, message);
+        }
+    };
+    let submitted = match submit(state, caller, new_job_id(), &spec, &catalog).await {
+        Ok(submitted) => submitted,
+        Err(ApiError::InvalidJob(invalid)) => {
+            return piston_error(StatusCode::BAD_REQUEST, invalid.to_string());
+        }
+        Err(error) => return from_api_error(error),
+    };
+    let budget = submitted.wait_budget;
+    let record = match wait_for_end(state, &submitted.id, budget).await {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            return piston_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("job {} disappeared before it ended", submitted.id),
+            );
+        }
+        Err(error) => return from_api_error(ApiError::Unavailable(error)),
+    };
+    let Some(result) = record.result.filter(|_| record.status.is_terminal()) else {
+        return piston_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "job {} did not end within {} s; it is {} (GET /v1/jobs/{} follows it)",
+                submitted.id,
+                budget.as_secs(),
+                record.status.as_str(),
+                submitted.id
+            ),
+        );
+    };
+    piston_answer(state, &submitted.id, &language, &result).await
+}

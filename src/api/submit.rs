@@ -1,0 +1,209 @@
+//! The one submit path of `POST /v1/jobs`, Piston's `/execute` and
+//! `/connect` and Judge0's `/submissions`: a job `prepare` accepted is
+//! admitted and queued in one atomic `Store::submit`, and what the store
+//! refuses becomes the same `ApiError` for every API (each turns it into its
+//! own body). Also what a caller that waits for the job's end uses: how long
+//! it waits, and the wait.
+
+use std::time::Duration;
+
+use super::ApiState;
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::job::{JobSpec, PreparedJob};
+use crate::store::{Admission, JobRecord, NewJob, StoreError, SubmitOutcome};
+
+/// What a waiting submit allows beyond the job's own wall limits (queueing,
+/// container start, removal), before `max_wait` caps it.
+const WAIT_SLACK: Duration = Duration::from_secs(30);
+
+/// A job to submit, once `prepare` accepted it.
+pub(super) struct Submission<'a> {
+    pub caller: &'a Caller,
+    /// The new job's id.
+    pub id: String,
+    /// The job as it was asked for: what is stored, and what a worker of
+    /// another process prepares again.
+    pub spec: &'a JobSpec,
+    pub prepared: PreparedJob,
+    /// The `Idempotency-Key` and the hash of the body it came with.
+    pub idempotency: Option<(&'a str, &'a str)>,
+    /// Leave `prepared` to this process's worker, so it does not prepare
+    /// the job again (`/v1/jobs` does; the compatible APIs do not).
+    pub carry: bool,
+    /// The compatible API the job came through, for the log (`None`:
+    /// `/v1/jobs`).
+    pub via: Option<&'a str>,
+}
+
+/// A submission the store took.
+#[derive(Debug)]
+pub(super) struct Admitted {
+    /// The job's id: the new one, or that of the job the same idempotency
+    /// key and body made before.
+    pub id: String,
+    /// The job was made by an earlier submit with the same idempotency key
+    /// and body.
+    pub existing: bool,
+    /// How long a caller that waits for the job's end waits.
+    pub wait_budget: Duration,
+}
+
+/// A draining server takes no new job; every API asks before it reads or
+/// checks the job, so a draining server answers 503 whatever the body.
+pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
+    if state.inner.draining.is_cancelled() {
+        return Err(ApiError::ShuttingDown);
+    }
+    Ok(())
+}
+
+/// Admits and queues `submission` in one atomic `Store::submit` (queue
+/// depth, the key's active jobs and storage, idempotency). A refusal is
+/// the `ApiError` every API answers with; none is counted here (each
+/// caller counts its refusals with [`count_rejection`], its own included).
+pub(super) async fn submit(
+    state: &ApiState,
+    submission: Submission<'_>,
+) -> Result<Admitted, ApiError> {
+    let config = &state.inner;
+    let Submission {
+        caller,
+        id,
+        spec,
+        prepared,
+        idempotency,
+        carry,
+        via,
+    } = submission;
+    let language = prepared.language.id.clone();
+    let wait_budget = wait_budget(state, &prepared);
+    let admission = admission(config, caller, &prepared);
+    let carried = config.carried.as_ref().filter(|_| carry);
+    if let Some(carried) = carried {
+        // Before the job is queued: this process's worker may claim it at once.
+        carried.insert(&id, prepared);
+    }
+    let outcome = config
+        .store
+        .jobs()
+        .submit(NewJob {
+            id: &id,
+            spec,
+            api_key: &caller.name,
+            language: &language,
+            idempotency,
+            admission,
+        })
+        .await;
+    if !matches!(outcome, Ok(SubmitOutcome::Accepted))
+        && let Some(carried) = carried
+    {
+        carried.take(&id);
+    }
+
+    match outcome? {
+        SubmitOutcome::Accepted => {
+            // The targets are the modules that logged these lines before
+            // this one existed, so log filters keep selecting them.
+            match via {
+                None => tracing::info!(
+                    target: "code_runner::api::jobs",
+                    { job.id = %id, language = %language, api_key = %caller.name },
+                    "Job accepted."
+                ),
+                Some(via) => tracing::info!(
+                    target: "code_runner::api::compat",
+                    { job.id = %id, language = %language, api_key = %caller.name, via = via },
+                    "Job accepted."
+                ),
+            }
+            Ok(Admitted {
+                id,
+                existing: false,
+                wait_budget,
+            })
+        }
+        SubmitOutcome::Existing(id) if idempotency.is_some() => {
+            tracing::debug!(
+                target: "code_runner::api::jobs",
+                { job.id = %id, api_key = %caller.name },
+                "Idempotent submit: answering with the existing job."
+            );
+            Ok(Admitted {
+                id,
+                existing: true,
+                wait_budget,
+            })
+        }
+        // Without an idempotency key the store answers neither; were it to,
+        // the submit is refused, never answered with another job.
+        SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
+            Err(ApiError::IdempotencyConflict)
+        }
+        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
+        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
+            held,
+            needed,
+            budget: admission.storage_budget,
+        }),
+    }
+}
+
+/// The store and key limits of a new job, its attempts, and the output that
+/// sizes the storage reserved for it.
+fn admission(config: &super::ApiConfig, caller: &Caller, prepared: &PreparedJob) -> Admission {
+    Admission {
+        max_queue_depth: config.max_queue_depth,
+        key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
+        max_attempts: prepared.max_attempts(config.limits.max_attempts),
+        output_limit_bytes: prepared.output_limit_bytes(),
+        storage_budget: config.limits.key_storage_bytes,
+        wall_budget_ms: prepared.stages_wall_ms(),
+    }
+}
+
+/// Counts a refused submission by its reason (failures of our own are not
+/// refusals and are not counted).
+pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
+    if let Some(reason) = error.rejection_reason() {
+        count_refusal(state, reason);
+    }
+}
+
+/// Counts a submission refused for `reason` (a `reason` label of
+/// `code_runner_submissions_rejected_total`), for the refusals a compatible
+/// API makes in its own words, without an `ApiError`.
+pub(super) fn count_refusal(state: &ApiState, reason: &'static str) {
+    state
+        .inner
+        .metrics
+        .submissions_rejected
+        .with_label_values(&[reason])
+        .inc();
+}
+
+/// How long a waiting submit waits for `prepared` to end: its stages' wall
+/// limits and a slack, at most `max_wait`.
+fn wait_budget(state: &ApiState, prepared: &PreparedJob) -> Duration {
+    state
+        .inner
+        .max_wait
+        .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK)
+}
+
+/// Waits until the job is terminal (woken by its `exit` event, not a
+/// timer), `budget` has passed or the server shuts down; returns the job as
+/// it is then (`None`: the job is gone).
+pub(super) async fn wait_for_end(
+    state: &ApiState,
+    id: &str,
+    budget: Duration,
+) -> Result<Option<JobRecord>, StoreError> {
+    tokio::select! {
+        ended = state.feeds.await_exit(id, budget) => { ended?; }
+        () = state.shutdown.cancelled() => {}
+    }
+    state.inner.store.jobs().get(id).await
+}
