@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use tokio::net::unix::pipe;
 
-use crate::protocol::{StageLimits, StageSpec};
+use code_runner_protocol::{StageLimits, StageSpec};
 
 /// The rlimits of a stage, computed before the fork so that the child only
 /// has to make system calls.

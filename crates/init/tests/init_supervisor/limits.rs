@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use code_runner::protocol::{HostMessage, Reason, SignalKind};
+use code_runner_protocol::{HostMessage, Reason, SignalKind};
 
 use super::T;
 use super::harness::{SIGKILL, Sandbox, TestCgroup, live_processes_of};

@@ -24,7 +24,7 @@ use super::reap::{Reaped, Termination, reap_one};
 use super::report::{Facts, classify, not_started};
 use super::spawn::{SpawnError, spawn_stage};
 use super::supervisor::{Context, Control};
-use crate::protocol::{
+use code_runner_protocol::{
     MAX_OUTPUT_CHUNK, Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
 };
 

@@ -21,7 +21,7 @@ use super::kill::{Killer, Signaller, Target};
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, InitError};
-use crate::protocol::{
+use code_runner_protocol::{
     Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, SandboxMessage,
     SignalKind as HostSignal,
 };
