@@ -19,6 +19,8 @@
 //! - `supervisor`: the top-level sequence (ready, bundle, files, stages, done).
 //! - `stage`: the event loop that watches one stage, and its report.
 //! - `spawn`: starting a stage: credentials, session, rlimits, pipes.
+//! - `pipes`: the threads that read the stage's stdout and stderr and write
+//!   its stdin.
 //! - `report`: what a stage's end means (its reason).
 //! - `io`: the frame writer thread (stdout) and the frame reader thread (stdin).
 //! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
@@ -37,6 +39,7 @@ mod creds;
 mod files;
 mod io;
 mod kill;
+mod pipes;
 mod reap;
 mod report;
 mod spawn;
