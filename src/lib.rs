@@ -3,8 +3,10 @@
 //! # Layout
 //!
 //! - [`protocol`]: the frames spoken between the worker and the in-sandbox
-//!   supervisor (`code-runner-init`); shared by both binaries.
-//! - [`init`]: the supervisor that runs as PID 1 inside every sandbox.
+//!   supervisor (`code-runner-init`): the crate `code-runner-protocol`
+//!   (`crates/protocol`), which both depend on. The supervisor itself is the
+//!   crate `code-runner-init` (`crates/init`), which the daemon does not
+//!   depend on.
 //! - [`job`]: the job as submitted, its validation and limits, and its result.
 //! - [`languages`]: the language catalog (`runner-images/languages.toml`).
 //! - [`sandbox`]: the engine that runs one job in one hardened container
@@ -33,12 +35,14 @@ pub mod cli;
 pub mod client;
 pub mod config;
 pub mod exit;
-pub mod init;
 pub mod job;
 pub mod languages;
 pub mod metrics;
-pub mod protocol;
 pub mod reaper;
 pub mod sandbox;
 pub mod store;
 pub mod worker;
+
+/// The frame protocol, from its own crate; `code_runner::protocol` is its
+/// path in the daemon.
+pub use code_runner_protocol as protocol;

@@ -1,7 +1,9 @@
 //! Running one stage: from `stage_start` to the [`StageReport`].
 //!
 //! 1. **Running**: one `select!` loop forwards output as it arrives (no line
-//!    buffering), feeds queued stdin as fast as the stage reads it, applies
+//!    buffering), feeds queued stdin as fast as the stage reads it (the
+//!    pipes themselves are read and written by the threads of
+//!    [`super::pipes`]), applies
 //!    host signals, reaps children on SIGCHLD, and checks the wall, idle and
 //!    CPU limits (CPU polled every [`CPU_POLL`]). Any limit kills every
 //!    process of the job's uid. The phase ends when the stage's main process
@@ -15,17 +17,17 @@
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
-use tokio::net::unix::pipe;
 
 use super::InitError;
 use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
 use super::kill::Target;
+use super::pipes::{InputPipe, Offer, Output, OutputPipe};
 use super::reap::{Reaped, Termination, reap_one};
 use super::report::{Facts, classify, not_started};
 use super::spawn::{SpawnError, spawn_stage};
 use super::supervisor::{Context, Control};
-use crate::protocol::{
-    MAX_OUTPUT_CHUNK, Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
+use code_runner_protocol::{
+    Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
 };
 
 /// How often the job's CPU time is read from `/proc`.
@@ -120,9 +122,9 @@ struct Run {
     pid: i32,
     limits: StageLimits,
     started: Instant,
-    stdin: Option<pipe::Sender>,
-    stdout: Option<pipe::Receiver>,
-    stderr: Option<pipe::Receiver>,
+    stdin: Option<InputPipe>,
+    stdout: Option<OutputPipe>,
+    stderr: Option<OutputPipe>,
     /// stdout + stderr bytes the stage wrote (counted up to the limit).
     output_total: u64,
     truncated: bool,
@@ -142,18 +144,18 @@ struct Run {
     exit: Option<(Reaped, Instant)>,
 }
 
-/// Resolves when the pipe is readable; never when there is no pipe.
-async fn readable(pipe: Option<&pipe::Receiver>) -> std::io::Result<()> {
+/// The next chunk (or the end) of an output pipe; never when there is no pipe.
+async fn next_output(pipe: Option<&mut OutputPipe>) -> Output {
     match pipe {
-        Some(pipe) => pipe.readable().await,
+        Some(pipe) => pipe.recv().await,
         None => std::future::pending().await,
     }
 }
 
-/// Resolves when the pipe is writable; never when there is no pipe.
-async fn writable(pipe: Option<&pipe::Sender>) -> std::io::Result<()> {
+/// Resolves when the stdin pipe takes more bytes; never when there is no pipe.
+async fn writable(pipe: Option<&InputPipe>) {
     match pipe {
-        Some(pipe) => pipe.writable().await,
+        Some(pipe) => pipe.ready().await,
         None => std::future::pending().await,
     }
 }
@@ -161,7 +163,6 @@ async fn writable(pipe: Option<&pipe::Sender>) -> std::io::Result<()> {
 impl Run {
     /// The running phase; returns once the main process has been reaped.
     async fn supervise(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
-        let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
         self.feed_stdin(ctx);
         while self.exit.is_none() {
             let now = Instant::now();
@@ -189,11 +190,11 @@ impl Run {
                     }
                     self.feed_stdin(ctx);
                 }
-                _ = readable(self.stdout.as_ref()), if ctx.sink.has_room() => {
-                    self.read_output(ctx, Stream::Stdout, &mut buffer).await?;
+                output = next_output(self.stdout.as_mut()), if ctx.sink.has_room() => {
+                    self.on_output(ctx, Stream::Stdout, output).await?;
                 }
-                _ = readable(self.stderr.as_ref()), if ctx.sink.has_room() => {
-                    self.read_output(ctx, Stream::Stderr, &mut buffer).await?;
+                output = next_output(self.stderr.as_mut()), if ctx.sink.has_room() => {
+                    self.on_output(ctx, Stream::Stderr, output).await?;
                 }
                 _ = ctx.sink.room(), if !ctx.sink.has_room() => {}
                 _ = writable(self.stdin.as_ref()), if ctx.stdin.has_pending() => self.feed_stdin(ctx),
@@ -297,18 +298,17 @@ impl Run {
         }
     }
 
-    /// Writes queued stdin to the stage's pipe without blocking, and closes
+    /// Hands queued stdin to the stage's pipe without blocking, and closes
     /// the pipe once the host closed stdin and the queue is empty.
     fn feed_stdin(&mut self, ctx: &mut Context<'_>) {
         let Some(pipe) = &self.stdin else {
             return;
         };
         while let Some(bytes) = ctx.stdin.front() {
-            match pipe.try_write(bytes) {
-                Ok(written) => ctx.stdin.consume(written),
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => {
+            match pipe.offer(bytes) {
+                Offer::Taken(written) => ctx.stdin.consume(written),
+                Offer::Busy => break,
+                Offer::Closed => {
                     // The stage closed its stdin (EPIPE): what is queued
                     // can never be read.
                     ctx.stdin.discard();
@@ -322,32 +322,25 @@ impl Run {
         }
     }
 
-    /// Reads one chunk from a ready pipe and forwards it.
-    async fn read_output(
+    /// Forwards one chunk read from an output pipe, or forgets the pipe at
+    /// its end.
+    async fn on_output(
         &mut self,
         ctx: &mut Context<'_>,
         stream: Stream,
-        buffer: &mut [u8],
+        output: Output,
     ) -> Result<(), InitError> {
         let slot = match stream {
             Stream::Stdout => &mut self.stdout,
             Stream::Stderr => &mut self.stderr,
         };
-        let Some(pipe) = slot.as_ref() else {
-            return Ok(());
-        };
-        match pipe.try_read(buffer) {
-            Ok(0) => *slot = None,
-            Ok(read) => {
+        match output {
+            Output::Eof => *slot = None,
+            Output::Data(data) => {
                 self.last_activity = Instant::now();
-                self.forward(ctx, stream, &buffer[..read]).await?;
+                self.forward(ctx, stream, &data).await?;
             }
-            Err(error)
-                if matches!(
-                    error.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
-                ) => {}
-            Err(error) => {
+            Output::Failed(error) => {
                 eprintln!("code-runner-init: reading {stream:?} of the stage failed: {error}");
                 *slot = None;
             }
@@ -413,7 +406,6 @@ impl Run {
     /// Reads the pipes to EOF after the stage ended, for a bounded time: a
     /// process that escaped the kill could hold them open forever.
     async fn drain(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
-        let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
         let deadline = Instant::now() + DRAIN_TIMEOUT;
         while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < deadline {
             tokio::select! {
@@ -426,11 +418,11 @@ impl Run {
                         ctx.kill_requested = true;
                     }
                 }
-                _ = readable(self.stdout.as_ref()), if ctx.sink.has_room() => {
-                    self.read_output(ctx, Stream::Stdout, &mut buffer).await?;
+                output = next_output(self.stdout.as_mut()), if ctx.sink.has_room() => {
+                    self.on_output(ctx, Stream::Stdout, output).await?;
                 }
-                _ = readable(self.stderr.as_ref()), if ctx.sink.has_room() => {
-                    self.read_output(ctx, Stream::Stderr, &mut buffer).await?;
+                output = next_output(self.stderr.as_mut()), if ctx.sink.has_room() => {
+                    self.on_output(ctx, Stream::Stderr, output).await?;
                 }
                 _ = ctx.sink.room(), if !ctx.sink.has_room() => {}
                 _ = tokio::time::sleep_until(deadline.into()) => {}

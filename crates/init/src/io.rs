@@ -17,10 +17,10 @@ use std::thread::JoinHandle;
 use tokio::sync::mpsc;
 
 use super::InitError;
-use crate::protocol::{FrameDecoder, FrameError, HostMessage, MAX_HOST_FRAME, SandboxMessage};
+use code_runner_protocol::{FrameDecoder, FrameError, HostMessage, MAX_HOST_FRAME, SandboxMessage};
 
 /// Frames that may wait for the writer thread. Output frames are at most
-/// [`crate::protocol::MAX_OUTPUT_CHUNK`] bytes, so this bounds the queue to
+/// [`code_runner_protocol::MAX_OUTPUT_CHUNK`] bytes, so this bounds the queue to
 /// about 4 MiB.
 const SINK_FRAMES: usize = 64;
 

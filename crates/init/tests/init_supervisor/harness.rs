@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use code_runner::protocol::{
+use code_runner_protocol::{
     Bundle, BundleFile, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, MAX_SANDBOX_FRAME,
     PROTOCOL_VERSION, SandboxMessage, StageLimits, StageReport, StageSpec,
 };

@@ -42,6 +42,8 @@
 //! any number of `stdout`/`stderr`, and `stage_end`; finally `done`, after which
 //! it exits 0. A stage that does not exit 0 ends the sequence.
 
+#![forbid(unsafe_code)]
+
 mod codec;
 mod messages;
 

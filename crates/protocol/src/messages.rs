@@ -287,7 +287,7 @@ pub mod base64_bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::FrameDecoder;
+    use crate::FrameDecoder;
     use proptest::prelude::*;
 
     fn limits() -> StageLimits {
@@ -304,7 +304,7 @@ mod tests {
     }
 
     fn roundtrip_host(message: HostMessage) -> HostMessage {
-        let mut decoder = FrameDecoder::new(crate::protocol::MAX_HOST_FRAME);
+        let mut decoder = FrameDecoder::new(crate::MAX_HOST_FRAME);
         decoder.extend(&message.encode());
         HostMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap()
     }
@@ -398,7 +398,7 @@ mod tests {
                 stage: "run".into(), exit_code, signal, reason: Reason::CpuTimeout,
                 wall_ms, cpu_ms, memory_peak_bytes: peak, output_truncated: truncated,
             });
-            let mut decoder = FrameDecoder::new(crate::protocol::MAX_SANDBOX_FRAME);
+            let mut decoder = FrameDecoder::new(crate::MAX_SANDBOX_FRAME);
             decoder.extend(&report.encode());
             prop_assert_eq!(SandboxMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap(), report);
         }

@@ -1,13 +1,12 @@
 //! Starting one stage: the command, its credentials, rlimits and pipes.
 
-use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
-use tokio::net::unix::pipe;
 
-use crate::protocol::{StageLimits, StageSpec};
+use super::pipes::{InputPipe, OutputPipe};
+use code_runner_protocol::{StageLimits, StageSpec};
 
 /// The rlimits of a stage, computed before the fork so that the child only
 /// has to make system calls.
@@ -62,27 +61,27 @@ fn clamp(resource: Resource, soft: u64, hard: u64) -> (u64, u64) {
 }
 
 /// A started stage: its pid (it leads its own session and process group)
-/// and the supervisor's ends of its pipes.
+/// and the supervisor's ends of its pipes (see [`super::pipes`]).
 pub(crate) struct SpawnedStage {
     pub pid: i32,
-    pub stdin: Option<pipe::Sender>,
-    pub stdout: pipe::Receiver,
-    pub stderr: pipe::Receiver,
+    pub stdin: Option<InputPipe>,
+    pub stdout: OutputPipe,
+    pub stderr: OutputPipe,
 }
 
 #[derive(Debug)]
 pub(crate) enum SpawnError {
     /// The stage did not start (command not found, bad cwd, ...).
     Start(std::io::Error),
-    /// The stage started but its pipes could not be registered with the
-    /// runtime; the process is running and must be killed.
+    /// The stage started but the threads serving its pipes could not be
+    /// started; the process is running and must be killed.
     Pipes(std::io::Error),
 }
 
 /// Starts `spec` as `uid`/`gid`: its own session, the rlimits, exactly the
 /// stage's environment (whose `PATH` is used to find `argv[0]`), stdin from
-/// a pipe or `/dev/null`, stdout and stderr to pipes. Must run inside the
-/// runtime (the pipes are registered with it).
+/// a pipe or `/dev/null`, stdout and stderr to pipes, each pipe served by a
+/// thread of [`super::pipes`].
 #[allow(unsafe_code)]
 pub(crate) fn spawn_stage(
     spec: &StageSpec,
@@ -139,11 +138,11 @@ pub(crate) fn spawn_stage(
     Ok(SpawnedStage {
         pid,
         stdin: stdin
-            .map(|stdin| pipe::Sender::from_owned_fd(OwnedFd::from(stdin)))
+            .map(|stdin| InputPipe::start("stage-stdin", stdin))
             .transpose()
             .map_err(SpawnError::Pipes)?,
-        stdout: pipe::Receiver::from_owned_fd(OwnedFd::from(stdout)).map_err(SpawnError::Pipes)?,
-        stderr: pipe::Receiver::from_owned_fd(OwnedFd::from(stderr)).map_err(SpawnError::Pipes)?,
+        stdout: OutputPipe::start("stage-stdout", stdout).map_err(SpawnError::Pipes)?,
+        stderr: OutputPipe::start("stage-stderr", stderr).map_err(SpawnError::Pipes)?,
     })
 }
 

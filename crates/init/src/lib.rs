@@ -1,6 +1,6 @@
 //! `code-runner-init`: the supervisor that runs as PID 1 inside every sandbox.
 //!
-//! It speaks the frames of [`crate::protocol`] on its stdin and stdout: it
+//! It speaks the frames of [`code_runner_protocol`] on its stdin and stdout: it
 //! sends `ready`, reads the job bundle, writes the job's files into the
 //! workspace as the job's unprivileged uid, runs the stages one after another
 //! as that uid and reports each of them.
@@ -19,6 +19,8 @@
 //! - `supervisor`: the top-level sequence (ready, bundle, files, stages, done).
 //! - `stage`: the event loop that watches one stage, and its report.
 //! - `spawn`: starting a stage: credentials, session, rlimits, pipes.
+//! - `pipes`: the threads that read the stage's stdout and stderr and write
+//!   its stdin.
 //! - `report`: what a stage's end means (its reason).
 //! - `io`: the frame writer thread (stdout) and the frame reader thread (stdin).
 //! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
@@ -28,11 +30,16 @@
 //! - `reap`: `wait4(-1)`: reaping every child with its resource usage.
 //! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
 
+// `unsafe` only where a system call needs it, each block allowed and
+// explained where it is (`spawn`, `reap`, `creds`).
+#![deny(unsafe_code)]
+
 mod accounting;
 mod creds;
 mod files;
 mod io;
 mod kill;
+mod pipes;
 mod reap;
 mod report;
 mod spawn;
@@ -42,7 +49,7 @@ mod supervisor;
 
 use std::ffi::OsString;
 
-use crate::protocol::FrameError;
+use code_runner_protocol::FrameError;
 
 pub use files::{MAX_PATH_BYTES, MAX_PATH_DEPTH, validate_relative_path};
 

@@ -18,7 +18,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::Duration;
 
-use code_runner::protocol::{HostMessage, Reason, SandboxMessage, SignalKind};
+use code_runner_protocol::{HostMessage, Reason, SandboxMessage, SignalKind};
 
 use harness::{PATH, SIGKILL, Sandbox, file};
 use nix::sys::signal::Signal;

@@ -26,7 +26,7 @@ use nix::sys::stat::{Mode, fchmod, mkdirat};
 
 use super::InitError;
 use super::creds::drop_thread_to;
-use crate::protocol::BundleFile;
+use code_runner_protocol::BundleFile;
 
 /// Most components in a bundle file path (`a/b/c` has three).
 pub const MAX_PATH_DEPTH: usize = 16;

@@ -1,10 +1,10 @@
 //! Limits and hostile programs: output, wall, CPU, idle, memory, a stage
-//! that never reads stdin, an escaping grandchild, a fork bomb.
+//! that never reads stdin or closes it early, an escaping grandchild, a fork bomb.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use code_runner::protocol::{HostMessage, Reason, SignalKind};
+use code_runner_protocol::{HostMessage, Reason, SignalKind};
 
 use super::T;
 use super::harness::{SIGKILL, Sandbox, TestCgroup, live_processes_of};
@@ -25,6 +25,31 @@ fn stage_that_never_reads_stdin_does_not_stall_the_supervisor() {
     let outcome = sb.finish(T);
     let report = outcome.only_report();
     assert_eq!(report.reason, Reason::WallTimeout, "{report:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn stage_that_closes_its_stdin_early_loses_the_rest_and_does_not_stall() {
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage(
+        "run",
+        &["sh", "-c", "head -c 3; exec 0<&-; sleep 0.3; echo done"],
+    );
+    stage.stdin = true;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let started = Instant::now();
+    // Far more than a pipe holds: most of it is still queued when the stage
+    // closes its stdin, and is dropped then.
+    let chunk = vec![b'x'; 1 << 20];
+    for _ in 0..16 {
+        sb.send(HostMessage::Stdin(chunk.clone()));
+    }
+    sb.send(HostMessage::StdinClose);
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::Exited, "{report:?}");
+    assert_eq!(report.exit_code, Some(0));
+    assert_eq!(outcome.stdout, b"xxxdone\n");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 

@@ -2,12 +2,13 @@
 //! stages in order, `done`. Anything that stops it sends `fatal` and exits
 //! with [`EXIT_FATAL`].
 //!
-//! It runs on a current-thread tokio runtime: one thread owns the stage, its
-//! pipes, the timers, every spawn and all reaping (see [`super::reap`]);
-//! plain threads do the blocking work around it: the frame reader on stdin,
-//! the frame writer on stdout, the signaller of [`super::kill`], and, once,
-//! the short-lived thread that writes the files as the job's uid
-//! ([`super::files`]).
+//! It runs on a current-thread tokio runtime: one thread owns the stage, the
+//! timers, every spawn and all reaping (see [`super::reap`]); plain threads
+//! do the blocking work around it: the frame reader on stdin, the frame
+//! writer on stdout, the signaller of [`super::kill`], for each stage the
+//! readers of its stdout and stderr and the writer of its stdin
+//! ([`super::pipes`]), and, once, the short-lived thread that writes the
+//! files as the job's uid ([`super::files`]).
 
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::setgroups;
@@ -21,7 +22,7 @@ use super::kill::{Killer, Signaller, Target};
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, InitError};
-use crate::protocol::{
+use code_runner_protocol::{
     Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, SandboxMessage,
     SignalKind as HostSignal,
 };

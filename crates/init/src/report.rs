@@ -3,7 +3,7 @@
 
 use nix::libc;
 
-use crate::protocol::{Reason, StageReport, StageSpec};
+use code_runner_protocol::{Reason, StageReport, StageSpec};
 
 /// Report of a stage that was not started.
 pub(crate) fn not_started(spec: &StageSpec, reason: Reason) -> StageReport {

@@ -1,5 +1,5 @@
 //! Length-prefixed framing: an incremental decoder with a size bound, and the
-//! encoder. See the module docs of [`crate::protocol`] for the format.
+//! encoder. See the crate docs for the format.
 
 use bytes::{Buf, BytesMut};
 

@@ -1,0 +1,256 @@
+//! The stage's pipes, each served by a thread of its own.
+//!
+//! The supervisor's crate does without tokio's `net` feature (see
+//! `tests/dependencies.rs`), and with it without any way for the stage loop
+//! to wait until a pipe is readable or writable. So each pipe gets a plain
+//! thread that does blocking I/O on it and talks to the loop through a
+//! bounded channel of one message, which the loop waits on like any other
+//! event:
+//!
+//! - [`OutputPipe`] (stdout, stderr): the thread reads at most
+//!   [`MAX_OUTPUT_CHUNK`] bytes at a time and hands each chunk over, then
+//!   the end of the stream. The loop takes a chunk only while the frame sink
+//!   has room, so a slow host still stops the reading and the stage blocks on
+//!   its full pipe; at most two chunks per stream (one in the channel, one in
+//!   the thread) are read ahead of the sink.
+//! - [`InputPipe`] (stdin): the thread writes what the loop hands it, at most
+//!   [`MAX_INPUT_CHUNK`] bytes at a time, as fast as the stage reads it. The
+//!   loop keeps the rest in its [`super::stdin::StdinQueue`]. When the stage
+//!   has closed its stdin the write fails (`EPIPE`), the thread ends, and the
+//!   loop sees the channel closed. Dropping the [`InputPipe`] closes the
+//!   stage's stdin once the chunks already handed over are written.
+//!
+//! The threads are not joined. An output thread ends at the end of its
+//! stream (every writer gone), when its read fails, or at the first chunk
+//! after the loop dropped its [`OutputPipe`]; the stdin thread when its
+//! channel closes or a write fails. Between two stages the supervisor kills
+//! every process of the job's uid and checks that none is left (or stops),
+//! so no pipe outlives its stage's processes and no thread waits on it for
+//! long.
+
+use std::io::{ErrorKind, Read, Write};
+
+use code_runner_protocol::MAX_OUTPUT_CHUNK;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+
+/// Most stdin bytes handed to the stdin thread at once: one pipe's worth,
+/// so that little more than the pipe's buffer is out of the queue's hands.
+pub(crate) const MAX_INPUT_CHUNK: usize = 64 * 1024;
+
+/// What an output thread saw.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Bytes the stage wrote, at most [`MAX_OUTPUT_CHUNK`].
+    Data(Vec<u8>),
+    /// End of stream: every process holding the pipe has closed it.
+    Eof,
+    /// Reading failed; nothing follows.
+    Failed(std::io::Error),
+}
+
+/// The supervisor's end of a stage's stdout or stderr.
+pub(crate) struct OutputPipe {
+    chunks: mpsc::Receiver<Output>,
+}
+
+impl OutputPipe {
+    /// Starts the thread `name` that reads `pipe`.
+    pub(crate) fn start(
+        name: &'static str,
+        pipe: impl Read + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let (tx, chunks) = mpsc::channel(1);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || read_output(pipe, &tx))?;
+        Ok(Self { chunks })
+    }
+
+    /// The next chunk, or the end of the stream.
+    pub(crate) async fn recv(&mut self) -> Output {
+        // The thread sends `Eof` or `Failed` last; a channel closed without
+        // either means it is gone, which is an end of stream all the same.
+        self.chunks.recv().await.unwrap_or(Output::Eof)
+    }
+}
+
+fn read_output(mut pipe: impl Read, tx: &mpsc::Sender<Output>) {
+    let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
+    loop {
+        let output = match pipe.read(&mut buffer) {
+            Ok(0) => Output::Eof,
+            Ok(read) => Output::Data(buffer[..read].to_vec()),
+            Err(error) if error.kind() == ErrorKind::Interrupted => continue,
+            Err(error) => Output::Failed(error),
+        };
+        let last = !matches!(output, Output::Data(_));
+        // An error here: the loop dropped this pipe (the stage is over).
+        if tx.blocking_send(output).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// The outcome of [`InputPipe::offer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offer {
+    /// This many bytes from the front were handed to the stdin thread.
+    Taken(usize),
+    /// The thread is still busy with what it has; try again when
+    /// [`InputPipe::ready`] resolves.
+    Busy,
+    /// The stage closed its stdin: nothing more can be written.
+    Closed,
+}
+
+/// The supervisor's end of a stage's stdin.
+pub(crate) struct InputPipe {
+    chunks: mpsc::Sender<Vec<u8>>,
+}
+
+impl InputPipe {
+    /// Starts the thread `name` that writes to `pipe`.
+    pub(crate) fn start(
+        name: &'static str,
+        pipe: impl Write + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let (chunks, rx) = mpsc::channel(1);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || write_input(pipe, rx))?;
+        Ok(Self { chunks })
+    }
+
+    /// Hands the start of `bytes` (at most [`MAX_INPUT_CHUNK`]) to the
+    /// thread without waiting.
+    pub(crate) fn offer(&self, bytes: &[u8]) -> Offer {
+        let take = bytes.len().min(MAX_INPUT_CHUNK);
+        match self.chunks.try_send(bytes[..take].to_vec()) {
+            Ok(()) => Offer::Taken(take),
+            Err(TrySendError::Full(_)) => Offer::Busy,
+            Err(TrySendError::Closed(_)) => Offer::Closed,
+        }
+    }
+
+    /// Resolves once [`InputPipe::offer`] would not be [`Offer::Busy`].
+    pub(crate) async fn ready(&self) {
+        // Taking and dropping a permit only waits for a free slot (or for
+        // the thread to be gone).
+        let _ = self.chunks.reserve().await;
+    }
+}
+
+fn write_input(mut pipe: impl Write, mut rx: mpsc::Receiver<Vec<u8>>) {
+    while let Some(chunk) = rx.blocking_recv() {
+        // `write_all` retries on EINTR. Any other error (EPIPE: the stage
+        // closed its stdin) ends the thread, which closes the channel.
+        if pipe.write_all(&chunk).is_err() {
+            return;
+        }
+    }
+    // The loop dropped its end: `pipe` is closed here, and the stage reads
+    // EOF after the last chunk.
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    fn os_pipe() -> (std::fs::File, std::fs::File) {
+        let (read, write) = nix::unistd::pipe().expect("pipe");
+        (std::fs::File::from(read), std::fs::File::from(write))
+    }
+
+    #[test]
+    fn output_comes_in_order_then_eof() {
+        runtime().block_on(async {
+            let (read, mut write) = os_pipe();
+            let mut pipe = OutputPipe::start("test-output", read).expect("start");
+            let writer = std::thread::spawn(move || {
+                for i in 0..100u32 {
+                    write.write_all(&i.to_be_bytes()).expect("write");
+                }
+                let big = vec![7u8; 3 * MAX_OUTPUT_CHUNK];
+                write.write_all(&big).expect("write");
+            });
+            let mut received = Vec::new();
+            loop {
+                match pipe.recv().await {
+                    Output::Data(data) => {
+                        assert!(!data.is_empty() && data.len() <= MAX_OUTPUT_CHUNK);
+                        received.extend(data);
+                    }
+                    Output::Eof => break,
+                    Output::Failed(error) => panic!("read failed: {error}"),
+                }
+            }
+            writer.join().expect("writer");
+            let mut expected: Vec<u8> = (0..100u32).flat_map(u32::to_be_bytes).collect();
+            expected.extend(vec![7u8; 3 * MAX_OUTPUT_CHUNK]);
+            assert_eq!(received, expected);
+        });
+    }
+
+    #[test]
+    fn input_is_written_in_order_and_closed_when_dropped() {
+        runtime().block_on(async {
+            let (mut read, write) = os_pipe();
+            let reader = std::thread::spawn(move || {
+                let mut all = Vec::new();
+                read.read_to_end(&mut all).expect("read");
+                all
+            });
+            let pipe = InputPipe::start("test-input", write).expect("start");
+            let mut queued: Vec<u8> = (0..(3 * MAX_INPUT_CHUNK + 5))
+                .map(|i| u8::try_from(i % 251).expect("byte"))
+                .collect();
+            let expected = queued.clone();
+            while !queued.is_empty() {
+                match pipe.offer(&queued) {
+                    Offer::Taken(taken) => {
+                        assert!(taken <= MAX_INPUT_CHUNK);
+                        queued.drain(..taken);
+                    }
+                    Offer::Busy => pipe.ready().await,
+                    Offer::Closed => panic!("closed"),
+                }
+            }
+            drop(pipe);
+            // EOF reaches the reader only once everything was written.
+            assert_eq!(reader.join().expect("reader"), expected);
+        });
+    }
+
+    #[test]
+    fn input_to_a_closed_pipe_reports_closed() {
+        runtime().block_on(async {
+            let (read, write) = os_pipe();
+            drop(read);
+            let pipe = InputPipe::start("test-input", write).expect("start");
+            // The first chunk is taken; its write fails with EPIPE and the
+            // thread ends, after which the pipe reports closed.
+            assert_eq!(pipe.offer(b"lost"), Offer::Taken(4));
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match pipe.offer(b"more") {
+                    Offer::Closed => break,
+                    Offer::Taken(_) | Offer::Busy => {
+                        assert!(tokio::time::Instant::now() < deadline, "never closed");
+                        tokio::time::timeout(Duration::from_millis(20), pipe.ready())
+                            .await
+                            .ok();
+                    }
+                }
+            }
+        });
+    }
+}
