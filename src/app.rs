@@ -344,7 +344,7 @@ pub async fn installed_catalog(
     let images: Vec<String> = catalog.all().iter().map(|l| l.image_ref()).collect();
     let failing = engine.readiness(&images, IMAGE_CHECK_TIMEOUT).await;
     if let Some((_, message)) = failing.iter().find(|(check, _)| check == "docker") {
-        tracing::warn!(error = %message, "Cannot list the runner images; offering every language of the catalog.");
+        tracing::warn!(error = %message, "cannot list the runner images; offering every language of the catalog");
         return catalog.clone();
     }
     let missing: HashSet<&str> = failing
@@ -359,14 +359,14 @@ pub async fn installed_catalog(
         .map(|l| l.id.as_str())
         .collect();
     if installed.all().is_empty() {
-        tracing::error!("No runner image is built: every job will fail; run scripts/build-images.");
+        tracing::error!("no runner image is built: every job will fail; run scripts/build-images");
     } else {
-        tracing::info!(languages = %installed.ids().join(","), "The worker offers these languages.");
+        tracing::info!(languages = %installed.ids().join(","), "the worker offers these languages");
     }
     if !absent.is_empty() {
         tracing::info!(
             languages = %absent.join(","),
-            "Languages not offered (no image; scripts/build-images LANG builds one)."
+            "languages not offered (no image; scripts/build-images LANG builds one)"
         );
     }
     installed

@@ -215,7 +215,7 @@ pub(super) async fn put(
                 from = %rfc3339(entry.from_ms),
                 until = %rfc3339(entry.until_ms),
                 api_key = %caller.name,
-                "Warm capacity scheduled."
+                "warm capacity scheduled"
             );
             Ok((StatusCode::CREATED, Json(EntryView::new(entry, now))).into_response())
         }
@@ -260,7 +260,7 @@ pub(super) async fn delete(
 ) -> Result<StatusCode, ApiError> {
     caller.require_admin()?;
     if state.inner.store.capacity().delete(&id).await? {
-        tracing::info!(capacity.id = %id, api_key = %caller.name, "Warm capacity entry ended.");
+        tracing::info!(capacity.id = %id, api_key = %caller.name, "warm capacity entry ended");
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::NotFound("capacity entry not found"))

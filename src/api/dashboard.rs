@@ -136,7 +136,7 @@ pub(super) async fn sample(state: ApiState, shutdown: CancellationToken) {
                 Some(depth)
             }
             Err(error) => {
-                tracing::debug!(error = %error, "Cannot read the queue depth for the dashboard.");
+                tracing::debug!(error = %error, "cannot read the queue depth for the dashboard");
                 None
             }
         };

@@ -214,13 +214,13 @@ impl IntoResponse for ApiError {
         let status = self.status();
         match &self {
             ApiError::Unavailable(error) => {
-                tracing::warn!(error = %error, "Redis failed; answering 503.");
+                tracing::warn!(error = %error, "Redis failed; answering 503");
             }
             other => tracing::debug!(
                 status = status.as_u16(),
                 code = other.code(),
                 message = %other,
-                "Request refused."
+                "request refused"
             ),
         }
         let mut response = (status, Json(self.body())).into_response();

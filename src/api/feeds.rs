@@ -131,7 +131,7 @@ impl Feeds {
             let instance = self.inner.instance.clone();
             tokio::spawn(async move {
                 if let Err(error) = store.events().ring_doorbell(&instance).await {
-                    tracing::debug!(error = %error, "Cannot ring the events reader's doorbell.");
+                    tracing::debug!(error = %error, "cannot ring the events reader's doorbell");
                 }
             });
         }
@@ -256,7 +256,7 @@ impl Feeds {
             match outcome {
                 Ok(()) => backoff = Duration::from_millis(100),
                 Err(error) => {
-                    tracing::warn!(error = %error, "Reading the followed jobs' events failed; their streams close.");
+                    tracing::warn!(error = %error, "reading the followed jobs' events failed; their streams close");
                     conn = None;
                     self.publish_all(Update::Failed);
                     tokio::select! {

@@ -319,7 +319,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             // so the client polls instead of submitting it again.
             Ok(None) => {}
             Err(error) => {
-                tracing::warn!(job.id = %id, error = %error, "Cannot follow an accepted job; answering 202.");
+                tracing::warn!(job.id = %id, error = %error, "cannot follow an accepted job; answering 202");
             }
         }
     }
@@ -379,7 +379,7 @@ pub(super) async fn cancel(
     let cancelled = cancelled_result(&state.inner.catalog, &record.language);
     match store.jobs().cancel(&id, &cancelled).await? {
         CancelOutcome::Cancelled => {
-            tracing::info!(job.id = %id, api_key = %caller.name, "Queued job cancelled.");
+            tracing::info!(job.id = %id, api_key = %caller.name, "queued job cancelled");
             let record = store
                 .jobs()
                 .get(&id)
@@ -388,7 +388,7 @@ pub(super) async fn cancel(
             Ok((StatusCode::OK, Json(JobView::new(record))).into_response())
         }
         CancelOutcome::Requested => {
-            tracing::info!(job.id = %id, api_key = %caller.name, "Cancellation of a running job requested.");
+            tracing::info!(job.id = %id, api_key = %caller.name, "cancellation of a running job requested");
             let record = store
                 .jobs()
                 .get(&id)

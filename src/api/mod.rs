@@ -260,7 +260,7 @@ impl ApiState {
             Ok(Some(ids)) => self.inner.catalog.only(|l| ids.contains(&l.id)),
             Ok(None) => self.inner.catalog.clone(),
             Err(error) => {
-                tracing::warn!(error = %error, "Cannot read the workers' languages; offering the whole catalog.");
+                tracing::warn!(error = %error, "cannot read the workers' languages; offering the whole catalog");
                 self.inner.catalog.clone()
             }
         }
@@ -311,7 +311,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(address = %address, "The API is listening.");
+        tracing::info!(address = %address, "the API is listening");
     }
     let sessions = state.sessions.clone();
     if state
@@ -335,7 +335,7 @@ pub async fn serve(
     {
         tracing::warn!(
             sessions = sessions.len(),
-            "WebSocket sessions did not close in time."
+            "WebSocket sessions did not close in time"
         );
     }
     served
@@ -356,7 +356,7 @@ pub async fn serve_ops(
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     if let Ok(address) = listener.local_addr() {
-        tracing::info!(address = %address, "The metrics endpoint is listening.");
+        tracing::info!(address = %address, "the metrics endpoint is listening");
     }
     let docker = engine.map(|engine| ops::DockerCheck::new(engine, offered));
     let app = ops::router(ops::OpsState::new(store, metrics, docker))
@@ -377,7 +377,7 @@ async fn log_request(request: Request, next: Next) -> Response {
         http.path = %path,
         http.status = response.status().as_u16(),
         elapsed_ms = started.elapsed().as_millis() as u64,
-        "Request served."
+        "request served"
     );
     response
 }

@@ -135,7 +135,7 @@ async fn readyz(State(ops): State<OpsState>) -> Response {
     }
     let ready = failing.is_empty();
     if !ready {
-        tracing::debug!(failing = ?failing, "Not ready.");
+        tracing::debug!(failing = ?failing, "not ready");
     }
     let status = if ready {
         StatusCode::OK
@@ -161,7 +161,7 @@ async fn metrics(State(ops): State<OpsState>) -> Response {
             .queue_depth
             .set(i64::try_from(depth).unwrap_or(i64::MAX)),
         Err(error) => {
-            tracing::warn!(error = %error, "Cannot read the queue depth for /metrics; reporting the last value.");
+            tracing::warn!(error = %error, "cannot read the queue depth for /metrics; reporting the last value");
         }
     }
     (

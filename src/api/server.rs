@@ -87,9 +87,9 @@ pub async fn serve(
             Ok(accepted) => accepted,
             Err(error) => match accept_pause(&error) {
                 Some(pause) => {
-                    tracing::debug!(error = %error, "Accepting a connection failed.");
+                    tracing::debug!(error = %error, "accepting a connection failed");
                     if !pause.is_zero() {
-                        tracing::warn!(error = %error, "Cannot accept connections for now; pausing.");
+                        tracing::warn!(error = %error, "cannot accept connections for now; pausing");
                         tokio::time::sleep(pause).await;
                     }
                     continue;
@@ -107,7 +107,7 @@ pub async fn serve(
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {
-                tracing::debug!(error = %error, "An HTTP connection ended with an error.");
+                tracing::debug!(error = %error, "an HTTP connection ended with an error");
             }
         });
     };

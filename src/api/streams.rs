@@ -233,14 +233,14 @@ pub(super) async fn websocket(
         message: rejection.body_text().to_lowercase(),
     })?;
     let permit = state.stream_caps.acquire(&record.api_key, &id)?;
-    tracing::debug!(job.id = %id, after, "WebSocket stream opened.");
+    tracing::debug!(job.id = %id, after, "WebSocket stream opened");
     let sessions = state.sessions.clone();
     Ok(upgrade
         .protocols([SUBPROTOCOL])
         .max_message_size(MAX_WIRE_MESSAGE_BYTES)
         .max_frame_size(MAX_WIRE_MESSAGE_BYTES)
         .on_failed_upgrade(|error| {
-            tracing::debug!(error = %error, "A WebSocket upgrade failed.");
+            tracing::debug!(error = %error, "a WebSocket upgrade failed");
         })
         .on_upgrade(move |socket| {
             sessions.track_future(session(socket, state, id, after, access, permit))
@@ -303,7 +303,7 @@ async fn session(
                 None => handle_frame(&state.inner.store, &id, text.as_str(), budgets).await,
             },
             Some(Err(error)) => {
-                tracing::debug!(job.id = %id, error = %error, "A WebSocket read failed.");
+                tracing::debug!(job.id = %id, error = %error, "a WebSocket read failed");
                 let _ = outbox
                     .send(close(
                         close_code::SIZE,
@@ -322,9 +322,9 @@ async fn session(
     follower.abort();
     drop(outbox);
     if tokio::time::timeout(CLOSE_GRACE, writer).await.is_err() {
-        tracing::debug!(job.id = %id, "A WebSocket writer did not finish in time.");
+        tracing::debug!(job.id = %id, "a WebSocket writer did not finish in time");
     }
-    tracing::debug!(job.id = %id, "WebSocket stream closed.");
+    tracing::debug!(job.id = %id, "WebSocket stream closed");
 }
 
 /// Why a client frame of a token-holder may not be acted on any more: the
@@ -355,7 +355,7 @@ async fn write_frames(
             Ok(_) => break,
             Err(_) => {
                 tracing::debug!(
-                    "A WebSocket client took no frame for {WRITE_TIMEOUT:?}; closing it."
+                    "a WebSocket client took no frame for {WRITE_TIMEOUT:?}; closing it"
                 );
                 break;
             }
@@ -390,7 +390,7 @@ async fn follow(mut subscription: Subscription, outbox: mpsc::Sender<Message>) {
                 );
             }
             Step::Failed(error) => {
-                tracing::warn!(job.id = %id, error = %error, "Following a job's events failed.");
+                tracing::warn!(job.id = %id, error = %error, "following a job's events failed");
                 break close(
                     close_code::ERROR,
                     "the job store is unavailable; reconnect with ?after=<last seq>",
@@ -467,7 +467,7 @@ async fn handle_frame(
         Ok(InputOutcome::Ended(_)) => Some("the job has ended".to_string()),
         Ok(InputOutcome::Missing) => Some("the job no longer exists".to_string()),
         Err(error) => {
-            tracing::warn!(job.id = %id, error = %error, "Cannot pass a client frame on.");
+            tracing::warn!(job.id = %id, error = %error, "cannot pass a client frame on");
             Some("the job store is unavailable; the frame was not delivered, send it again".into())
         }
     }
@@ -526,7 +526,7 @@ pub(super) async fn events(
     } else {
         None
     };
-    tracing::debug!(job.id = %id, after, "Event stream opened.");
+    tracing::debug!(job.id = %id, after, "event stream opened");
     let stream = futures_util::stream::unfold(
         Some((follower, first, permit)),
         |state| async move {
@@ -543,7 +543,7 @@ pub(super) async fn events(
                 Step::Ended | Step::Shutdown => None,
                 Step::Gone => Some((vec![sse_error("the job no longer exists (it expired)")], None)),
                 Step::Failed(error) => {
-                    tracing::warn!(job.id = %follower.id(), error = %error, "Following a job's events failed.");
+                    tracing::warn!(job.id = %follower.id(), error = %error, "following a job's events failed");
                     Some((
                         vec![sse_error(
                             "the job store is unavailable; reconnect with Last-Event-ID",

@@ -128,7 +128,7 @@ pub(super) async fn submit(
             tracing::debug!(
                 target: "code_runner::api::jobs",
                 { job.id = %id, api_key = %caller.name },
-                "Idempotent submit: answering with the existing job."
+                "idempotent submit: answering with the existing job"
             );
             Ok(Admitted {
                 id,

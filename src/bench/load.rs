@@ -313,7 +313,7 @@ impl EventSink for Timing {
         if let Some(input) = &self.input
             && input.try_send(outgoing).is_err()
         {
-            tracing::warn!("The benchmark's stdin frame could not be queued.");
+            tracing::warn!("the benchmark's stdin frame could not be queued");
         }
     }
 

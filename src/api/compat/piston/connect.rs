@@ -226,19 +226,19 @@ async fn send_control(state: &ApiState, id: &str, control: Control) -> Result<()
             | InputOutcome::TooManyMessages { .. }
             | InputOutcome::KeyStorage { .. }),
         ) => {
-            tracing::debug!(job.id = %id, ?refused, "A Piston session's input was refused.");
+            tracing::debug!(job.id = %id, ?refused, "a Piston session's input was refused");
             Err(close(4002, "Notified Error"))
         }
         Ok(InputOutcome::Missing) => Err(close(4002, "Notified Error")),
         Err(error) => {
-            tracing::warn!(job.id = %id, error = %error, "Cannot pass Piston stdin on.");
+            tracing::warn!(job.id = %id, error = %error, "cannot pass Piston stdin on");
             Err(close(1011, "the job store is unavailable"))
         }
     }
 }
 
 fn over_budget(used: u64, max: u64) -> Message {
-    tracing::debug!(used, max, "A Piston session went over its stdin budget.");
+    tracing::debug!(used, max, "a Piston session went over its stdin budget");
     close(4002, "Notified Error")
 }
 
