@@ -15,6 +15,7 @@
 //! - `uids`: one uid per live sandbox on a host.
 //! - `seccomp`: loading and checking the profile.
 
+mod connection;
 mod container;
 pub mod pool;
 mod seccomp;

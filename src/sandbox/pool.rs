@@ -40,8 +40,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::SandboxEngine;
+use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, warm_container_name};
-use super::session::{Connection, StartFailure, Started, start, unix_ms};
+use super::session::{Started, unix_ms};
 use crate::job::{PreparedJob, StartKind};
 
 /// Longest wait for a member's task to hand its sandbox over.
