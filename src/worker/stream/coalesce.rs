@@ -1,4 +1,4 @@
-//! The coalescing policy of a job's events stream: when waiting output goes out, and how it is merged into events.
+//! The events stream's coalescing policy: when waiting output goes out and how it merges into events.
 
 use std::time::Duration;
 
