@@ -1,0 +1,61 @@
+//! The Redis settings: where the shared state lives and how long results are kept.
+
+use clap::Args;
+
+use super::ConfigError;
+
+/// Where the shared state lives.
+#[derive(Debug, Clone, Args)]
+pub struct RedisSettings {
+    /// Redis URL (it may hold a password, so `--help` never shows the
+    /// environment's value).
+    #[arg(
+        long,
+        env = "CODE_RUNNER_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        hide_env_values = true
+    )]
+    pub redis_url: String,
+
+    /// Prefix of every Redis key (e.g. `cr:`), to share one Redis.
+    #[arg(long, env = "CODE_RUNNER_REDIS_PREFIX", default_value = "")]
+    pub redis_prefix: String,
+
+    /// Connections in the Redis pool (blocking reads use their own).
+    #[arg(long, env = "CODE_RUNNER_REDIS_POOL_SIZE", default_value_t = 16)]
+    pub redis_pool_size: usize,
+
+    /// How long a finished job (its key and streams) is kept, in seconds.
+    #[arg(long, env = "CODE_RUNNER_RESULT_TTL_SECS", default_value_t = 3600)]
+    pub result_ttl_secs: u64,
+}
+
+impl RedisSettings {
+    pub fn build(&self) -> Result<crate::store::Store, ConfigError> {
+        if !(self.redis_url.starts_with("redis://") || self.redis_url.starts_with("rediss://")) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_REDIS_URL",
+                format!("{:?} is not a redis:// URL", self.redis_url),
+            ));
+        }
+        if self.redis_pool_size == 0 || self.redis_pool_size > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_REDIS_POOL_SIZE",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.result_ttl_secs == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_RESULT_TTL_SECS",
+                "must be at least 1",
+            ));
+        }
+        crate::store::Store::new(
+            &self.redis_url,
+            &self.redis_prefix,
+            std::time::Duration::from_secs(self.result_ttl_secs),
+            self.redis_pool_size,
+        )
+        .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))
+    }
+}

@@ -1,0 +1,161 @@
+//! The worker role's settings: its id, slots, heartbeat, drain and warm pool.
+
+use clap::Args;
+
+use super::ConfigError;
+use crate::languages::LanguageCatalog;
+
+/// The worker role.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerSettings {
+    /// This worker's id (in heartbeats, processing lists and container
+    /// labels); unique per process. Default: hostname and a random suffix.
+    #[arg(long, env = "CODE_RUNNER_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// Most sandboxes this worker runs at once.
+    #[arg(long, env = "CODE_RUNNER_WORKER_MAX_SANDBOXES", default_value_t = 4)]
+    pub worker_max_sandboxes: usize,
+
+    /// How often the heartbeat is refreshed, in milliseconds.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_HEARTBEAT_INTERVAL_MS",
+        default_value_t = 5000
+    )]
+    pub heartbeat_interval_ms: u64,
+
+    /// On SIGTERM: how long running jobs may go on before they are killed, in
+    /// milliseconds.
+    #[arg(long, env = "CODE_RUNNER_DRAIN_TIMEOUT_MS", default_value_t = 30000)]
+    pub drain_timeout_ms: u64,
+
+    /// Address of the worker role's own /metrics and /healthz (the `worker`
+    /// command; `serve` uses the API's address).
+    #[arg(
+        long,
+        env = "CODE_RUNNER_WORKER_LISTEN",
+        default_value = "127.0.0.1:8081"
+    )]
+    pub worker_listen: std::net::SocketAddr,
+
+    /// Warm sandboxes to keep ready per language when no capacity schedule
+    /// says otherwise, as language=count,… (e.g. `python=4,javascript=2`).
+    #[arg(long, env = "CODE_RUNNER_WARM", default_value = "")]
+    pub warm: String,
+
+    /// Most warm sandboxes this worker keeps (0: no warm pool). They are
+    /// never counted as free slots.
+    #[arg(long, env = "CODE_RUNNER_WARM_MAX", default_value_t = 0)]
+    pub warm_max: usize,
+
+    /// A warm sandbox older than this is replaced (images change), in
+    /// seconds.
+    #[arg(long, env = "CODE_RUNNER_WARM_LIFETIME_SECS", default_value_t = 600)]
+    pub warm_lifetime_secs: u64,
+}
+
+impl WorkerSettings {
+    /// The per-language warm floors of `CODE_RUNNER_WARM`, checked against
+    /// the catalog and `CODE_RUNNER_WARM_MAX`.
+    pub fn warm_floors(
+        &self,
+        catalog: &LanguageCatalog,
+    ) -> Result<std::collections::BTreeMap<String, usize>, ConfigError> {
+        let error = |message: String| ConfigError::new("CODE_RUNNER_WARM", message);
+        if self.warm_max > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WARM_MAX",
+                "must be between 0 and 1024",
+            ));
+        }
+        if self.warm_lifetime_secs < 10 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WARM_LIFETIME_SECS",
+                "must be at least 10",
+            ));
+        }
+        let mut floors = std::collections::BTreeMap::new();
+        for entry in self
+            .warm
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
+            let (name, count) = entry
+                .split_once('=')
+                .ok_or_else(|| error(format!("{entry:?} is not language=count")))?;
+            let language = catalog.find(name.trim()).ok_or_else(|| {
+                error(format!(
+                    "unknown language {:?}; known: {}",
+                    name.trim(),
+                    catalog.ids().join(", ")
+                ))
+            })?;
+            let count: usize = count
+                .trim()
+                .parse()
+                .map_err(|_| error(format!("{:?} is not a count", count.trim())))?;
+            if floors.insert(language.id.clone(), count).is_some() {
+                return Err(error(format!("{} is given twice", language.id)));
+            }
+        }
+        let total: usize = floors.values().sum();
+        if total > self.warm_max {
+            return Err(error(format!(
+                "asks for {total} warm sandboxes but CODE_RUNNER_WARM_MAX is {}",
+                self.warm_max
+            )));
+        }
+        Ok(floors)
+    }
+
+    /// The worker's id, with the settings checked; `heartbeat_ttl_ms` is
+    /// the reaper settings' (every process with a worker runs a reaper).
+    pub fn validate(&self, heartbeat_ttl_ms: u64) -> Result<String, ConfigError> {
+        if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WORKER_MAX_SANDBOXES",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HEARTBEAT_INTERVAL_MS",
+                "must be at least 1",
+            ));
+        }
+        if heartbeat_ttl_ms < self.heartbeat_interval_ms * 2 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HEARTBEAT_TTL_MS",
+                format!(
+                    "{} is less than twice the heartbeat interval ({})",
+                    heartbeat_ttl_ms, self.heartbeat_interval_ms
+                ),
+            ));
+        }
+        let id = match &self.worker_id {
+            Some(id) => id.clone(),
+            None => {
+                let host = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .unwrap_or_else(|| "worker".into());
+                let suffix = uuid::Uuid::new_v4().simple().to_string();
+                format!("{host}-{}", &suffix[..8])
+            }
+        };
+        if id.is_empty()
+            || id.len() > 64
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_WORKER_ID",
+                format!("{id:?} must be 1-64 letters, digits, '-', '_' or '.'"),
+            ));
+        }
+        Ok(id)
+    }
+}

@@ -1,0 +1,202 @@
+//! The stages a prepared job runs: the catalog's commands with their placeholders filled in.
+
+use std::collections::BTreeMap;
+
+use super::limits::{CompileLimits, Limits};
+use super::{JobSpec, WORKSPACE};
+use crate::languages::Language;
+use crate::protocol::{BundleFile, StageLimits, StageSpec};
+
+/// The catalog's argv with its placeholders filled in (see
+/// `runner-images/languages.toml`): `{entry}`, `{entry_stem}`,
+/// `{entry_base}` (the entry's path without its extension),
+/// `{entry_class}` (that path as a dotted class name, for the JVM), and
+/// `{sources}`, an argument of its own that becomes every submitted file
+/// with one of the language's extensions, the entry first.
+fn expand(argv: &[String], entry: &str, sources: &[String]) -> Vec<String> {
+    let file_name = entry.rsplit('/').next().unwrap_or(entry);
+    let stem = file_name
+        .rsplit_once('.')
+        .map_or(file_name, |(stem, _)| stem);
+    let base = &entry[..entry.len() - (file_name.len() - stem.len())];
+    let class = base.replace('/', ".");
+    let mut expanded = Vec::with_capacity(argv.len() + sources.len());
+    for arg in argv {
+        if arg == "{sources}" {
+            expanded.extend(sources.iter().cloned());
+            continue;
+        }
+        expanded.push(
+            arg.replace("{entry}", entry)
+                .replace("{entry_stem}", stem)
+                .replace("{entry_base}", base)
+                .replace("{entry_class}", &class),
+        );
+    }
+    expanded
+}
+
+/// The files `{sources}` stands for: the entry, then every other file whose
+/// extension is one of the language's, in the order given.
+pub(super) fn source_files(language: &Language, entry: &str, files: &[BundleFile]) -> Vec<String> {
+    let is_source = |path: &str| {
+        std::path::Path::new(path)
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| language.extensions.contains(&e.to_lowercase()))
+    };
+    std::iter::once(entry.to_string())
+        .chain(
+            files
+                .iter()
+                .map(|f| f.path.clone())
+                .filter(|p| p != entry && is_source(p)),
+        )
+        .collect()
+}
+
+pub(super) fn build_stages(
+    spec: &JobSpec,
+    language: &Language,
+    entry: &str,
+    sources: &[String],
+    limits: &Limits,
+    compile_limits: Option<&CompileLimits>,
+) -> Vec<StageSpec> {
+    let mut env: BTreeMap<String, String> = BTreeMap::from([
+        (
+            "PATH".to_string(),
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        ),
+        ("HOME".to_string(), "/tmp".to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+        ("TMPDIR".to_string(), "/tmp".to_string()),
+    ]);
+    env.extend(language.env.clone());
+    env.extend(spec.env.clone());
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    let fsize_bytes = limits.disk_mb * 1024 * 1024;
+    let nofile = 256;
+
+    let mut stages = Vec::new();
+    if let (Some(compile), Some(compile_limits)) = (&language.compile, compile_limits) {
+        stages.push(StageSpec {
+            name: "compile".into(),
+            argv: expand(compile, entry, sources),
+            env: env.clone(),
+            cwd: WORKSPACE.into(),
+            stdin: false,
+            limits: StageLimits {
+                wall_ms: compile_limits.wall_ms,
+                idle_ms: None,
+                cpu_ms: compile_limits.cpu_ms,
+                output_bytes: compile_limits.output_bytes,
+                fsize_bytes,
+                nofile,
+                nproc: None,
+                cpu_quota_millis: None,
+            },
+        });
+    }
+    let mut run = expand(&language.run, entry, sources);
+    run.extend(spec.args.iter().cloned());
+    stages.push(StageSpec {
+        name: "run".into(),
+        argv: run,
+        env,
+        cwd: WORKSPACE.into(),
+        stdin: true,
+        limits: StageLimits {
+            wall_ms: limits.wall_ms,
+            idle_ms: spec.interactive.then_some(limits.idle_ms),
+            cpu_ms: limits.cpu_ms,
+            output_bytes: limits.output_bytes,
+            fsize_bytes,
+            nofile,
+            nproc: None,
+            cpu_quota_millis: None,
+        },
+    });
+    stages
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::limits::LimitPolicy;
+    use crate::job::prepare;
+    use crate::job::tests::spec;
+    use crate::languages::LanguageCatalog;
+
+    #[test]
+    fn a_c_job_has_compile_then_run() {
+        let job = prepare(
+            &spec("c", &[("main.c", "int main(){}")]),
+            &LanguageCatalog::embedded().unwrap(),
+            &LimitPolicy::default(),
+        )
+        .unwrap();
+        let names: Vec<&str> = job.bundle.stages.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["compile", "run"]);
+        assert!(job.bundle.stages[0].argv.contains(&"main.c".to_string()));
+        assert!(!job.bundle.stages[0].stdin);
+        assert_eq!(job.bundle.stages[1].argv, ["./main"]);
+    }
+
+    #[test]
+    fn placeholders_name_the_entry_and_every_source() {
+        let sources = vec![
+            "com/acme/Main.java".to_string(),
+            "com/acme/Util.java".to_string(),
+        ];
+        let argv: Vec<String> = [
+            "javac",
+            "{sources}",
+            "-d",
+            ".",
+            "{entry_class}",
+            "{entry_base}.js",
+            "{entry_stem}",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            expand(&argv, "com/acme/Main.java", &sources),
+            [
+                "javac",
+                "com/acme/Main.java",
+                "com/acme/Util.java",
+                "-d",
+                ".",
+                "com.acme.Main",
+                "com/acme/Main.js",
+                "Main"
+            ]
+        );
+        assert_eq!(expand(&argv[4..5], "Main", &[]), ["Main"]);
+    }
+
+    #[test]
+    fn sources_are_the_entry_then_the_other_files_of_the_language() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let job = prepare(
+            &spec(
+                "c",
+                &[
+                    ("util.c", ""),
+                    ("include/util.h", ""),
+                    ("main.c", ""),
+                    ("notes.txt", ""),
+                ],
+            ),
+            &catalog,
+            &LimitPolicy::default(),
+        )
+        .unwrap();
+        let compile = &job.bundle.stages[0].argv;
+        let main = compile.iter().position(|a| a == "main.c").unwrap();
+        assert_eq!(compile[main + 1], "util.c");
+        assert!(!compile.contains(&"include/util.h".to_string()));
+        assert!(!compile.contains(&"notes.txt".to_string()));
+    }
+}
