@@ -75,7 +75,7 @@ impl Batch {
 
 enum Attempt {
     Written,
-    /// The job is not running any more (the reaper settled it): nothing
+    /// The job is not running any more (the reaper took it back or settled it): nothing
     /// more can be appended.
     JobEnded,
     Failed(String),
@@ -184,7 +184,7 @@ impl EventStream {
                 done = async { in_flight.as_mut().expect("checked").await }, if in_flight.is_some() => {
                     in_flight = None;
                     let (batch, attempt) = done;
-                    if let Some(delay) = self.settle(batch, attempt, true) {
+                    if let Some(delay) = self.book_append(batch, attempt, true) {
                         retry_at = Some(Instant::now() + delay);
                     }
                 }
@@ -286,7 +286,7 @@ impl EventStream {
 
     /// Books the outcome of an append; the delay before the next attempt
     /// when it failed (the batch is then first in line again).
-    fn settle(&mut self, batch: Batch, attempt: Attempt, running: bool) -> Option<Duration> {
+    fn book_append(&mut self, batch: Batch, attempt: Attempt, running: bool) -> Option<Duration> {
         match attempt {
             Attempt::Written => {
                 self.backoff.reset();
@@ -359,7 +359,7 @@ impl EventStream {
                 _ => return,
             };
             let count = returned.events.len();
-            let Some(delay) = self.settle(returned, attempt, false) else {
+            let Some(delay) = self.book_append(returned, attempt, false) else {
                 return;
             };
             if !sleep_unless_cancelled(delay, give_up).await || !worker.reannounce(give_up).await {
