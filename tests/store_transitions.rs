@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use code_runner::job::events::JobEvent;
 use code_runner::job::lifecycle::{MOVES, Step};
-use code_runner::job::{JobResult, JobSpec, Status, Timings};
+use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
     Admission, Control, InputBudgets, LostResults, NewJob, ReapPolicy, Retry, RunningJob, Store,
     StoreError, now_ms,
@@ -105,17 +105,7 @@ fn spec() -> JobSpec {
 }
 
 fn result(status: Status) -> JobResult {
-    JobResult {
-        status,
-        language: "python".into(),
-        version: "3".into(),
-        compile: None,
-        run: None,
-        error: None,
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(status, "python", "3")
 }
 
 /// Sets up job `id` in `status` (`None`: no job), claimed by [`WORKER`]

@@ -10,11 +10,11 @@ if redis.call('HGET', job_key, 'status') ~= 'running'
   or redis.call('HGET', job_key, 'started_ms') ~= started_ms then
   return {'changed'}
 end
-local seq, from = settle_job(job_key, events_key, stdin_key, id, 'error', result, nil, now_ms, ttl,
-  '{"type":"exit","status":"error","result":' .. result .. '}')
+local attempt = redis.call('HGET', job_key, 'attempts') or '0'
+local seq, from = settle_verdict(job_key, events_key, stdin_key, id, result, now_ms, ttl, worker,
+  attempt, late_window_ms)
 if not seq then
   return refused(from, 'error')
 end
-give_up(job_key, worker, redis.call('HGET', job_key, 'attempts') or '0', now_ms, late_window_ms, seq)
 redis.call('LREM', processing_key, 0, id)
 return {'given_up'}

@@ -129,3 +129,17 @@ local function give_up(job, worker, attempt, now, window, seq)
     redis.call('HDEL', job, 'verdict_seq')
   end
 end
+
+-- Settles a running job with the platform's `error` verdict `result`
+-- (carried by its own exit event, since a late real result may replace
+-- the job's) and records that it gave up on `worker`'s `attempt`. Returns
+-- nil and the job's status when the table refuses the move.
+local function settle_verdict(job, events, stdin, id, result, now, ttl, worker, attempt, window)
+  local seq, from = settle_job(job, events, stdin, id, 'error', result, nil, now, ttl,
+    '{"type":"exit","status":"error","result":' .. result .. '}')
+  if not seq then
+    return nil, from
+  end
+  give_up(job, worker, attempt, now, window, seq)
+  return seq
+end

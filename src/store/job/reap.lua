@@ -78,11 +78,10 @@ if retry ~= 'never' and tonumber(attempts) < tonumber(redis.call('HGET', job_key
   redis.call('RPUSH', queue_key, id)
   return {'retried', attempts}
 end
-local seq, from = settle_job(job_key, events_key, stdin_key, id, 'error', running_result, nil, now_ms, ttl,
-  '{"type":"exit","status":"error","result":' .. running_result .. '}')
+local seq, from = settle_verdict(job_key, events_key, stdin_key, id, running_result, now_ms, ttl,
+  worker, attempts, late_window_ms)
 if not seq then
   return refused(from, 'error')
 end
-give_up(job_key, worker, attempts, now_ms, late_window_ms, seq)
 redis.call('LREM', processing_key, 0, id)
 return {'worker_lost', attempts}
