@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use code_runner::api::{ApiConfig, ApiKeys, ApiState, Scope, TokenSigner};
 use code_runner::job::limits::LimitPolicy;
-use code_runner::job::{JobResult, Status, Timings};
+use code_runner::job::{JobResult, Status};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
 use code_runner::store::{Keys, StartOutcome, Store};
@@ -482,17 +482,7 @@ async fn claim_and_start(api: &Api, worker: &str) -> String {
 }
 
 fn succeeded() -> JobResult {
-    JobResult {
-        status: Status::Succeeded,
-        language: "python".into(),
-        version: "3".into(),
-        compile: None,
-        run: None,
-        error: None,
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(Status::Succeeded, "python", "3")
 }
 
 #[tokio::test]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use code_runner::job::events::{JobEvent, StageState, StoredEvent};
 use code_runner::job::limits::LimitsRequest;
-use code_runner::job::{JobResult, JobSpec, StartKind, Status, Timings};
+use code_runner::job::{JobResult, JobSpec, StartKind, Status};
 use code_runner::metrics::Metrics;
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
@@ -308,17 +308,7 @@ fn run_stdout(record: &JobRecord) -> String {
 }
 
 fn cancelled_result(language: &str) -> JobResult {
-    JobResult {
-        status: Status::Cancelled,
-        language: language.to_string(),
-        version: String::new(),
-        compile: None,
-        run: None,
-        error: None,
-        reason: None,
-        start: None,
-        timings: Timings::default(),
-    }
+    JobResult::without_stages(Status::Cancelled, language, "")
 }
 
 // ---------------------------------------------------------------------------
