@@ -335,3 +335,36 @@ on_both_paths!(
     an_interactive_job_with_no_input_and_no_output_hits_the_idle_limit,
     the_wall_limit_still_caps_an_interactive_job,
 );
+
+/// The deadline the store keeps for a job (set when it started) bounds the
+/// sandbox even when the job's own wall limit is longer: the worker, the
+/// reaper and a waiting client all go by that one figure.
+#[tokio::test]
+async fn the_stored_deadline_ends_a_job_before_its_wall_limit() {
+    let harness = Harness::new().await;
+    let spec = job_with_limits(
+        "python",
+        "main.py",
+        "import time\nprint('up', flush=True)\ntime.sleep(30)\n",
+        LimitsRequest {
+            wall_ms: Some(25_000),
+            ..Default::default()
+        },
+    );
+    let io = code_runner::sandbox::JobIo {
+        deadline_ms: Some(common::unix_ms() + 4_000),
+        ..Default::default()
+    };
+    let began = Instant::now();
+    let result = harness.run_io(&spec, io).await;
+    let took = began.elapsed();
+    assert_eq!(result.status, Status::TimedOut, "{result:#?}");
+    let run = result.run.as_ref().expect("a run stage");
+    assert_eq!(run.reason, Reason::WallTimeout, "{result:#?}");
+    assert_eq!(stdout(&result), "up\n");
+    assert!(
+        took < Duration::from_secs(15),
+        "the job lasted {took:?}: its stored deadline was 4 s away"
+    );
+    harness.assert_clean().await;
+}

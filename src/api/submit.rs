@@ -10,8 +10,8 @@ use std::time::Duration;
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::job::{JobSpec, PreparedJob};
-use crate::store::{Admission, JobRecord, NewJob, StoreError, SubmitOutcome};
+use crate::job::{JobSpec, PreparedJob, Status};
+use crate::store::{Admission, JobRecord, NewJob, StoreError, SubmitOutcome, now_ms};
 
 /// What a waiting submit allows beyond the job's own wall limits (queueing,
 /// container start, removal), before `max_wait` caps it.
@@ -184,8 +184,10 @@ pub(super) fn count_refusal(state: &ApiState, reason: &'static str) {
         .inc();
 }
 
-/// How long a waiting submit waits for `prepared` to end: its stages' wall
-/// limits and a slack, at most `max_wait`.
+/// How long a waiting submit waits for `prepared` to end while it is still
+/// queued: the wall budget submit stores for it and a slack, at most
+/// `max_wait`. Once the job has started, [`wait_for_end`] goes by the
+/// deadline the store keeps for it.
 fn wait_budget(state: &ApiState, prepared: &PreparedJob) -> Duration {
     state
         .inner
@@ -193,17 +195,47 @@ fn wait_budget(state: &ApiState, prepared: &PreparedJob) -> Duration {
         .min(Duration::from_millis(prepared.stages_wall_ms()) + WAIT_SLACK)
 }
 
+/// How long after its stored deadline a running job's waiter keeps waiting:
+/// the worker reports within its grace, the reaper settles after its own.
+const PAST_DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
 /// Waits until the job is terminal (woken by its `exit` event, not a
 /// timer), `budget` has passed or the server shuts down; returns the job as
-/// it is then (`None`: the job is gone).
+/// it is then (`None`: the job is gone). A job that is running when
+/// `budget` ends is waited for until its stored deadline (and a slack), at
+/// most `max_wait` from the call.
 pub(super) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,
 ) -> Result<Option<JobRecord>, StoreError> {
-    tokio::select! {
-        ended = state.feeds.await_exit(id, budget) => { ended?; }
-        () = state.shutdown.cancelled() => {}
+    let called = tokio::time::Instant::now();
+    let latest = called + state.inner.max_wait;
+    let mut within = budget;
+    loop {
+        tokio::select! {
+            ended = state.feeds.await_exit(id, within) => {
+                if ended? {
+                    break;
+                }
+            }
+            () = state.shutdown.cancelled() => break,
+        }
+        let Some(record) = state.inner.store.jobs().get(id).await? else {
+            return Ok(None);
+        };
+        let until = match record.deadline_ms {
+            Some(deadline_ms) if record.status == Status::Running => {
+                let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms()));
+                (tokio::time::Instant::now() + left + PAST_DEADLINE_SLACK).min(latest)
+            }
+            _ => return Ok(Some(record)),
+        };
+        let now = tokio::time::Instant::now();
+        if until <= now {
+            return Ok(Some(record));
+        }
+        within = until - now;
     }
     state.inner.store.jobs().get(id).await
 }

@@ -395,6 +395,7 @@ async fn through_engine(
         events: Some(events_tx),
         input: echo.is_some().then_some(input_rx),
         cancel,
+        deadline_ms: None,
     };
     let job_id = uuid::Uuid::new_v4().to_string();
     let submitted = Instant::now();

@@ -152,6 +152,11 @@ pub struct JobIo {
     pub input: Option<mpsc::Receiver<JobInput>>,
     /// Cancelling kills the job; its status is then `cancelled`.
     pub cancel: CancellationToken,
+    /// The job's deadline as the store keeps it (unix ms, set when the job
+    /// started): the sandbox is killed by then at the latest and its
+    /// container is labelled with it. `None` (a run outside the daemon):
+    /// the engine takes [`SandboxConfig::job_budget`] from now.
+    pub deadline_ms: Option<u64>,
 }
 
 /// Runs jobs in containers. Cheap to clone.

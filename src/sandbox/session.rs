@@ -166,7 +166,9 @@ pub(super) async fn run_cold(
     let uid = lease.uid();
     let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
     let now = SystemTime::now();
-    let budget = config.job_budget(job);
+    let deadline_ms = io
+        .deadline_ms
+        .unwrap_or_else(|| unix_ms(now + config.job_budget(job)));
     let shape = SandboxShape {
         image: job.language.image_ref(),
         language: job.language.id.clone(),
@@ -174,7 +176,7 @@ pub(super) async fn run_cold(
         uid,
         job_id: Some(job_id.to_string()),
         created_ms: unix_ms(now),
-        deadline_ms: unix_ms(now + budget),
+        deadline_ms,
     };
     match start(docker, config, &guard, &shape).await {
         Ok(connection) => {
@@ -430,19 +432,34 @@ impl Session<'_> {
         log_suffix(&self.supervisor_log)
     }
 
+    /// `at`, or the job's stored deadline ([`JobIo::deadline_ms`]) when
+    /// that comes first: the worker, the reaper and a waiting client all
+    /// read that one figure.
+    fn at_latest_by_stored(&self, at: tokio::time::Instant) -> tokio::time::Instant {
+        match self.io.deadline_ms {
+            Some(stored) => {
+                let left = Duration::from_millis(stored.saturating_sub(unix_ms(SystemTime::now())));
+                at.min(tokio::time::Instant::now() + left)
+            }
+            None => at,
+        }
+    }
+
     async fn frame_loop(
         &mut self,
         mut output: OutputStream,
         mut decoder: FrameDecoder,
         config: &SandboxConfig,
     ) -> Result<Ending, Failure> {
-        let mut deadline = tokio::time::Instant::now()
-            + if self.ready_at.is_some() {
-                // A warm sandbox: its supervisor was ready before the job came.
-                Duration::from_millis(self.job.stages_wall_ms()) + config.deadline_grace
-            } else {
-                config.start_timeout
-            };
+        let mut deadline = self.at_latest_by_stored(
+            tokio::time::Instant::now()
+                + if self.ready_at.is_some() {
+                    // A warm sandbox: its supervisor was ready before the job came.
+                    Duration::from_millis(self.job.stages_wall_ms()) + config.deadline_grace
+                } else {
+                    config.start_timeout
+                },
+        );
         // Frames the decoder already holds (none, normally) come first.
         loop {
             let frame = decoder
@@ -527,9 +544,11 @@ impl Session<'_> {
                 if self.ready_at.is_none() {
                     self.ready_at = Some(Instant::now());
                     if !self.cancelled {
-                        *deadline = tokio::time::Instant::now()
-                            + Duration::from_millis(self.job.stages_wall_ms())
-                            + config.deadline_grace;
+                        *deadline = self.at_latest_by_stored(
+                            tokio::time::Instant::now()
+                                + Duration::from_millis(self.job.stages_wall_ms())
+                                + config.deadline_grace,
+                        );
                     }
                     self.emit(SandboxEvent::Ready).await;
                 }

@@ -87,7 +87,7 @@ impl Shared {
             spec,
             created_ms,
             attempts,
-            ..
+            deadline_ms,
         } = match outcome {
             StartOutcome::Start(started) => started,
             StartOutcome::Skip(skipped) => {
@@ -117,7 +117,9 @@ impl Shared {
             "job started"
         );
         let started = Instant::now();
-        let (result, cleanup) = self.execute(id, attempts, &job, claimed_at).await;
+        let (result, cleanup) = self
+            .execute(id, attempts, &job, deadline_ms, claimed_at)
+            .await;
         self.conclude(id, attempts, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
         // still within the job's slot. A removal Docker did not answer means
@@ -242,6 +244,7 @@ impl Shared {
         id: &str,
         attempt: u32,
         job: &PreparedJob,
+        deadline_ms: Option<u64>,
         claimed_at: Instant,
     ) -> (JobResult, Cleanup) {
         let cancel = self.drain_kill.child_token();
@@ -251,6 +254,7 @@ impl Shared {
             events: Some(events),
             input: Some(input_rx),
             cancel: cancel.clone(),
+            deadline_ms,
         };
         let input_marks = Arc::new(AtomicU64::new(0));
         let mut stream = EventStream::new(
