@@ -263,7 +263,10 @@ async fn compile_errors_timeouts_and_output_limits_in_pistons_shape() {
 
     let answer = piston.execute(
         "python",
-        "import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(3)",
+        // The two lines 0.2 s apart: `output` holds them in the order they
+        // arrived, and two pipes written microseconds apart may be read in
+        // either order.
+        "import sys, time\nprint('to stdout', flush=True)\ntime.sleep(0.2)\nprint('to stderr', file=sys.stderr)\nsys.exit(3)",
         json!({}),
     );
     let run = &answer["run"];

@@ -207,10 +207,15 @@ impl DaemonBuilder {
     }
 }
 
+/// A client for the daemon's API. Idle connections are dropped after 5 s:
+/// the server closes an idle keep-alive connection after its header timeout
+/// (10 s), and a request sent on a connection the server is closing at that
+/// moment fails (`IncompleteMessage`).
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(120))
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .expect("an HTTP client")
 }
