@@ -315,6 +315,38 @@ async fn bad_bodies_are_400_naming_the_problem() {
     assert_eq!(body["error"]["field"], "files[0].name");
     assert_eq!(body["error"]["message"], "\"../x.py\" contains \"..\"");
 
+    // `user`: 1-128 printable characters.
+    for (user, message) in [
+        (json!(""), "must be 1-128 printable characters; it has 0"),
+        (
+            json!("x".repeat(129)),
+            "must be 1-128 printable characters; it has 129",
+        ),
+        (
+            json!("tab\there"),
+            "must be printable characters; it contains '\\t'",
+        ),
+        (json!("   "), "must not be only spaces"),
+    ] {
+        let mut job = python("print(1)");
+        job["user"] = user;
+        let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_job");
+        assert_eq!(body["error"]["field"], "user");
+        assert_eq!(body["error"]["message"], message);
+    }
+    let mut job = python("print(1)");
+    job["user"] = json!(7);
+    let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("user: invalid type"),
+        "{body}"
+    );
+
     let mut job = python("print(1)");
     job["limits"] = json!({"memory_mb": 1_000_000});
     let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
@@ -353,7 +385,7 @@ async fn bad_bodies_are_400_naming_the_problem() {
 
     assert!(api.queued_ids().await.is_empty(), "nothing was queued");
     let metrics = api.metrics().await;
-    for (reason, count) in [("malformed", 4.0), ("invalid", 6.0), ("too_large", 1.0)] {
+    for (reason, count) in [("malformed", 5.0), ("invalid", 10.0), ("too_large", 1.0)] {
         assert_eq!(
             metric_value(
                 &metrics,
@@ -371,6 +403,7 @@ async fn submit_show_and_cancel_a_queued_job() {
     let mut job = python("print(1)");
     job["language"] = json!("PY"); // an alias: stored as the canonical id
     job["metadata"] = json!({"exam": "e1", "seat": 7});
+    job["user"] = json!("student 7 · ünï");
     let (status, headers, body) = answer(api.submit(BOB, &job).await).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{body}");
     let id = body["id"].as_str().unwrap().to_string();
@@ -408,6 +441,7 @@ async fn submit_show_and_cancel_a_queued_job() {
     assert_eq!(view["started_at"], Value::Null);
     assert_eq!(view["result"], Value::Null);
     assert_eq!(view["metadata"], json!({"exam": "e1", "seat": 7}));
+    assert_eq!(view["user"], "student 7 · ünï");
     let created = view["created_at"].as_str().unwrap();
     assert!(
         created.len() == 24 && created.ends_with('Z') && created.as_bytes()[10] == b'T',

@@ -49,6 +49,7 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
             id: &id,
             spec,
             api_key: "a",
+            user: "",
             language: &spec.language,
             idempotency: None,
             admission: Admission {

@@ -212,6 +212,7 @@ async fn run(store: &Store, id: &str, call: Call) -> Result<(), StoreError> {
                 id,
                 spec: &spec,
                 api_key: "k",
+                user: "",
                 language: "python",
                 idempotency: None,
                 admission: Admission {

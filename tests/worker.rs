@@ -135,6 +135,7 @@ impl World {
                 id: &id,
                 spec,
                 api_key: "test",
+                user: "",
                 language: &spec.language,
                 idempotency: None,
                 admission: Admission {

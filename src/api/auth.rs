@@ -27,7 +27,55 @@ struct ApiKey {
     max_active: Option<u64>,
     /// The key may change fleet-wide settings (`/v1/capacity`, the dashboard).
     admin: bool,
+    tenancy: Tenancy,
 }
+
+/// What a key's entry says about the end users behind it and their share:
+/// its weight in the fair turns, per-user limits and the daily quotas.
+/// Every limit is `None` when the entry does not set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tenancy {
+    /// Turns the key gets per round of the fair claim (1–100; default 1).
+    pub weight: u32,
+    /// Most queued + running jobs of one user of the key.
+    pub max_active_per_user: Option<u64>,
+    /// Most submissions of one user per minute.
+    pub user_rate_per_minute: Option<u64>,
+    /// CPU seconds the key's jobs may use per UTC day.
+    pub cpu_seconds_per_day: Option<u64>,
+    /// CPU seconds one user's jobs may use per UTC day.
+    pub user_cpu_seconds_per_day: Option<u64>,
+    /// Jobs one user may submit per UTC day.
+    pub user_jobs_per_day: Option<u64>,
+}
+
+impl Default for Tenancy {
+    fn default() -> Self {
+        Self {
+            weight: 1,
+            max_active_per_user: None,
+            user_rate_per_minute: None,
+            cpu_seconds_per_day: None,
+            user_cpu_seconds_per_day: None,
+            user_jobs_per_day: None,
+        }
+    }
+}
+
+/// The most turns per round a key's `weight` may ask for.
+pub const MAX_WEIGHT: u32 = 100;
+
+/// The named options of a key entry (`option=value`), in the order the
+/// documentation gives them.
+pub const TENANCY_OPTIONS: [&str; 7] = [
+    "max_active",
+    "weight",
+    "max_active_per_user",
+    "user_rate_per_minute",
+    "cpu_seconds_per_day",
+    "user_cpu_seconds_per_day",
+    "user_jobs_per_day",
+];
 
 /// Every configured API key.
 #[derive(Clone)]
@@ -51,6 +99,11 @@ pub struct Caller {
     pub max_active: Option<u64>,
     /// The key has the `admin` scope.
     pub admin: bool,
+    pub tenancy: Tenancy,
+    /// The end user a compatible API's request names in its
+    /// `X-Code-Runner-User` header (`POST /v1/jobs` takes `user` in the
+    /// body instead).
+    pub end_user: Option<String>,
 }
 
 impl Caller {
@@ -88,8 +141,9 @@ fn valid_name(name: &str) -> bool {
 
 impl ApiKeys {
     /// Parses `name:key[:option]...`, comma-separated, where each option is
-    /// `max_active` (a positive integer: most queued + running jobs of the
-    /// key) or `admin` (the key may change fleet-wide settings), each at
+    /// `admin` (the key may change fleet-wide settings) or `<option>=<n>`
+    /// with a positive integer for one of [`TENANCY_OPTIONS`] (a bare number
+    /// is `max_active`: most queued + running jobs of the key), each at
     /// most once. Names are 1–64 letters, digits, `_` or `-`; keys are at
     /// least 16 visible ASCII characters; names and keys are unique. Errors
     /// name the entry (by its name, or its position when the name itself is
@@ -101,9 +155,7 @@ impl ApiKeys {
             let position = index + 1;
             let mut parts = entry.split(':');
             let (Some(name), Some(key)) = (parts.next(), parts.next()) else {
-                return Err(format!(
-                    "entry {position} is not name:key[:max_active][:admin]"
-                ));
+                return Err(format!("entry {position} is not name:key[:option]..."));
             };
             let options: Vec<&str> = parts.collect();
             if !valid_name(name) {
@@ -123,24 +175,63 @@ impl ApiKeys {
             }
             let mut max_active = None;
             let mut admin = false;
+            let mut tenancy = Tenancy::default();
+            let mut seen: Vec<&str> = Vec::new();
             for option in options {
-                if option == "admin" && !admin {
+                let (option_name, value) = match option.split_once('=') {
+                    Some((option_name, value)) => (option_name, value),
+                    // The short forms: a bare number is max_active.
+                    None if option == "admin" => ("admin", ""),
+                    None if option.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
+                        ("max_active", option)
+                    }
+                    None => {
+                        return Err(format!(
+                            "key {name:?}: option {option:?} is not admin, a max_active number or one of {}=<n>",
+                            TENANCY_OPTIONS.join("=, ")
+                        ));
+                    }
+                };
+                if seen.contains(&option_name) {
+                    return Err(format!("key {name:?}: option {option_name} is given twice"));
+                }
+                seen.push(option_name);
+                if option_name == "admin" {
+                    if !value.is_empty() {
+                        return Err(format!("key {name:?}: admin takes no value"));
+                    }
                     admin = true;
-                } else if max_active.is_none()
-                    && option.bytes().all(|b| b.is_ascii_digit() || b == b'-')
-                {
-                    max_active = match option.parse::<u64>() {
-                        Ok(n) if n > 0 => Some(n),
-                        _ => {
+                    continue;
+                }
+                let number = match value.parse::<u64>() {
+                    Ok(n) if n > 0 => n,
+                    _ => {
+                        return Err(format!(
+                            "key {name:?}: {option_name} {value:?} is not a positive integer"
+                        ));
+                    }
+                };
+                match option_name {
+                    "max_active" => max_active = Some(number),
+                    "weight" => {
+                        if number > u64::from(MAX_WEIGHT) {
                             return Err(format!(
-                                "key {name:?}: max_active {option:?} is not a positive integer"
+                                "key {name:?}: weight {number} is above the most, {MAX_WEIGHT}"
                             ));
                         }
-                    };
-                } else {
-                    return Err(format!(
-                        "key {name:?}: option {option:?} is not a max_active number or admin (each at most once)"
-                    ));
+                        tenancy.weight = number as u32;
+                    }
+                    "max_active_per_user" => tenancy.max_active_per_user = Some(number),
+                    "user_rate_per_minute" => tenancy.user_rate_per_minute = Some(number),
+                    "cpu_seconds_per_day" => tenancy.cpu_seconds_per_day = Some(number),
+                    "user_cpu_seconds_per_day" => tenancy.user_cpu_seconds_per_day = Some(number),
+                    "user_jobs_per_day" => tenancy.user_jobs_per_day = Some(number),
+                    other => {
+                        return Err(format!(
+                            "key {name:?}: unknown option {other:?}; the options are admin and {}=<n>",
+                            TENANCY_OPTIONS.join("=, ")
+                        ));
+                    }
                 }
             }
             if keys.iter().any(|k| k.name == name) {
@@ -158,6 +249,7 @@ impl ApiKeys {
                 digest,
                 max_active,
                 admin,
+                tenancy,
             });
         }
         if keys.is_empty() {
@@ -181,6 +273,8 @@ impl ApiKeys {
             name: key.name.clone(),
             max_active: key.max_active,
             admin: key.admin,
+            tenancy: key.tenancy,
+            end_user: None,
         })
     }
 
@@ -192,6 +286,8 @@ impl ApiKeys {
             name: k.name.clone(),
             max_active: k.max_active,
             admin: false,
+            tenancy: k.tenancy,
+            end_user: None,
         })
     }
 
@@ -270,6 +366,8 @@ mod tests {
                 name: "alice".into(),
                 max_active: Some(2),
                 admin: false,
+                tenancy: Tenancy::default(),
+                end_user: None,
             })
         );
         assert_eq!(
@@ -278,6 +376,8 @@ mod tests {
                 name: "bob".into(),
                 max_active: None,
                 admin: true,
+                tenancy: Tenancy::default(),
+                end_user: None,
             })
         );
         let both = ApiKeys::parse(&format!("ops:{A}:admin:3")).unwrap();
@@ -291,6 +391,28 @@ mod tests {
         assert_eq!(keys.check("alice-key-012345678"), None);
         assert_eq!(keys.check(""), None);
         assert_eq!(format!("{keys:?}"), "[\"alice\", \"bob\"]");
+    }
+
+    #[test]
+    fn named_options_set_the_tenancy() {
+        let keys = ApiKeys::parse(&format!(
+            "school:{A}:max_active=50:weight=3:max_active_per_user=2:user_rate_per_minute=10:cpu_seconds_per_day=3600:user_cpu_seconds_per_day=60:user_jobs_per_day=100:admin"
+        ))
+        .unwrap();
+        let school = keys.check(A).unwrap();
+        assert_eq!((school.max_active, school.admin), (Some(50), true));
+        assert_eq!(
+            school.tenancy,
+            Tenancy {
+                weight: 3,
+                max_active_per_user: Some(2),
+                user_rate_per_minute: Some(10),
+                cpu_seconds_per_day: Some(3600),
+                user_cpu_seconds_per_day: Some(60),
+                user_jobs_per_day: Some(100),
+            }
+        );
+        assert_eq!(keys.caller("school").unwrap().tenancy, school.tenancy);
     }
 
     #[test]
@@ -308,19 +430,39 @@ mod tests {
         let cases = [
             (
                 format!("alice:{A},bob"),
-                "entry 2 is not name:key[:max_active][:admin]",
+                "entry 2 is not name:key[:option]...",
             ),
             (
                 format!("alice:{A}:1:2"),
-                "key \"alice\": option \"2\" is not a max_active number or admin (each at most once)",
+                "key \"alice\": option max_active is given twice",
             ),
             (
                 format!("alice:{A}:admin:admin"),
-                "key \"alice\": option \"admin\" is not a max_active number or admin (each at most once)",
+                "key \"alice\": option admin is given twice",
             ),
             (
                 format!("alice:{A}:root"),
-                "key \"alice\": option \"root\" is not a max_active number or admin (each at most once)",
+                "key \"alice\": option \"root\" is not admin, a max_active number or one of max_active=, weight=, max_active_per_user=, user_rate_per_minute=, cpu_seconds_per_day=, user_cpu_seconds_per_day=, user_jobs_per_day=<n>",
+            ),
+            (
+                format!("alice:{A}:colour=3"),
+                "key \"alice\": unknown option \"colour\"; the options are admin and max_active=, weight=, max_active_per_user=, user_rate_per_minute=, cpu_seconds_per_day=, user_cpu_seconds_per_day=, user_jobs_per_day=<n>",
+            ),
+            (
+                format!("alice:{A}:weight=101"),
+                "key \"alice\": weight 101 is above the most, 100",
+            ),
+            (
+                format!("alice:{A}:weight=0"),
+                "key \"alice\": weight \"0\" is not a positive integer",
+            ),
+            (
+                format!("alice:{A}:max_active_per_user=2:max_active_per_user=3"),
+                "key \"alice\": option max_active_per_user is given twice",
+            ),
+            (
+                format!("alice:{A}:admin=1"),
+                "key \"alice\": admin takes no value",
             ),
             (
                 format!("al ice:{A}"),

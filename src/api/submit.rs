@@ -91,6 +91,7 @@ pub(super) async fn submit(
             id: &id,
             spec,
             api_key: &caller.name,
+            user: spec.user.as_deref().unwrap_or(""),
             language: &language,
             idempotency,
             admission,

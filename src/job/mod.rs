@@ -65,6 +65,38 @@ pub struct JobSpec {
     /// the server's `CODE_RUNNER_MAX_ATTEMPTS`. An interactive job runs once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// Who the job is for: an opaque id the platform chooses (1–128
+    /// printable characters). Fair turns, per-user limits, quotas and the
+    /// usage ledger go by it; unset: the key's anonymous user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}
+
+/// The longest [`JobSpec::user`], in characters.
+pub const MAX_USER_CHARS: usize = 128;
+
+/// Checks a job's `user`: 1–[`MAX_USER_CHARS`] printable characters (no
+/// control characters, no whitespace but the plain space, not only spaces).
+pub fn check_user(user: &str) -> Result<(), String> {
+    let chars = user.chars().count();
+    if chars == 0 || chars > MAX_USER_CHARS {
+        return Err(format!(
+            "must be 1-{MAX_USER_CHARS} printable characters; it has {chars}"
+        ));
+    }
+    if let Some(bad) = user
+        .chars()
+        .find(|c| c.is_control() || (c.is_whitespace() && *c != ' '))
+    {
+        return Err(format!(
+            "must be printable characters; it contains {:?}",
+            bad
+        ));
+    }
+    if user.trim().is_empty() {
+        return Err("must not be only spaces".into());
+    }
+    Ok(())
 }
 
 /// The most `max_attempts` a job or the server may ask for.
@@ -210,6 +242,9 @@ pub fn prepare(
         ));
     }
 
+    if let Some(user) = &spec.user {
+        check_user(user).map_err(|message| InvalidJob::new("user", message))?;
+    }
     if let Some(attempts) = spec.max_attempts {
         if !(1..=MAX_ATTEMPTS_LIMIT).contains(&attempts) {
             return Err(InvalidJob::new(

@@ -120,6 +120,10 @@ enum CallerRefusal {
 /// Who a compat request is — a configured key, or (Piston, loopback only)
 /// the configured keyless caller — within its key's rate. A refused
 /// `submission` counts in `submissions_rejected_total`.
+/// The header a Piston or Judge0 request names its end user with (the
+/// `user` of `POST /v1/jobs`; checked the same way).
+pub const USER_HEADER: &str = "x-code-runner-user";
+
 fn compat_caller(
     state: &ApiState,
     parts: &Parts,
@@ -138,8 +142,14 @@ fn compat_caller(
     };
     let refusal = match caller {
         None => CallerRefusal::NoKey,
-        Some(caller) => match state.key_rate.check(Some(&caller.name)) {
-            Ok(()) => return Ok(caller),
+        Some(mut caller) => match state.key_rate.check(Some(&caller.name)) {
+            Ok(()) => {
+                caller.end_user = parts
+                    .headers
+                    .get(USER_HEADER)
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+                return Ok(caller);
+            }
             Err(error) => CallerRefusal::Rate(error),
         },
     };
@@ -184,6 +194,17 @@ async fn submit_uncounted(
     catalog: &LanguageCatalog,
 ) -> Result<Admitted, ApiError> {
     refuse_while_draining(state)?;
+    let with_user;
+    let spec = match &caller.end_user {
+        Some(user) if spec.user.is_none() => {
+            with_user = JobSpec {
+                user: Some(user.clone()),
+                ..spec.clone()
+            };
+            &with_user
+        }
+        _ => spec,
+    };
     let prepared = prepare(spec, catalog, &state.inner.policy)?;
     let via = spec
         .metadata

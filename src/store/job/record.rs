@@ -18,6 +18,10 @@ pub struct JobRecord {
     pub status: Status,
     pub language: String,
     pub api_key: String,
+    /// Who the job is for (its spec's `user`); `None`: the key's anonymous
+    /// user.
+    #[serde(default)]
+    pub user: Option<String>,
     /// How many times the job was started (0 while it never was).
     pub attempts: u32,
     /// Most times it may be started (1: never run again after its worker
@@ -122,6 +126,7 @@ const RECORD_FIELDS: &[&str] = &[
     "status",
     "language",
     "api_key",
+    "user",
     "attempts",
     "max_attempts",
     "worker",
@@ -179,6 +184,7 @@ fn record_from_fields(
         status,
         language: fields.remove("language").unwrap_or_default(),
         api_key: fields.remove("api_key").unwrap_or_default(),
+        user: fields.remove("user").filter(|u| !u.is_empty()),
         attempts: number(fields.get("attempts")).unwrap_or(0) as u32,
         max_attempts: number(fields.get("max_attempts")).unwrap_or(1) as u32,
         worker: fields.remove("worker"),

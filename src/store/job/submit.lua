@@ -43,7 +43,7 @@ if held + need > tonumber(storage_budget) then
 end
 set_status(job_key, 'queued')
 redis.call('HSET', job_key, 'id', id, 'spec', spec, 'api_key', api_key,
-  'language', language, 'attempts', 0, 'created_ms', now_ms,
+  'user', user, 'language', language, 'attempts', 0, 'created_ms', now_ms,
   'active_key', active_key, 'metadata', metadata, 'max_attempts', max_attempts,
   'stored_key', stored_key, 'expiry_key', expiry_key, 'wall_budget_ms', wall_budget_ms)
 redis.call('SADD', active_key, id)

@@ -16,6 +16,7 @@ script_inputs! {
             id: String,
             spec: String,
             api_key: String,
+            user: String,
             language: String,
             now_ms: u64,
             max_depth: u64,
@@ -43,6 +44,9 @@ pub struct NewJob<'a> {
     pub id: &'a str,
     pub spec: &'a JobSpec,
     pub api_key: &'a str,
+    /// Who the job is for (its spec's `user`; `""`: the key's anonymous
+    /// user).
+    pub user: &'a str,
     pub language: &'a str,
     /// Idempotency key and the hash of the request body.
     pub idempotency: Option<(&'a str, &'a str)>,
@@ -150,6 +154,7 @@ impl Jobs {
             id: job.id.to_string(),
             spec,
             api_key: job.api_key.to_string(),
+            user: job.user.to_string(),
             language: job.language.to_string(),
             now_ms: now_ms(),
             max_depth: job.admission.max_queue_depth,
