@@ -170,6 +170,7 @@ fn outcome_kind(outcome: &ReapOutcome) -> Option<&'static str> {
         ReapOutcome::WorkerLost => Some("worker_lost"),
         ReapOutcome::Retried { .. } => Some("retried"),
         ReapOutcome::Cancelled => Some("cancelled"),
+        ReapOutcome::TurnReturned => Some("turn_returned"),
         ReapOutcome::Terminal(_) | ReapOutcome::Missing | ReapOutcome::Moved => Some("dropped"),
         ReapOutcome::Absent | ReapOutcome::Alive | ReapOutcome::Waiting => None,
     }
@@ -474,7 +475,8 @@ impl Reaper {
         remaining: Option<&Remaining>,
         report: &mut PassReport,
     ) -> Result<(), StoreError> {
-        for id in self.store.jobs().claimed_by(worker).await? {
+        // Job ids, and the turns of claims it stopped halfway through.
+        for id in self.store.jobs().held_by(worker).await? {
             let job = self.store.jobs().lost_job(&id).await?;
             let results = LostResults::new(
                 worker,

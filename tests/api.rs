@@ -145,11 +145,7 @@ impl Api {
     }
 
     async fn queued_ids(&self) -> Vec<String> {
-        self.redis()
-            .await
-            .lrange(self.keys.queue(), 0, -1)
-            .await
-            .unwrap()
+        self.store.jobs().queued_ids().await.unwrap()
     }
 
     async fn metrics(&self) -> String {
@@ -614,12 +610,9 @@ async fn a_full_queue_refuses_with_429_until_it_drains() {
     assert_eq!(metric_value(&metrics, "code_runner_queue_depth"), Some(3.0));
 
     // A worker takes one: there is room again.
-    let _: Option<String> = api
-        .redis()
-        .await
-        .lpop(api.keys.queue(), None)
-        .await
-        .unwrap();
+    let mut claiming = api.store.dedicated().await.unwrap();
+    let claimed = api.store.jobs().claim(&mut claiming, "w-1").await.unwrap();
+    assert!(claimed.is_some());
     submit_ok(&api, BOB).await;
     let (status, _, _) = answer(api.submit(BOB, &python("print(1)")).await).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use common::containers::{Lifetimes, docker, list_labelled};
-use common::daemon::{Daemon, DaemonBuilder, KEY_A, Role, python};
+use common::daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, python};
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 use serde_json::Value;
@@ -107,6 +107,8 @@ struct Submitted {
     id: String,
     token: String,
     sleep: Option<f64>,
+    /// The API key it was submitted with.
+    key: &'static str,
 }
 
 fn chaos_job(token: &str, sleep: Option<f64>) -> Value {
@@ -209,6 +211,22 @@ async fn volumes(docker: &bollard::Docker) -> BTreeSet<String> {
         .collect()
 }
 
+/// The latest `code-runner.deadline` label of the containers of `workers`.
+async fn latest_deadline_ms(docker: &bollard::Docker, workers: &BTreeSet<String>) -> Option<u64> {
+    list_labelled(docker, LABEL_WORKER)
+        .await
+        .expect("docker lists containers")
+        .into_iter()
+        .filter_map(|c| {
+            let labels = c.labels.unwrap_or_default();
+            if !workers.contains(labels.get(LABEL_WORKER)?) {
+                return None;
+            }
+            labels.get(LABEL_DEADLINE)?.parse::<u64>().ok()
+        })
+        .max()
+}
+
 /// Containers (any state) labelled with one of `workers`, described for a
 /// failure message: id, worker, age, deadline and Docker's status.
 async fn fleet_containers(docker: &bollard::Docker, workers: &BTreeSet<String>) -> Vec<String> {
@@ -218,7 +236,12 @@ async fn fleet_containers(docker: &bollard::Docker, workers: &BTreeSet<String>) 
             .get(label)
             .and_then(|v| v.parse::<u64>().ok())
             .map_or("?".to_string(), |ms| {
-                format!("{:.1}s ago", (now as f64 - ms as f64) / 1000.0)
+                let ago = (now as f64 - ms as f64) / 1000.0;
+                if ago >= 0.0 {
+                    format!("{ago:.1}s ago")
+                } else {
+                    format!("in {:.1}s", -ago)
+                }
             })
     };
     list_labelled(docker, LABEL_WORKER)
@@ -242,13 +265,13 @@ async fn fleet_containers(docker: &bollard::Docker, workers: &BTreeSet<String>) 
         .collect()
 }
 
-/// `GET /v1/jobs/<id>` (key `a`); `None` unless 200 (the API may be slow
-/// on a loaded machine; the caller polls again).
-async fn view(api: &Daemon, id: &str) -> Option<Value> {
+/// `GET /v1/jobs/<id>` with the job's key; `None` unless 200 (the API may
+/// be slow on a loaded machine; the caller polls again).
+async fn view(api: &Daemon, job: &Submitted) -> Option<Value> {
     let response = api
         .http
-        .get(format!("{}/v1/jobs/{id}", api.url))
-        .bearer_auth(KEY_A)
+        .get(format!("{}/v1/jobs/{}", api.url, job.id))
+        .bearer_auth(job.key)
         .send()
         .await
         .ok()?;
@@ -326,12 +349,21 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
             for _ in 0..batch {
                 let token = format!("token-{}", uuid::Uuid::new_v4().simple());
                 let sleep = rng.percent(40).then(|| rng.range(2, 15) as f64 / 10.0);
-                let answer = api.submit(&chaos_job(&token, sleep)).await;
+                // Two keys, each with three users and its anonymous one:
+                // the claims take turns across all of them.
+                let key = if rng.percent(50) { KEY_A } else { KEY_B };
+                let mut job = chaos_job(&token, sleep);
+                let user = rng.index(4);
+                if user > 0 {
+                    job["user"] = Value::String(format!("student-{user}"));
+                }
+                let answer = api.submit_as(Some(key), &job, false).await;
                 assert!(answer.status.is_success(), "submit refused: {answer:#?}");
                 submitted.push(Submitted {
                     id: answer.id(),
                     token,
                     sleep,
+                    key,
                 });
             }
         } else if roll < 85 && !fleet.alive.is_empty() {
@@ -367,7 +399,7 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
             if first_terminal.contains_key(&job.id) {
                 continue;
             }
-            if let Some(view) = view(&api, &job.id).await
+            if let Some(view) = view(&api, job).await
                 && TERMINAL.contains(&status(&view))
             {
                 first_terminal.insert(job.id.clone(), view);
@@ -395,6 +427,15 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
         if !queued.is_empty() {
             problems.push(format!("jobs:queue holds {queued:?}"));
         }
+        // The fair turns' rings and every user's queue are empty too.
+        let mut waiting: Vec<String> = conn.keys("apikey:*:queue:*").await.unwrap();
+        waiting.extend(conn.keys::<_, Vec<String>>("apikey:*:users").await.unwrap());
+        waiting.extend(conn.keys::<_, Vec<String>>("jobs:tenants").await.unwrap());
+        // Every ended job gave its user's active count back.
+        waiting.extend(conn.keys::<_, Vec<String>>("apikey:*:user_active").await.unwrap());
+        if !waiting.is_empty() {
+            problems.push(format!("fair-turn lists left: {waiting:?}"));
+        }
         let lists: Vec<String> = conn.keys("worker:*:processing").await.unwrap();
         for list in lists {
             let ids: Vec<String> = conn.lrange(&list, 0, -1).await.unwrap();
@@ -409,9 +450,11 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
                 "dead workers still in the `workers` set: {unforgotten:?}"
             ));
         }
-        let active: Vec<String> = conn.smembers("apikey:a:active").await.unwrap();
-        if !active.is_empty() {
-            problems.push(format!("apikey:a:active still holds {active:?}"));
+        for key in ["a", "b"] {
+            let active: Vec<String> = conn.smembers(format!("apikey:{key}:active")).await.unwrap();
+            if !active.is_empty() {
+                problems.push(format!("apikey:{key}:active still holds {active:?}"));
+            }
         }
         if problems.is_empty() || Instant::now() > settle_deadline {
             break problems;
@@ -422,9 +465,19 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
     // --- Docker: no container of any of the test's workers, no new volume ---
     let workers = fleet.ids();
     let docker_waiting = Instant::now();
-    let docker_deadline = docker_waiting + Duration::from_secs(20);
+    // A worker killed while Docker was creating a container can leave one
+    // the reaper could not see yet: it goes at its deadline label and the
+    // reaper's grace at the latest (up to 43 s after it was created, with
+    // the default limits). The wait runs to the latest such moment.
+    let mut docker_deadline = docker_waiting + Duration::from_secs(20);
     let (containers_left, volumes_left) = loop {
         let containers = fleet_containers(&docker, &workers).await;
+        if let Some(latest) = latest_deadline_ms(&docker, &workers).await {
+            let due = Duration::from_millis(
+                (latest + REAPER_GRACE_MS + 5 * REAPER_INTERVAL_MS).saturating_sub(common::unix_ms()),
+            );
+            docker_deadline = docker_deadline.max(Instant::now() + due);
+        }
         let new_volumes: Vec<String> = volumes(&docker)
             .await
             .difference(&volumes_before)
@@ -455,11 +508,11 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
             requeued += 1;
         }
         let Some(first) = first_terminal.get(&job.id) else {
-            let now = view(&api, &job.id).await.unwrap_or(Value::Null);
+            let now = view(&api, job).await.unwrap_or(Value::Null);
             lost.push(format!("{} has no terminal status: {now:#}", job.id));
             continue;
         };
-        let last = view(&api, &job.id).await.unwrap_or(Value::Null);
+        let last = view(&api, job).await.unwrap_or(Value::Null);
         if status(&last) != status(first) || last["result"] != first["result"] {
             unexpected.push(format!(
                 "{} changed after it was terminal: first {first:#}\nthen {last:#}",

@@ -96,11 +96,19 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
         );
     }
 
+    // Every job waits in its user's queue (the key's anonymous user here),
+    // with one turn each in jobs:queue.
+    let key_name = redis.job_field(&queued[0], "api_key");
     let mut in_queue: Vec<String> = redis
-        .cli(&["LRANGE", "jobs:queue", "0", "-1"])
+        .cli(&["LRANGE", &format!("apikey:{key_name}:queue:"), "0", "-1"])
         .lines()
         .map(str::to_string)
         .collect();
+    assert_eq!(
+        redis.cli(&["LLEN", "jobs:queue"]).trim(),
+        queued.len().to_string(),
+        "one turn per queued job"
+    );
     in_queue.sort();
     let mut expected = queued.clone();
     expected.sort();

@@ -60,6 +60,9 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
                 storage_budget: 1 << 40,
                 // The default wall limit, as the API resolves it.
                 wall_budget_ms: 10_000,
+                weight: 1,
+                user_limit: None,
+                user_rate_per_minute: None,
             },
         })
         .await
@@ -80,17 +83,12 @@ async fn mark_dead(redis: &RedisServer, store: &Store, worker: &str) {
     let _: () = conn.del(store.keys().heartbeat(worker)).await.unwrap();
 }
 
-/// Moves a queued job into `worker`'s processing list, as its BLMOVE would.
-async fn claim_for(redis: &RedisServer, store: &Store, worker: &str, id: &str) {
-    let mut conn = redis.conn().await;
-    let (removed, _): (u64, u64) = redis::pipe()
-        .atomic()
-        .lrem(store.keys().queue(), 0, id)
-        .lpush(store.keys().processing(worker), id)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(removed, 1, "job {id} was not in the queue");
+/// Claims the job `id` for `worker` through the store's own claim (it must
+/// be the next in turn), as the worker's claim loop would.
+async fn claim_for(_redis: &RedisServer, store: &Store, worker: &str, id: &str) {
+    let mut conn = store.dedicated().await.expect("a connection");
+    let claimed = store.jobs().claim(&mut conn, worker).await.expect("redis answers");
+    assert_eq!(claimed.as_deref(), Some(id), "job {id} was not the next in turn");
 }
 
 /// What start adds to a job's wall budget for these tests' engine: its
@@ -348,7 +346,9 @@ async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
     );
 
     // The queue holds each requeued id once; jobs:dead each dead one once.
-    let queued: Vec<String> = conn.lrange(setup.keys().queue(), 0, -1).await.unwrap();
+    let queued: Vec<String> = setup.jobs().queued_ids().await.unwrap();
+    let turns: u64 = conn.llen(setup.keys().queue()).await.unwrap();
+    assert_eq!(turns, 20, "one turn per requeued job");
     let requeued: BTreeSet<&String> = expected
         .iter()
         .filter(|(_, k)| **k == "requeued")

@@ -23,13 +23,14 @@ use code_runner::job::lifecycle::{MOVES, Step};
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
     Admission, Control, InputBudgets, LostResults, NewJob, ReapPolicy, Retry, RunningJob, Store,
-    StoreError, now_ms,
+    StoreError, TURN, now_ms,
 };
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 
 const WORKER: &str = "w-transitions";
 const STARTED_MS: u64 = 1_700_000_000_000;
+const USER: &str = "student-1";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Shape {
@@ -42,6 +43,7 @@ enum Shape {
 #[derive(Debug, Clone, Copy)]
 enum Call {
     Submit,
+    Claim,
     Start,
     AppendEvents,
     SendInput,
@@ -56,6 +58,7 @@ impl Call {
     fn step(self) -> Step {
         match self {
             Call::Submit => Step::Submit,
+            Call::Claim => Step::Claim,
             Call::Start => Step::Start,
             Call::AppendEvents => Step::AppendEvents,
             Call::SendInput => Step::SendInput,
@@ -71,6 +74,7 @@ impl Call {
 fn calls() -> Vec<Call> {
     let mut calls = vec![
         Call::Submit,
+        Call::Claim,
         Call::Start,
         Call::AppendEvents,
         Call::SendInput,
@@ -109,7 +113,9 @@ fn result(status: Status) -> JobResult {
 }
 
 /// Sets up job `id` in `status` (`None`: no job), claimed by [`WORKER`]
-/// (and queued, when it is), whose heartbeat has expired.
+/// (and queued in its user's queue with its turn, when it is), whose
+/// heartbeat has expired; the worker also holds a turn of a claim it
+/// stopped halfway through.
 async fn seed(
     conn: &mut redis::aio::MultiplexedConnection,
     store: &Store,
@@ -120,6 +126,7 @@ async fn seed(
     let keys = store.keys();
     let _: () = redis::cmd("FLUSHDB").query_async(conn).await.unwrap();
     let _: () = conn.lpush(keys.processing(WORKER), id).await.unwrap();
+    let _: () = conn.lpush(keys.processing(WORKER), TURN).await.unwrap();
     let _: () = conn.sadd(keys.workers(), WORKER).await.unwrap();
     let Some(status) = status else {
         return;
@@ -138,6 +145,10 @@ async fn seed(
         ("stored_key", keys.stored("k")),
         ("expiry_key", keys.expiry("k")),
         ("wall_budget_ms", "1000".into()),
+        ("user", USER.into()),
+        ("user_queue", keys.user_queue("k", USER)),
+        ("users_ring", keys.users("k")),
+        ("user_active_key", keys.user_active("k")),
         ("event_seq", "3".into()),
         ("metadata", "{}".into()),
     ];
@@ -163,9 +174,13 @@ async fn seed(
     let _: () = conn.hset_multiple(keys.job(id), &fields).await.unwrap();
     if !status.is_terminal() {
         let _: () = conn.sadd(keys.active("k"), id).await.unwrap();
+        let _: () = conn.hset(keys.user_active("k"), USER, 1).await.unwrap();
     }
     if status == Status::Queued {
-        let _: () = conn.lpush(keys.queue(), id).await.unwrap();
+        let _: () = conn.lpush(keys.user_queue("k", USER), id).await.unwrap();
+        let _: () = conn.rpush(keys.users("k"), keys.user_queue("k", USER)).await.unwrap();
+        let _: () = conn.rpush(keys.tenants(), keys.users("k")).await.unwrap();
+        let _: () = conn.lpush(keys.queue(), TURN).await.unwrap();
     }
 }
 
@@ -183,7 +198,13 @@ async fn snapshot(
     let stdin: u64 = conn.xlen(keys.stdin(id)).await.unwrap();
     let dead: Vec<String> = conn.lrange(keys.dead(), 0, -1).await.unwrap();
     let active: BTreeSet<String> = conn.smembers(keys.active("k")).await.unwrap();
+    let user_queue: Vec<String> = conn.lrange(keys.user_queue("k", USER), 0, -1).await.unwrap();
+    let users: Vec<String> = conn.lrange(keys.users("k"), 0, -1).await.unwrap();
+    let tenants: Vec<String> = conn.lrange(keys.tenants(), 0, -1).await.unwrap();
+    let user_active: BTreeMap<String, String> =
+        conn.hgetall(keys.user_active("k")).await.unwrap();
     vec![
+        format!("{user_queue:?} {users:?} {tenants:?} {user_active:?}"),
         format!("{hash:?}"),
         format!("{queue:?}"),
         format!("{claimed:?}"),
@@ -212,7 +233,7 @@ async fn run(store: &Store, id: &str, call: Call) -> Result<(), StoreError> {
                 id,
                 spec: &spec,
                 api_key: "k",
-                user: "",
+                user: USER,
                 language: "python",
                 idempotency: None,
                 admission: Admission {
@@ -222,11 +243,15 @@ async fn run(store: &Store, id: &str, call: Call) -> Result<(), StoreError> {
                     output_limit_bytes: 1024,
                     storage_budget: 1 << 30,
                     wall_budget_ms: 1000,
+                    weight: 1,
+                    user_limit: None,
+                    user_rate_per_minute: None,
                 },
             })
             .await
             .map(drop)
         }
+        Call::Claim => jobs.take_turn(WORKER).await.map(drop),
         Call::Start => jobs
             .start(id, WORKER, "host", true, Duration::from_secs(33))
             .await

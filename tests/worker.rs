@@ -146,6 +146,9 @@ impl World {
                     storage_budget: u64::MAX >> 1,
                     // The default wall limit, as the API resolves it.
                     wall_budget_ms: 10_000,
+                    weight: 1,
+                    user_limit: None,
+                    user_rate_per_minute: None,
                 },
             })
             .await

@@ -48,6 +48,14 @@ pub enum ApiError {
     #[error("this api key already has {active} queued or running jobs, its limit")]
     KeyLimit { active: u64 },
     #[error(
+        "this user already has {active} queued or running jobs, the key's max_active_per_user of {limit}; retry when one of them ends"
+    )]
+    UserActiveLimit { active: u64, limit: u64 },
+    #[error(
+        "this user submitted {limit} jobs in the last minute, the key's user_rate_per_minute of {limit}; retry after {wait_secs} s"
+    )]
+    UserRateLimit { limit: u64, wait_secs: u64 },
+    #[error(
         "this api key's jobs hold {held} bytes in the job store and this job may need {needed} more, over the key's budget of {budget} bytes (CODE_RUNNER_KEY_MAX_STORED_MB); space comes back as finished jobs expire (CODE_RUNNER_RESULT_TTL_SECS) or as running ones end"
     )]
     KeyStorage { held: u64, needed: u64, budget: u64 },
@@ -101,6 +109,8 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::QueueFull { .. }
             | ApiError::KeyLimit { .. }
+            | ApiError::UserActiveLimit { .. }
+            | ApiError::UserRateLimit { .. }
             | ApiError::KeyStorage { .. }
             | ApiError::TooManyStreams { .. }
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -124,6 +134,8 @@ impl ApiError {
             ApiError::TooLarge { .. } => "too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::KeyLimit { .. } => "key_limit",
+            ApiError::UserActiveLimit { .. } => "user_active_limit",
+            ApiError::UserRateLimit { .. } => "user_rate_limit",
             ApiError::KeyStorage { .. } => "key_storage",
             ApiError::TooManyStreams { .. } => "too_many_streams",
             ApiError::RateLimited { .. } => "rate_limited",
@@ -143,6 +155,8 @@ impl ApiError {
             ApiError::TooLarge { .. } => Some("too_large"),
             ApiError::QueueFull { .. } => Some("queue_full"),
             ApiError::KeyLimit { .. } => Some("key_limit"),
+            ApiError::UserActiveLimit { .. } => Some("user_active_limit"),
+            ApiError::UserRateLimit { .. } => Some("user_rate_limit"),
             ApiError::KeyStorage { .. } => Some("key_storage"),
             ApiError::RateLimited { .. } => Some("rate_limited"),
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
@@ -162,6 +176,8 @@ impl ApiError {
         match self {
             ApiError::QueueFull { .. } => Some(2),
             ApiError::KeyLimit { .. } => Some(1),
+            ApiError::UserActiveLimit { .. } => Some(1),
+            ApiError::UserRateLimit { wait_secs, .. } => Some((*wait_secs).max(1)),
             ApiError::KeyStorage { .. } => Some(30),
             ApiError::TooManyStreams { .. } => Some(5),
             ApiError::RateLimited { wait_secs, .. } => Some((*wait_secs).max(1)),
@@ -284,6 +300,22 @@ mod tests {
             (ApiError::TooLarge { limit: 10 }, 413, "too_large"),
             (ApiError::QueueFull { depth: 3 }, 429, "queue_full"),
             (ApiError::KeyLimit { active: 2 }, 429, "key_limit"),
+            (
+                ApiError::UserActiveLimit {
+                    active: 2,
+                    limit: 2,
+                },
+                429,
+                "user_active_limit",
+            ),
+            (
+                ApiError::UserRateLimit {
+                    limit: 5,
+                    wait_secs: 3,
+                },
+                429,
+                "user_rate_limit",
+            ),
             (
                 ApiError::KeyStorage {
                     held: 1,

@@ -144,6 +144,14 @@ pub(super) async fn submit(
         }
         SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
         SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::UserActiveLimit { active } => Err(ApiError::UserActiveLimit {
+            active,
+            limit: admission.user_limit.unwrap_or(active),
+        }),
+        SubmitOutcome::UserRateLimit { retry_ms } => Err(ApiError::UserRateLimit {
+            limit: admission.user_rate_per_minute.unwrap_or(0),
+            wait_secs: retry_ms.div_ceil(1000),
+        }),
         SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
             held,
             needed,
@@ -162,6 +170,9 @@ fn admission(config: &super::ApiConfig, caller: &Caller, prepared: &PreparedJob)
         output_limit_bytes: prepared.output_limit_bytes(),
         storage_budget: config.limits.key_storage_bytes,
         wall_budget_ms: prepared.stages_wall_ms(),
+        weight: caller.tenancy.weight,
+        user_limit: caller.tenancy.max_active_per_user,
+        user_rate_per_minute: caller.tenancy.user_rate_per_minute,
     }
 }
 

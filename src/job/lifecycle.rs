@@ -16,6 +16,9 @@ use super::Status;
 pub enum Step {
     /// An admitted job enters the queue.
     Submit,
+    /// A worker takes the job whose turn it is into its processing list
+    /// (no status change).
+    Claim,
     /// A worker that holds the claim marks the job running on itself.
     Start,
     /// The worker records the result of its running attempt (or of an
@@ -39,8 +42,9 @@ pub enum Step {
 
 impl Step {
     /// Every step, in the order of the job's life.
-    pub const ALL: [Step; 9] = [
+    pub const ALL: [Step; 10] = [
         Step::Submit,
+        Step::Claim,
         Step::Start,
         Step::AppendEvents,
         Step::SendInput,
@@ -56,6 +60,7 @@ impl Step {
     pub fn name(self) -> &'static str {
         match self {
             Step::Submit => "submit",
+            Step::Claim => "claim",
             Step::Start => "start",
             Step::Finish => "finish",
             Step::Cancel => "cancel",

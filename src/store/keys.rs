@@ -16,6 +16,44 @@ impl Keys {
     pub fn queue(&self) -> String {
         format!("{}jobs:queue", self.prefix)
     }
+    /// The fair turns' ring of keys with queued jobs: each entry is the
+    /// key's ring of users ([`Keys::users`]).
+    pub fn tenants(&self) -> String {
+        format!("{}jobs:tenants", self.prefix)
+    }
+    /// Turns each key took in the current round (by its users ring).
+    pub fn tenant_turns(&self) -> String {
+        format!("{}jobs:tenants:turns", self.prefix)
+    }
+    /// Each key's weight: turns per round (by its users ring).
+    pub fn tenant_weights(&self) -> String {
+        format!("{}jobs:tenants:weights", self.prefix)
+    }
+    /// An API key's ring of users with queued jobs: each entry is the
+    /// user's queue ([`Keys::user_queue`]).
+    pub fn users(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:users", self.prefix)
+    }
+    /// One user's queued job ids, oldest at the claim end. `user` is ""
+    /// for the key's anonymous user; an API key's name has no `:`.
+    pub fn user_queue(&self, api_key: &str, user: &str) -> String {
+        format!("{}apikey:{api_key}:queue:{user}", self.prefix)
+    }
+    /// Queued + running jobs per user of an API key.
+    pub fn user_active(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:user_active", self.prefix)
+    }
+    /// One user's submission rate (the theoretical arrival time of GCRA).
+    pub fn user_rate(&self, api_key: &str, user: &str) -> String {
+        format!("{}apikey:{api_key}:rate:{user}", self.prefix)
+    }
+    /// The API key and user a user queue's name ([`Keys::user_queue`])
+    /// stands for.
+    pub fn tenant_of_user_queue<'a>(&self, name: &'a str) -> Option<(&'a str, &'a str)> {
+        let rest = name.strip_prefix(&self.prefix)?.strip_prefix("apikey:")?;
+        let (api_key, rest) = rest.split_once(':')?;
+        Some((api_key, rest.strip_prefix("queue:")?))
+    }
     pub fn dead(&self) -> String {
         format!("{}jobs:dead", self.prefix)
     }

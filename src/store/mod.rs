@@ -74,6 +74,7 @@ pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
 pub use events::{Events, FeedRead};
 pub use health::{RedisHealth, RedisWarning};
 pub use job::cancel::CancelOutcome;
+pub use job::claim::{ClaimOutcome, TURN};
 pub use job::control::Control;
 pub use job::finish::FinishOutcome;
 pub use job::give_up_overdue::RunningJob;

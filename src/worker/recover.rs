@@ -70,10 +70,12 @@ impl Shared {
                 "removed the sandboxes a previous process under this worker id left"
             );
         }
+        // Job ids, and the turns of claims the previous process stopped
+        // halfway through (they go back to the queue).
         let ids = self
             .store
             .jobs()
-            .claimed_by(worker)
+            .held_by(worker)
             .await
             .map_err(|e| e.to_string())?;
         for id in ids {
@@ -125,6 +127,20 @@ impl Shared {
         slots: &Arc<Semaphore>,
         tracker: &TaskTracker,
     ) -> Result<(), crate::store::StoreError> {
+        // A claim whose second half failed left a turn in the list: its
+        // job takes the turn's place first (between claims: no claim of
+        // this worker is in flight now).
+        let turns = self
+            .store
+            .jobs()
+            .held_by(&self.config.id)
+            .await?
+            .into_iter()
+            .filter(|entry| entry == crate::store::TURN)
+            .count();
+        for _ in 0..turns {
+            self.store.jobs().take_turn(&self.config.id).await?;
+        }
         let ids = self.store.jobs().claimed_by(&self.config.id).await?;
         let held = self.running_ids();
         for id in ids.into_iter().filter(|id| !held.contains(id)) {

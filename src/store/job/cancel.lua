@@ -12,7 +12,7 @@ if status == 'queued' then
   if not seq then
     return refused(from, 'cancelled')
   end
-  redis.call('LREM', queue_key, 0, id)
+  withdraw(job_key, id, queue_key, tenants_key, tenant_turns_key)
   return {'cancelled'}
 end
 if status == 'running' then

@@ -10,7 +10,7 @@ use crate::store::{StoreError, now_ms, parse_status};
 
 script_inputs! {
     struct CancelInputs {
-        keys { job, queue, stdin, events }
+        keys { job, queue, stdin, events, tenants, tenant_turns }
         args { id: String, now_ms: u64, ttl: u64, result: String }
     }
 }
@@ -55,6 +55,8 @@ impl Jobs {
         let inputs = CancelInputs {
             job: keys.job(id),
             queue: keys.queue(),
+            tenants: keys.tenants(),
+            tenant_turns: keys.tenant_turns(),
             stdin: keys.stdin(id),
             events: keys.events(id),
             id: id.to_string(),

@@ -37,7 +37,7 @@ if status ~= 'error' and redis.call('HGET', job_key, 'lost_worker') == worker
   end
   local replaces = redis.call('HGET', job_key, 'verdict_seq')
   if current == 'queued' then
-    redis.call('LREM', queue_key, 0, id)
+    withdraw(job_key, id, queue_key, tenants_key, tenant_turns_key)
   elseif current == 'running' then
     if redis.call('HGET', job_key, 'cancel_requested') ~= '1' then
       redis.call('HSET', job_key, 'cancel_requested', '1')

@@ -12,7 +12,7 @@ use crate::store::{StoreError, now_ms, parse_status};
 
 script_inputs! {
     struct FinishInputs {
-        keys { job, processing, events, stdin, queue }
+        keys { job, processing, events, stdin, queue, tenants, tenant_turns }
         args {
             id: String,
             status: &'static str,
@@ -80,6 +80,8 @@ impl Jobs {
             events: keys.events(id),
             stdin: keys.stdin(id),
             queue: keys.queue(),
+            tenants: keys.tenants(),
+            tenant_turns: keys.tenant_turns(),
             id: id.to_string(),
             status: result.status.as_str(),
             result: json,

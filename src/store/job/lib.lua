@@ -6,6 +6,9 @@ local EVENT_OVERHEAD = 64
 local JOB_OVERHEAD = 4096
 local MAX_OUTPUT_EVENTS = 4096
 local IDEMPOTENCY_BYTES = 256
+-- What `jobs:queue` holds: one turn per queued job (a claim takes a turn,
+-- then the job whose turn it is; see claim.lua).
+local TURN = 'turn'
 local OUT_FIELDS = {'out:compile:stdout', 'out:compile:stderr', 'out:run:stdout', 'out:run:stderr'}
 
 -- Whether this step may move `job` to status `to` (MOVES); and the status
@@ -54,6 +57,65 @@ local function exit_event(status, replaces)
   return event .. '}'
 end
 
+-- Puts queued job `id` in its user's queue and a turn in `queue`: at the
+-- back of its user's queue (a new job), or at the claim end (`first`: a
+-- job given back, which had its turn). A user whose queue was empty joins
+-- its key's ring, and a key whose ring was empty joins `tenants`, at the
+-- back (or the front, for `first`). A job stored before fair turns (no
+-- `user_queue`) goes into `queue` itself, as then.
+local function enqueue(job, id, first, queue, tenants)
+  local user_queue = redis.call('HGET', job, 'user_queue')
+  if not user_queue then
+    if first then
+      redis.call('RPUSH', queue, id)
+    else
+      redis.call('LPUSH', queue, id)
+    end
+    return
+  end
+  local users = redis.call('HGET', job, 'users_ring')
+  local push = first and 'LPUSH' or 'RPUSH'
+  if first then
+    redis.call('RPUSH', user_queue, id)
+  else
+    redis.call('LPUSH', user_queue, id)
+  end
+  if redis.call('LLEN', user_queue) == 1 then
+    redis.call(push, users, user_queue)
+    if redis.call('LLEN', users) == 1 then
+      redis.call(push, tenants, users)
+    end
+  end
+  if first then
+    redis.call('RPUSH', queue, TURN)
+  else
+    redis.call('LPUSH', queue, TURN)
+  end
+end
+
+-- Takes queued job `id` out of its user's queue (and its turn out of
+-- `queue`); a user or key left with nothing queued leaves its ring. A
+-- claimed job is in no user queue (its turn was taken): nothing changes.
+local function withdraw(job, id, queue, tenants, turns)
+  local user_queue = redis.call('HGET', job, 'user_queue')
+  if not user_queue then
+    redis.call('LREM', queue, 0, id)
+    return
+  end
+  if redis.call('LREM', user_queue, 0, id) == 0 then
+    return
+  end
+  if redis.call('LLEN', user_queue) == 0 then
+    local users = redis.call('HGET', job, 'users_ring')
+    redis.call('LREM', users, 0, user_queue)
+    if redis.call('LLEN', users) == 0 then
+      redis.call('LREM', tenants, 0, users)
+      redis.call('HDEL', turns, users)
+    end
+  end
+  redis.call('LREM', queue, 1, TURN)
+end
+
 -- Sets the job's entry in its key's storage budget to its actual size.
 local function account(job, id, expires_ms)
   local stored = redis.call('HGET', job, 'stored_key')
@@ -77,8 +139,14 @@ end
 -- expire and accounts its size until then.
 local function expire_job(job, events, stdin, id, now, ttl)
   local active = redis.call('HGET', job, 'active_key')
-  if active then
-    redis.call('SREM', active, id)
+  if active and redis.call('SREM', active, id) == 1 then
+    local user_active = redis.call('HGET', job, 'user_active_key')
+    if user_active then
+      local user = redis.call('HGET', job, 'user') or ''
+      if redis.call('HINCRBY', user_active, user, -1) <= 0 then
+        redis.call('HDEL', user_active, user)
+      end
+    end
   end
   redis.call('EXPIRE', job, ttl)
   redis.call('EXPIRE', events, ttl)

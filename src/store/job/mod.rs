@@ -67,6 +67,7 @@ pub const MAX_OUTPUT_EVENTS: u64 = 4096;
 #[cfg(test)]
 pub(crate) const SCRIPT_BODIES: &[(&str, &str)] = &[
     ("submit", include_str!("submit.lua")),
+    ("claim", include_str!("claim.lua")),
     ("start", include_str!("start.lua")),
     ("append_events", include_str!("append_events.lua")),
     ("send_input", include_str!("send_input.lua")),
@@ -81,6 +82,7 @@ pub(crate) const SCRIPT_BODIES: &[(&str, &str)] = &[
 #[derive(Debug)]
 struct Scripts {
     submit: StepScript<submit::SubmitInputs>,
+    claim: StepScript<claim::ClaimInputs>,
     start: StepScript<start::StartInputs>,
     append_events: StepScript<append_events::AppendInputs>,
     send_input: StepScript<send_input::SendInputs>,
@@ -102,6 +104,7 @@ impl Jobs {
     pub(super) fn new(redis: Redis) -> Self {
         let scripts = Scripts {
             submit: submit::script(),
+            claim: claim::script(),
             start: start::script(),
             append_events: append_events::script(),
             send_input: send_input::script(),

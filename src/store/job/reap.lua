@@ -1,8 +1,9 @@
 -- REAP: settles one job of a worker whose heartbeat expired, once:
 -- nothing happens while the heartbeat lives ({'alive'}, unless `own`: the
 -- worker itself, restarted under the same id, recovers its own list), and
--- a job not in the list is {'absent'} (another reaper reaped it). Then,
--- by status:
+-- a job not in the list is {'absent'} (another reaper reaped it). A turn
+-- (`id` is TURN: the worker died between the two halves of a claim) goes
+-- back to jobs:queue ({'turn'}). Then, by status:
 -- - `queued` (claimed, never started): back to the claim end of the queue
 --   while it has requeues left ({'requeued', requeues}), else `error` and
 --   the dead-letter list ({'dead', requeues});
@@ -18,6 +19,14 @@
 if own ~= '1' and redis.call('EXISTS', heartbeat_key) == 1 then
   return {'alive'}
 end
+if id == TURN then
+  -- A claim that stopped between its two halves: the turn goes back.
+  if redis.call('LREM', processing_key, 1, TURN) == 0 then
+    return {'absent'}
+  end
+  redis.call('RPUSH', queue_key, TURN)
+  return {'turn'}
+end
 if not redis.call('LPOS', processing_key, id) then
   return {'absent'}
 end
@@ -31,7 +40,7 @@ if status == 'queued' then
   if requeues < tonumber(max_requeues) then
     redis.call('LREM', processing_key, 0, id)
     requeues = redis.call('HINCRBY', job_key, 'requeues', 1)
-    redis.call('RPUSH', queue_key, id)
+    enqueue(job_key, id, true, queue_key, tenants_key)
     return {'requeued', tostring(requeues)}
   end
   local seq, from = settle_job(job_key, events_key, stdin_key, id, 'error', dead_result, nil, now_ms, ttl, nil)
@@ -75,7 +84,7 @@ if retry ~= 'never' and tonumber(attempts) < tonumber(redis.call('HGET', job_key
   append_event(events_key, job_key, '{"type":"attempt","attempt":' .. (tonumber(attempts) + 1)
     .. ',"reason":"worker_lost","worker":"' .. worker .. '"}')
   append_event(events_key, job_key, '{"type":"status","status":"queued"}')
-  redis.call('RPUSH', queue_key, id)
+  enqueue(job_key, id, true, queue_key, tenants_key)
   return {'retried', attempts}
 end
 local seq, from = settle_verdict(job_key, events_key, stdin_key, id, running_result, now_ms, ttl,

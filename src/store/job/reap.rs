@@ -17,7 +17,7 @@ use crate::store::{StoreError, now_ms};
 
 script_inputs! {
     struct ReapInputs {
-        keys { processing, heartbeat, job, queue, dead, events, stdin }
+        keys { processing, heartbeat, job, queue, dead, events, stdin, tenants, tenant_turns }
         args {
             id: String,
             now_ms: u64,
@@ -168,6 +168,9 @@ pub enum ReapOutcome {
     Absent,
     /// The worker's heartbeat is back: nothing was done.
     Alive,
+    /// A turn the worker had moved but not yet taken a job for (it died
+    /// between the two halves of a claim): back in `jobs:queue`.
+    TurnReturned,
 }
 
 impl ReapOutcome {
@@ -198,6 +201,7 @@ impl ReapOutcome {
             "missing" => ReapOutcome::Missing,
             "absent" => ReapOutcome::Absent,
             "alive" => ReapOutcome::Alive,
+            "turn" => ReapOutcome::TurnReturned,
             _ => return Err(reply.unexpected()),
         })
     }
@@ -266,6 +270,8 @@ impl Jobs {
             heartbeat: keys.heartbeat(worker),
             job: keys.job(id),
             queue: keys.queue(),
+            tenants: keys.tenants(),
+            tenant_turns: keys.tenant_turns(),
             dead: keys.dead(),
             events: keys.events(id),
             stdin: keys.stdin(id),

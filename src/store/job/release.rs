@@ -8,7 +8,7 @@ use crate::store::StoreError;
 
 script_inputs! {
     struct ReleaseInputs {
-        keys { queue, processing, job }
+        keys { queue, processing, job, tenants, tenant_turns }
         args { id: String }
     }
 }
@@ -47,6 +47,8 @@ impl Jobs {
         let keys = &self.redis.keys;
         let inputs = ReleaseInputs {
             queue: keys.queue(),
+            tenants: keys.tenants(),
+            tenant_turns: keys.tenant_turns(),
             processing: keys.processing(worker),
             job: keys.job(id),
             id: id.to_string(),

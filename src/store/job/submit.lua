@@ -1,7 +1,9 @@
--- SUBMIT: admits a new job and enqueues it, in one step with its
--- idempotency record. Outcomes: accepted|existing|conflict (job id),
--- queue_full (depth), key_limit (active count), key_storage (bytes the key
--- holds). Before the budget is checked, entries of the key whose keys have
+-- SUBMIT: admits a new job and enqueues it in its user's queue (a turn in
+-- jobs:queue), in one step with its idempotency record. Outcomes:
+-- accepted|existing|conflict (job id), queue_full (depth), key_limit
+-- (active count), user_active_limit (the user's active count),
+-- user_rate_limit (ms until the user may submit again), key_storage
+-- (bytes the key holds). Before the budget is checked, entries of the key whose keys have
 -- expired are released, a bounded number per call.
 if idempotency_key ~= '' then
   local existing = redis.call('HGET', idempotency_key, 'job')
@@ -25,7 +27,25 @@ local active = redis.call('SCARD', active_key)
 if limit > 0 and active >= limit then
   return {'key_limit', tostring(active)}
 end
+local per_user = tonumber(user_limit)
+local user_active = tonumber(redis.call('HGET', user_active_key, user) or '0')
+if per_user > 0 and user_active >= per_user then
+  return {'user_active_limit', tostring(user_active)}
+end
 local now = tonumber(now_ms)
+-- The user's submission rate, by GCRA: `user_rate_per_minute` a minute, as many at
+-- once after a quiet minute.
+local rate = tonumber(user_rate_per_minute)
+local next_arrival
+if rate > 0 then
+  local interval = 60000 / rate
+  local arrival = math.max(tonumber(redis.call('GET', user_rate_key) or '0'), now)
+  local allowed_from = arrival + interval - 60000
+  if now < allowed_from then
+    return {'user_rate_limit', tostring(math.ceil(allowed_from - now))}
+  end
+  next_arrival = arrival + interval
+end
 local expired = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now, 'LIMIT', 0, 1000)
 for _, member in ipairs(expired) do
   local bytes = tonumber(redis.call('HGET', stored_key, member) or '0')
@@ -45,8 +65,14 @@ set_status(job_key, 'queued')
 redis.call('HSET', job_key, 'id', id, 'spec', spec, 'api_key', api_key,
   'user', user, 'language', language, 'attempts', 0, 'created_ms', now_ms,
   'active_key', active_key, 'metadata', metadata, 'max_attempts', max_attempts,
-  'stored_key', stored_key, 'expiry_key', expiry_key, 'wall_budget_ms', wall_budget_ms)
+  'stored_key', stored_key, 'expiry_key', expiry_key, 'wall_budget_ms', wall_budget_ms,
+  'user_queue', user_queue_key, 'users_ring', users_key, 'user_active_key', user_active_key)
 redis.call('SADD', active_key, id)
+redis.call('HINCRBY', user_active_key, user, 1)
+if next_arrival then
+  redis.call('SET', user_rate_key, tostring(math.ceil(next_arrival)), 'PX', 60000)
+end
+redis.call('HSET', tenant_weights_key, users_key, weight)
 redis.call('HSET', stored_key, 'j:' .. id, reserve)
 redis.call('ZADD', expiry_key, '+inf', 'j:' .. id)
 redis.call('HINCRBY', stored_key, 'total', need)
@@ -57,7 +83,7 @@ if idempotency_key ~= '' then
   redis.call('HSET', stored_key, idempotency_member, IDEMPOTENCY_BYTES)
   redis.call('ZADD', expiry_key, now + tonumber(idempotency_ttl) * 1000, idempotency_member)
 end
-redis.call('LPUSH', queue_key, id)
+enqueue(job_key, id, false, queue_key, tenants_key)
 redis.call('LPUSH', recent_key, id)
 redis.call('LTRIM', recent_key, 0, tonumber(recent_last))
 return {'accepted', id}

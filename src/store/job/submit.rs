@@ -11,7 +11,10 @@ use crate::store::{StoreError, now_ms};
 
 script_inputs! {
     struct SubmitInputs {
-        keys { queue, job, active, idempotency, events, recent, stored, expiry }
+        keys {
+            queue, job, active, idempotency, events, recent, stored, expiry,
+            tenants, tenant_weights, users, user_queue, user_active, user_rate
+        }
         args {
             id: String,
             spec: String,
@@ -30,6 +33,9 @@ script_inputs! {
             storage_budget: u64,
             idempotency_member: String,
             wall_budget_ms: u64,
+            weight: u32,
+            user_limit: u64,
+            user_rate_per_minute: u64,
         }
     }
 }
@@ -73,6 +79,12 @@ pub struct Admission {
     /// submit ([`crate::job::PreparedJob::stages_wall_ms`]): start adds the
     /// worker's start timeout and grace to it and stores the deadline.
     pub wall_budget_ms: u64,
+    /// The key's turns per round of the fair claim.
+    pub weight: u32,
+    /// Most queued + running jobs of the job's user (`None`: no limit).
+    pub user_limit: Option<u64>,
+    /// Most submissions of the job's user per minute (`None`: no limit).
+    pub user_rate_per_minute: Option<u64>,
 }
 
 /// The most a job can come to hold in Redis, reserved from its API key's
@@ -97,6 +109,15 @@ pub enum SubmitOutcome {
     KeyLimit {
         active: u64,
     },
+    /// The job's user has `active` jobs queued or running, its limit.
+    UserActiveLimit {
+        active: u64,
+    },
+    /// The job's user submitted its rate's worth; the next submission is
+    /// admitted in `retry_ms`.
+    UserRateLimit {
+        retry_ms: u64,
+    },
     /// The key's jobs hold `held` bytes and this one, which would reserve
     /// `needed`, would take the key over its storage budget.
     KeyStorage {
@@ -116,6 +137,12 @@ impl SubmitOutcome {
             },
             "key_limit" => SubmitOutcome::KeyLimit {
                 active: reply.number(0)?,
+            },
+            "user_active_limit" => SubmitOutcome::UserActiveLimit {
+                active: reply.number(0)?,
+            },
+            "user_rate_limit" => SubmitOutcome::UserRateLimit {
+                retry_ms: reply.number(0)?,
             },
             "key_storage" => SubmitOutcome::KeyStorage {
                 held: reply.number(0)?,
@@ -151,6 +178,12 @@ impl Jobs {
             recent: keys.recent(),
             stored: keys.stored(job.api_key),
             expiry: keys.expiry(job.api_key),
+            tenants: keys.tenants(),
+            tenant_weights: keys.tenant_weights(),
+            users: keys.users(job.api_key),
+            user_queue: keys.user_queue(job.api_key, job.user),
+            user_active: keys.user_active(job.api_key),
+            user_rate: keys.user_rate(job.api_key, job.user),
             id: job.id.to_string(),
             spec,
             api_key: job.api_key.to_string(),
@@ -168,6 +201,9 @@ impl Jobs {
             storage_budget: job.admission.storage_budget,
             idempotency_member: format!("i:{}", job.idempotency.map_or("", |(key, _)| key)),
             wall_budget_ms: job.admission.wall_budget_ms,
+            weight: job.admission.weight.max(1),
+            user_limit: job.admission.user_limit.unwrap_or(0),
+            user_rate_per_minute: job.admission.user_rate_per_minute.unwrap_or(0),
         };
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.submit.run(&mut conn, &inputs, &[]).await?;
