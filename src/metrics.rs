@@ -18,6 +18,8 @@ pub struct Metrics {
     pub slots_max: IntGauge,
     /// `LLEN jobs:queue`, read when /metrics is scraped.
     pub queue_depth: IntGauge,
+    /// API keys with jobs queued (in the fair turns' ring).
+    pub queue_tenants: IntGauge,
     /// Finished jobs by language and terminal status.
     pub jobs: IntCounterVec,
     /// Submissions refused, by reason.
@@ -100,7 +102,14 @@ impl Metrics {
                 "code_runner_slots_max",
                 "Sandboxes this worker may run at once.",
             )?,
-            queue_depth: gauge("code_runner_queue_depth", "Jobs waiting in jobs:queue.")?,
+            queue_depth: gauge(
+                "code_runner_queue_depth",
+                "Jobs waiting to be claimed (one turn each in jobs:queue).",
+            )?,
+            queue_tenants: gauge(
+                "code_runner_queue_tenants",
+                "API keys with jobs waiting (the keys taking turns).",
+            )?,
             jobs: counter(
                 "code_runner_jobs_total",
                 "Finished jobs by language and status.",
@@ -196,6 +205,7 @@ mod tests {
             "code_runner_slots_max 3",
             "code_runner_slots_used 0",
             "code_runner_queue_depth 0",
+            "code_runner_queue_tenants 0",
             "code_runner_jobs_total{language=\"python\",status=\"succeeded\"} 1",
             "code_runner_submissions_rejected_total{reason=\"queue_full\"} 1",
             "code_runner_queue_wait_seconds_count{language=\"python\"} 1",

@@ -432,7 +432,11 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
         waiting.extend(conn.keys::<_, Vec<String>>("apikey:*:users").await.unwrap());
         waiting.extend(conn.keys::<_, Vec<String>>("jobs:tenants").await.unwrap());
         // Every ended job gave its user's active count back.
-        waiting.extend(conn.keys::<_, Vec<String>>("apikey:*:user_active").await.unwrap());
+        waiting.extend(
+            conn.keys::<_, Vec<String>>("apikey:*:user_active")
+                .await
+                .unwrap(),
+        );
         if !waiting.is_empty() {
             problems.push(format!("fair-turn lists left: {waiting:?}"));
         }
@@ -474,7 +478,8 @@ async fn workers_killed_at_random_lose_leak_and_duplicate_nothing() {
         let containers = fleet_containers(&docker, &workers).await;
         if let Some(latest) = latest_deadline_ms(&docker, &workers).await {
             let due = Duration::from_millis(
-                (latest + REAPER_GRACE_MS + 5 * REAPER_INTERVAL_MS).saturating_sub(common::unix_ms()),
+                (latest + REAPER_GRACE_MS + 5 * REAPER_INTERVAL_MS)
+                    .saturating_sub(common::unix_ms()),
             );
             docker_deadline = docker_deadline.max(Instant::now() + due);
         }

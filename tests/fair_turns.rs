@@ -135,7 +135,9 @@ async fn a_keys_weight_is_its_claims_in_a_row() {
     }
     assert_eq!(
         claim_all(&store, "w1").await,
-        ["big1", "big2", "big3", "small1", "big4", "big5", "big6", "small2", "small3"]
+        [
+            "big1", "big2", "big3", "small1", "big4", "big5", "big6", "small2", "small3"
+        ]
     );
 }
 
@@ -171,7 +173,13 @@ async fn reap_all(store: &Store, worker: &str) -> Vec<ReapOutcome> {
             late_window: Duration::from_secs(60),
             own: false,
         };
-        outcomes.push(store.jobs().reap(worker, &id, policy, &results).await.unwrap());
+        outcomes.push(
+            store
+                .jobs()
+                .reap(worker, &id, policy, &results)
+                .await
+                .unwrap(),
+        );
     }
     outcomes
 }
@@ -192,7 +200,14 @@ async fn a_worker_killed_at_any_step_of_a_claim_loses_nothing_and_runs_nothing_t
     let queue = store.keys().queue();
 
     // Killed before the claim: nothing moved.
-    assert!(store.jobs().held_by("dead-before").await.unwrap().is_empty());
+    assert!(
+        store
+            .jobs()
+            .held_by("dead-before")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // Killed between the halves: its BLMOVE moved a turn, no job.
     let moved: Option<String> = conn
@@ -227,7 +242,10 @@ async fn a_worker_killed_at_any_step_of_a_claim_loses_nothing_and_runs_nothing_t
         store.jobs().take_turn("dead-after").await.unwrap(),
         ClaimOutcome::Claimed("a-u1-1".into())
     );
-    assert_eq!(store.jobs().claimed_by("dead-after").await.unwrap(), ["a-u1-1"]);
+    assert_eq!(
+        store.jobs().claimed_by("dead-after").await.unwrap(),
+        ["a-u1-1"]
+    );
     assert_eq!(
         reap_all(&store, "dead-after").await,
         [ReapOutcome::Requeued { requeues: 1 }]
@@ -286,7 +304,10 @@ async fn a_cancelled_queued_job_takes_its_turn_and_a_turn_on_its_way_is_spare() 
         store.jobs().cancel("first", &cancelled).await.unwrap(),
         CancelOutcome::Cancelled
     );
-    assert_eq!(store.jobs().take_turn("w1").await.unwrap(), ClaimOutcome::Spare);
+    assert_eq!(
+        store.jobs().take_turn("w1").await.unwrap(),
+        ClaimOutcome::Spare
+    );
     assert!(store.jobs().held_by("w1").await.unwrap().is_empty());
     assert_eq!(store.jobs().queue_depth().await.unwrap(), 0);
     assert_eq!(store.jobs().tenants_waiting().await.unwrap(), 0);
@@ -320,7 +341,14 @@ async fn claim_cost(redis: &RedisServer, store: &Store) -> (String, u64, u64) {
             .cli(&["INFO", "commandstats"])
             .lines()
             .filter(|l| l.starts_with("cmdstat_") && !l.starts_with("cmdstat_info:"))
-            .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+            .filter_map(|l| {
+                l.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
             .sum::<u64>()
     };
     let mut conn = store.dedicated().await.unwrap();
@@ -343,16 +371,33 @@ async fn a_claim_costs_two_round_trips_with_one_tenant_or_a_thousand() {
     let many = RedisServer::start();
     let store_many = store(&many);
     for n in 0..1000 {
-        submit(&store_many, &format!("key{}", n % 100), &format!("u{n}"), 1, &format!("j{n}")).await;
+        submit(
+            &store_many,
+            &format!("key{}", n % 100),
+            &format!("u{n}"),
+            1,
+            &format!("j{n}"),
+        )
+        .await;
     }
     assert_eq!(store_many.jobs().tenants_waiting().await.unwrap(), 100);
-    assert_eq!(store_many.jobs().waiting_tenants().await.unwrap().len(), 1000);
+    assert_eq!(
+        store_many.jobs().waiting_tenants().await.unwrap().len(),
+        1000
+    );
     let (id, trips_many, inside_many) = claim_cost(&many, &store_many).await;
     assert_eq!(id, "j0");
-    assert_eq!((trips_one, trips_many), (2, 2), "BLMOVE and the claim script");
+    assert_eq!(
+        (trips_one, trips_many),
+        (2, 2),
+        "BLMOVE and the claim script"
+    );
     assert_eq!(calls(&many, "blmove"), 1);
     // The script's own work is bounded too: no command walks the tenants.
-    assert!(inside_one <= 16 && inside_many <= 16, "{inside_one} {inside_many}");
+    assert!(
+        inside_one <= 16 && inside_many <= 16,
+        "{inside_one} {inside_many}"
+    );
     println!(
         "a claim: {trips_one} round trips and {inside_one} commands inside the script with 1 tenant; {trips_many} and {inside_many} with 1000 waiting (100 keys of 10 users)"
     );

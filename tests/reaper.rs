@@ -87,8 +87,16 @@ async fn mark_dead(redis: &RedisServer, store: &Store, worker: &str) {
 /// be the next in turn), as the worker's claim loop would.
 async fn claim_for(_redis: &RedisServer, store: &Store, worker: &str, id: &str) {
     let mut conn = store.dedicated().await.expect("a connection");
-    let claimed = store.jobs().claim(&mut conn, worker).await.expect("redis answers");
-    assert_eq!(claimed.as_deref(), Some(id), "job {id} was not the next in turn");
+    let claimed = store
+        .jobs()
+        .claim(&mut conn, worker)
+        .await
+        .expect("redis answers");
+    assert_eq!(
+        claimed.as_deref(),
+        Some(id),
+        "job {id} was not the next in turn"
+    );
 }
 
 /// What start adds to a job's wall budget for these tests' engine: its

@@ -178,7 +178,10 @@ async fn seed(
     }
     if status == Status::Queued {
         let _: () = conn.lpush(keys.user_queue("k", USER), id).await.unwrap();
-        let _: () = conn.rpush(keys.users("k"), keys.user_queue("k", USER)).await.unwrap();
+        let _: () = conn
+            .rpush(keys.users("k"), keys.user_queue("k", USER))
+            .await
+            .unwrap();
         let _: () = conn.rpush(keys.tenants(), keys.users("k")).await.unwrap();
         let _: () = conn.lpush(keys.queue(), TURN).await.unwrap();
     }
@@ -198,11 +201,13 @@ async fn snapshot(
     let stdin: u64 = conn.xlen(keys.stdin(id)).await.unwrap();
     let dead: Vec<String> = conn.lrange(keys.dead(), 0, -1).await.unwrap();
     let active: BTreeSet<String> = conn.smembers(keys.active("k")).await.unwrap();
-    let user_queue: Vec<String> = conn.lrange(keys.user_queue("k", USER), 0, -1).await.unwrap();
+    let user_queue: Vec<String> = conn
+        .lrange(keys.user_queue("k", USER), 0, -1)
+        .await
+        .unwrap();
     let users: Vec<String> = conn.lrange(keys.users("k"), 0, -1).await.unwrap();
     let tenants: Vec<String> = conn.lrange(keys.tenants(), 0, -1).await.unwrap();
-    let user_active: BTreeMap<String, String> =
-        conn.hgetall(keys.user_active("k")).await.unwrap();
+    let user_active: BTreeMap<String, String> = conn.hgetall(keys.user_active("k")).await.unwrap();
     vec![
         format!("{user_queue:?} {users:?} {tenants:?} {user_active:?}"),
         format!("{hash:?}"),

@@ -115,6 +115,8 @@ struct Accepted {
     token: String,
     tokens: AttachTokens,
     urls: JobUrls,
+    /// Who the job is for; `null`: the key's anonymous user.
+    user: Option<String>,
 }
 
 /// Milliseconds since the epoch as RFC 3339 UTC with milliseconds.
@@ -336,6 +338,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             status: Status::Queued,
             token: tokens.control.clone(),
             tokens,
+            user: spec.user.clone(),
         }),
     )
         .into_response())

@@ -164,6 +164,15 @@ async fn metrics(State(ops): State<OpsState>) -> Response {
             tracing::warn!(error = %error, "cannot read the queue depth for /metrics; reporting the last value");
         }
     }
+    match ops.store.jobs().tenants_waiting().await {
+        Ok(tenants) => ops
+            .metrics
+            .queue_tenants
+            .set(i64::try_from(tenants).unwrap_or(i64::MAX)),
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot read the waiting tenants for /metrics; reporting the last value");
+        }
+    }
     (
         [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
         ops.metrics.render(),

@@ -91,6 +91,7 @@ fn invalid_job(invalid: &crate::job::InvalidJob) -> Response {
         "limits.disk_mb" => "max_file_size",
         "stdin" => "stdin",
         "language" => "language_id",
+        "user" => "X-Code-Runner-User",
         field if field.starts_with("args") => "command_line_arguments",
         _ => "source_code",
     };
