@@ -12,7 +12,8 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: std::net::SocketAddr,
 
-    /// API keys: `name:key[:max_active][:admin]` separated by commas;
+    /// API keys: `name:key[:option]...` separated by commas (options:
+    /// admin, max_active, weight, max_active_per_user, user_rate_per_minute);
     /// max_active caps the key's queued + running jobs; admin is the scope
     /// fleet-wide settings (the warm capacity schedule) need.
     #[arg(long, env = "CODE_RUNNER_API_KEYS", hide_env_values = true)]

@@ -21,8 +21,23 @@
 //! commands, dedicated connections for blocking ones.
 //!
 //! Keys, all under an optional prefix:
-//! - `jobs:queue` — list of pending job ids (LPUSH by the API; a worker claims
-//!   with `BLMOVE jobs:queue worker:<wid>:processing RIGHT LEFT`).
+//! - `jobs:queue` — list of turns (`turn`), one per queued job, so its
+//!   length is the number of queued jobs (LPUSH by submit; a worker claims
+//!   with `BLMOVE jobs:queue worker:<wid>:processing RIGHT LEFT`, then the
+//!   claim script puts the job whose turn it is in the turn's place; see
+//!   [`job::claim`]). An entry that is a job id was queued before fair
+//!   turns and is claimed as it is.
+//! - `jobs:tenants` — list, the ring of API keys with queued jobs: each
+//!   entry is the key's users ring; `jobs:tenants:turns` — hash: claims
+//!   each key took in its current turn; `jobs:tenants:weights` — hash:
+//!   each key's weight (claims per turn), set by submit.
+//! - `apikey:<name>:users` — list, the ring of the key's users with queued
+//!   jobs: each entry is the user's queue; `apikey:<name>:queue:<user>` —
+//!   list: the user's queued job ids, oldest at the claim end (`<user>` is
+//!   empty for the key's anonymous user).
+//! - `apikey:<name>:user_active` — hash: queued + running jobs per user;
+//!   `apikey:<name>:rate:<user>` — the user's submission rate (GCRA's
+//!   theoretical arrival time, expiring within a minute).
 //! - `job:<id>` — hash: spec, status, attempts (starts), max attempts,
 //!   worker, its Docker host, api key, timestamps, the result (JSON without
 //!   its output) and its output (`out:<stage>:<stream>`, raw bytes),
@@ -30,7 +45,9 @@
 //!   starting it), the late-result record (`lost_worker`, `lost_attempt`,
 //!   `lost_until`, `verdict_seq`), the wall budget resolved at submit
 //!   (`wall_budget_ms`) and the deadline stored at start (`deadline_ms`),
-//!   and the counters of its budgets. Expires
+//!   who it is for (`user`, empty for the key's anonymous user) and the
+//!   names of its user's queue, users ring and active count, and the
+//!   counters of its budgets. Expires
 //!   `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
 //!   (`cancel`, stdin, stdin close, signals); never trimmed, every message
@@ -41,7 +58,8 @@
 //!   `apikey:<name>:expiry` — sorted set: when each of them expires.
 //! - `feeds:<instance>:doorbell` — a tiny stream an API process rings to
 //!   wake its own events reader (expires on its own).
-//! - `worker:<wid>:processing` — list of the ids a worker has claimed.
+//! - `worker:<wid>:processing` — list of the ids a worker has claimed (and
+//!   the turn of a claim between its two halves).
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
 //! - `worker:<wid>:languages` — the language ids the worker has images of
 //!   (comma-separated), refreshed with its heartbeat and expiring with it.
