@@ -108,7 +108,7 @@ async fn users_of_one_key_take_turns() {
     submit(&store, "school", "student-1", 1, "s1").await;
     submit(&store, "school", "", 1, "anon1").await;
     submit(&store, "school", "student-1", 1, "s2").await;
-    let waiting = store.jobs().waiting_tenants().await.unwrap();
+    let waiting = store.jobs().waiting_tenants(100).await.unwrap();
     assert_eq!(
         waiting,
         [
@@ -382,7 +382,7 @@ async fn a_claim_costs_two_round_trips_with_one_tenant_or_a_thousand() {
     }
     assert_eq!(store_many.jobs().tenants_waiting().await.unwrap(), 100);
     assert_eq!(
-        store_many.jobs().waiting_tenants().await.unwrap().len(),
+        store_many.jobs().waiting_tenants(2000).await.unwrap().len(),
         1000
     );
     let (id, trips_many, inside_many) = claim_cost(&many, &store_many).await;

@@ -334,6 +334,8 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     let empty = daemon.get("/v1/dashboard", Some(ADMIN_KEY)).await;
     assert_eq!(empty.status, StatusCode::OK, "{empty:#?}");
     assert_eq!(empty.body["queue_depth"], 0);
+    assert_eq!(empty.body["tenants_waiting"], 0);
+    assert_eq!(empty.body["waiting"], json!([]));
     assert_eq!(empty.body["workers"], json!([]));
     assert_eq!(empty.body["recent_jobs"], json!([]));
     // An `api` process counts no jobs of its own: no rate is claimed.
@@ -363,9 +365,33 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     }
     assert_eq!(redis.cli(&["LLEN", "jobs:recent"]), "200");
 
+    // Two more, for a user of the key, and one of another key.
+    for user in ["student-1", "student-1"] {
+        let mut job = python("print(1)");
+        job["user"] = json!(user);
+        let answer = daemon.submit(&job).await;
+        assert_eq!(answer.status, StatusCode::ACCEPTED);
+        ids.push(answer.id());
+    }
+    let other = daemon
+        .submit_as(Some(ADMIN_KEY), &python("print(1)"), false)
+        .await;
+    assert_eq!(other.status, StatusCode::ACCEPTED);
+    ids.push(other.id());
+
     let view = daemon.get("/v1/dashboard", Some(ADMIN_KEY)).await;
     assert_eq!(view.status, StatusCode::OK);
-    assert_eq!(view.body["queue_depth"], 205);
+    assert_eq!(view.body["queue_depth"], 208);
+    // The users waiting, in the order of their turns.
+    assert_eq!(view.body["tenants_waiting"], 2);
+    assert_eq!(
+        view.body["waiting"],
+        json!([
+            {"api_key": "a", "user": null, "queued": 205},
+            {"api_key": "a", "user": "student-1", "queued": 2},
+            {"api_key": "ops", "user": null, "queued": 1},
+        ])
+    );
     assert_eq!(
         view.body["workers"],
         json!([{
@@ -382,7 +408,7 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     let newest: Vec<&str> = ids.iter().rev().take(50).map(String::as_str).collect();
     let shown: Vec<&str> = recent.iter().map(|j| j["id"].as_str().unwrap()).collect();
     assert_eq!(shown, newest);
-    let first = &recent[0];
+    let first = &recent[3];
     assert_eq!(
         (
             &first["status"],
@@ -400,9 +426,9 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     assert!(first["created_at"].as_str().unwrap().ends_with('Z'));
 
     // An expired job leaves the list's view (its id may linger until pushed out).
-    redis.cli(&["DEL", &format!("job:{}", ids[204])]);
+    redis.cli(&["DEL", &format!("job:{}", ids[207])]);
     let view = daemon.get("/v1/dashboard", Some(ADMIN_KEY)).await;
-    assert_eq!(view.body["recent_jobs"][0]["id"], ids[203].as_str());
+    assert_eq!(view.body["recent_jobs"][0]["id"], ids[206].as_str());
 }
 
 /// `gzip -dc` of `data`.

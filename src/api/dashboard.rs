@@ -223,10 +223,26 @@ impl From<JobSummary> for JobView {
     }
 }
 
+/// Users with jobs waiting, in the order of their turns.
+#[derive(Debug, Serialize)]
+struct WaitingView {
+    api_key: String,
+    /// `null`: the key's anonymous user.
+    user: Option<String>,
+    queued: u64,
+}
+
+/// The most waiting users the dashboard lists.
+const WAITING_SHOWN: usize = 50;
+
 #[derive(Debug, Serialize)]
 struct Overview {
     generated_at: String,
     queue_depth: u64,
+    /// API keys with jobs waiting.
+    tenants_waiting: u64,
+    /// The first [`WAITING_SHOWN`] users waiting, in turn order.
+    waiting: Vec<WaitingView>,
     workers: Vec<WorkerView>,
     recent_jobs: Vec<JobView>,
     history: HistoryView,
@@ -240,14 +256,25 @@ pub(super) async fn overview(
     caller.require_admin()?;
     let web = web::settings(&state)?;
     let store = &state.inner.store;
-    let (queue_depth, workers, jobs) = tokio::try_join!(
+    let (queue_depth, tenants_waiting, waiting, workers, jobs) = tokio::try_join!(
         store.jobs().queue_depth(),
+        store.jobs().tenants_waiting(),
+        store.jobs().waiting_tenants(WAITING_SHOWN),
         store.overview().live_workers(),
         store.overview().recent_jobs(RECENT_JOBS_SHOWN),
     )?;
     Ok(Json(Overview {
         generated_at: rfc3339(now_ms()),
         queue_depth,
+        tenants_waiting,
+        waiting: waiting
+            .into_iter()
+            .map(|(api_key, user, queued)| WaitingView {
+                api_key,
+                user: (!user.is_empty()).then_some(user),
+                queued,
+            })
+            .collect(),
         workers: workers.into_iter().map(WorkerView::new).collect(),
         recent_jobs: jobs.into_iter().map(JobView::from).collect(),
         history: HistoryView {

@@ -456,6 +456,10 @@ class Dashboard(Page):
             self.assertEqual(self.text("t-warm"), "2")
             self.assertEqual(self.text("t-workers"), "1")
             self.assertEqual(self.text("t-queue"), "0")
+            # Nothing waits: no key is taking turns.
+            self.assertEqual(self.text("t-tenants"), "0 keys taking turns")
+            self.assertEqual([c.text for c in driver.find_elements(By.CSS_SELECTOR, "#waiting tbody td")],
+                             ["nothing waits"])
             # The plots: the server samples every 5 s; two samples make a line.
             self.wait(lambda d: self.plot_points("p-queue") >= 2, "the queue depth plot has no line", timeout=12)
             self.assertLessEqual(driver.execute_script("return document.documentElement.scrollWidth"),

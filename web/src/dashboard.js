@@ -135,6 +135,19 @@ function render(data) {
     cell(row, "no live worker: jobs wait in the queue until one starts").colSpan = 5;
   }
 
+  $("t-tenants").textContent = `${data.tenants_waiting} key${data.tenants_waiting === 1 ? "" : "s"} taking turns`;
+  const waiting = $("waiting").tBodies[0];
+  waiting.textContent = "";
+  for (const tenant of data.waiting) {
+    const row = waiting.insertRow();
+    cell(row, tenant.api_key);
+    cell(row, tenant.user ?? "(anonymous)").classList.add("mono");
+    cell(row, String(tenant.queued), "num");
+  }
+  if (!data.waiting.length) {
+    cell(waiting.insertRow(), "nothing waits").colSpan = 3;
+  }
+
   const jobs = $("jobs").tBodies[0];
   jobs.textContent = "";
   for (const job of data.recent_jobs) {

@@ -145,8 +145,12 @@ impl Jobs {
     }
 
     /// The keys and users with queued jobs, in the order of their turns:
-    /// (API key, user, jobs queued); `""` is a key's anonymous user.
-    pub async fn waiting_tenants(&self) -> Result<Vec<(String, String, u64)>, StoreError> {
+    /// (API key, user, jobs queued); `""` is a key's anonymous user. At
+    /// most `limit` of them (each is a round trip).
+    pub async fn waiting_tenants(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(String, String, u64)>, StoreError> {
         let keys = &self.redis.keys;
         let mut conn = self.redis.conn().await?;
         let rings: Vec<String> = conn.lrange(keys.tenants(), 0, -1).await?;
@@ -154,6 +158,9 @@ impl Jobs {
         for ring in rings {
             let queues: Vec<String> = conn.lrange(&ring, 0, -1).await?;
             for queue in queues {
+                if tenants.len() >= limit {
+                    return Ok(tenants);
+                }
                 let queued: u64 = conn.llen(&queue).await?;
                 if let Some((api_key, user)) = keys.tenant_of_user_queue(&queue) {
                     tenants.push((api_key.to_string(), user.to_string(), queued));
