@@ -2,15 +2,16 @@
 //! redis-server, the real dockerd) and against the sandbox engine alone: the
 //! report parses, its counts add up, its percentiles are ordered, every
 //! round trip sent is accounted for, and what went wrong is counted, never
-//! hidden. A benchmark measures; these tests assert what it reports, never
-//! how fast anything was.
+//! hidden; `--scenario fairness` reports both drain rates and the late jobs'
+//! waits. A benchmark measures; these tests assert what it reports (and in
+//! what order things happened), never how fast anything was.
 
 mod common;
 
 use std::process::Output;
 
 use common::containers::docker;
-use common::daemon::{self, DaemonBuilder, KEY_A, Role, run_to_end};
+use common::daemon::{self, DaemonBuilder, KEY_A, KEY_B, Role, run_to_end};
 use common::redis_server::{RedisServer, free_port};
 use common::{CliHarness, source};
 use reqwest::StatusCode;
@@ -207,6 +208,110 @@ async fn answers_429_are_waited_out_and_counted() {
     assert!(count(&report, "/counts/busy_retries") >= 1, "{report:#}");
     assert_eq!(daemon.job(&busy.id()).await["status"], "succeeded");
     daemon.assert_no_containers(&docker().await).await;
+}
+
+/// A backlog drain as the fairness report gives it: every job succeeded,
+/// a drain time and rate, and one queue wait per job.
+fn assert_drain(report: &Value, pointer: &str, jobs: u64) {
+    assert_eq!(
+        count(report, &format!("{pointer}/jobs")),
+        jobs,
+        "{report:#}"
+    );
+    assert_eq!(
+        count(report, &format!("{pointer}/succeeded")),
+        jobs,
+        "{report:#}"
+    );
+    for field in ["drain_ms", "jobs_per_sec"] {
+        let value = report.pointer(&format!("{pointer}/{field}"));
+        assert!(
+            value.and_then(Value::as_f64).is_some_and(|v| v > 0.0),
+            "{pointer}/{field}: {report:#}"
+        );
+    }
+    assert_summary(report, &format!("{pointer}/wait_ms"), jobs);
+}
+
+#[tokio::test]
+async fn the_fairness_scenario_lets_the_other_key_and_the_second_user_in_before_the_backlog_is_done()
+ {
+    let redis = RedisServer::start();
+    // Two slots, so that the backlog outlasts the late jobs' arrival.
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
+        .start()
+        .await;
+    let url = daemon.url.clone();
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&[
+            "--url",
+            &url,
+            "--key",
+            KEY_A,
+            "--scenario",
+            "fairness",
+            "--other-key",
+            KEY_B,
+            "--backlog",
+            "10",
+            "--job-ms",
+            "300",
+            "--late-ms",
+            "200",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "{report:#}");
+    assert_eq!(report["scenario"], "fairness");
+    assert_eq!(report["language"], "python");
+    assert_eq!(report["program"], "built-in sleep of 300 ms");
+    assert_eq!(
+        (&report["backlog"], &report["job_ms"], &report["late_ms"]),
+        (&Value::from(10), &Value::from(300), &Value::from(200)),
+        "{report:#}"
+    );
+    assert_drain(&report, "/alone", 10);
+    assert_drain(&report, "/contended/backlog", 10);
+    assert!(report["drain_ratio"].as_f64().unwrap() > 0.0, "{report:#}");
+    for late in ["/contended/other_key", "/contended/second_user"] {
+        let job = &report.pointer(late).unwrap();
+        assert_eq!(job["status"], "succeeded", "{late}: {report:#}");
+        assert!(job["wait_ms"].as_f64().unwrap() >= 0.0, "{report:#}");
+        // It was submitted behind the whole backlog and started before the
+        // backlog was done: backlog jobs started after it.
+        assert_eq!(
+            job["started_before_backlog_done"], true,
+            "{late}: {report:#}"
+        );
+        assert!(
+            count(&report, &format!("{late}/backlog_started_after")) >= 1,
+            "{late}: {report:#}"
+        );
+    }
+    assert!(report["host"]["cpus"].as_u64().unwrap() >= 1, "{report:#}");
+    daemon.assert_no_containers(&docker().await).await;
+
+    let usage = |args: &[&str], line: &str| {
+        let out = run_to_end(args, &[]);
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), line, "{args:?}");
+    };
+    let fairness = ["bench", "--key", KEY_A, "--scenario", "fairness"];
+    usage(
+        &fairness,
+        "code-runner: --scenario fairness needs --other-key: a second API key of the server (key B)\n",
+    );
+    usage(
+        &[&fairness[..], &["--other-key", KEY_A]].concat(),
+        "code-runner: --other-key is the key of --key; the fair turns are between two keys\n",
+    );
+    usage(
+        &[&fairness[..], &["--other-key", KEY_B, "--engine"]].concat(),
+        "code-runner: --engine does not go with --scenario fairness (its jobs are python sleeps)\n",
+    );
 }
 
 #[tokio::test]

@@ -6,6 +6,8 @@
 //! - [`load`]: the lanes that submit and follow the jobs, one path each for
 //!   the WebSocket, `?wait=true` and the engine; reuses the `run` command's
 //!   HTTP client and WebSocket follower.
+//! - [`fairness`]: `--scenario fairness`, one key's backlog against another
+//!   key's job and a second user's (issue 18).
 //! - [`echo`]: the interactive round trip, as pure state.
 //! - [`stats`]: nearest-rank percentiles.
 //! - [`report`]: the progress line, the text report and `--json`.
@@ -18,6 +20,7 @@
 //! be reached.
 
 mod echo;
+mod fairness;
 mod load;
 mod programs;
 mod report;
@@ -63,10 +66,44 @@ impl Via {
     }
 }
 
+/// What a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Scenario {
+    /// The jobs in lanes (--jobs, --concurrency, --via, …): submit → first
+    /// output, submit → result, jobs/s.
+    Load,
+    /// Fair turns: key A queues a backlog (--backlog jobs of --job-ms), once
+    /// alone and once while key B (--other-key) and a second user of key A
+    /// submit one job each; their queue wait and the backlog's drain rate.
+    Fairness,
+}
+
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     #[command(flatten)]
     pub api: ApiTarget,
+    /// What to measure: `load` (the flags below) or `fairness` (key A's
+    /// backlog against key B's job; takes --other-key, --backlog, --job-ms
+    /// and --late-ms, and only --url, --key and --json of the rest).
+    #[arg(long, value_enum, default_value_t = Scenario::Load)]
+    pub scenario: Scenario,
+    /// --scenario fairness: key B, a second API key of the same server.
+    #[arg(long, env = "CODE_RUNNER_BENCH_OTHER_KEY", hide_env_values = true)]
+    pub other_key: Option<String>,
+    /// --scenario fairness: the jobs of key A's backlog (the key must be
+    /// allowed that many queued jobs, its max_active).
+    #[arg(long, default_value_t = 120,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub backlog: u32,
+    /// --scenario fairness: how long each job runs (python time.sleep), in ms.
+    #[arg(long, default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub job_ms: u64,
+    /// --scenario fairness: how long after the backlog is queued key B and
+    /// the second user submit, in ms.
+    #[arg(long, default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub late_ms: u64,
     /// Run the jobs straight through the sandbox engine in this process: no
     /// Redis, no API (the sandbox settings below apply only then).
     #[arg(long)]
@@ -162,6 +199,9 @@ fn job_spec(args: &BenchArgs, catalog: &LanguageCatalog) -> Result<(JobSpec, Str
 }
 
 pub async fn run(args: BenchArgs) -> u8 {
+    if args.scenario == Scenario::Fairness {
+        return fairness(&args).await;
+    }
     if args.engine && args.via == Via::Wait {
         return fail(
             exit::USAGE,
@@ -184,6 +224,79 @@ pub async fn run(args: BenchArgs) -> u8 {
         on_engine(&args, plan).await
     } else {
         through_api(&args, plan).await
+    }
+}
+
+/// `--scenario fairness`: both phases through the API, then the report.
+async fn fairness(args: &BenchArgs) -> u8 {
+    let misfits = [
+        (args.engine, "--engine"),
+        (args.interactive, "--interactive"),
+        (args.via == Via::Wait, "--via wait"),
+        (args.program.is_some(), "--program"),
+        (args.language.is_some(), "--language"),
+    ];
+    if let Some((_, flag)) = misfits.iter().find(|(given, _)| *given) {
+        return fail(
+            exit::USAGE,
+            format!("{flag} does not go with --scenario fairness (its jobs are python sleeps)"),
+        );
+    }
+    let Some(other_key) = args.other_key.clone().filter(|k| !k.is_empty()) else {
+        return fail(
+            exit::USAGE,
+            "--scenario fairness needs --other-key: a second API key of the server (key B)",
+        );
+    };
+    if args.api.api_key.as_deref() == Some(other_key.as_str()) {
+        return fail(
+            exit::USAGE,
+            "--other-key is the key of --key; the fair turns are between two keys",
+        );
+    }
+    let other = ApiTarget {
+        url: args.api.url.clone(),
+        api_key: Some(other_key),
+    };
+    let (a, b) = match (args.api.api(REQUEST_TIMEOUT), other.api(REQUEST_TIMEOUT)) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(error), _) | (_, Err(error)) => return fail(error.exit_code(), error),
+    };
+    let plan = fairness::Plan {
+        backlog: args.backlog,
+        job_ms: args.job_ms,
+        late: Duration::from_millis(args.late_ms),
+    };
+    let stop = CancellationToken::new();
+    let on_ctrl_c = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                stop.cancel();
+            }
+        })
+    };
+    let ran = fairness::run(&a, &b, plan, &stop).await;
+    on_ctrl_c.abort();
+    let report = match ran {
+        Ok(report) => report,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => return fail(exit::PLATFORM_ERROR, error),
+        }
+    } else {
+        print!("{}", report.text());
+    }
+    if report.all_succeeded() {
+        0
+    } else {
+        fail(
+            SOME_JOBS_DID_NOT_SUCCEED,
+            "some jobs of the fairness scenario did not succeed (see the report)",
+        )
     }
 }
 

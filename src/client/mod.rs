@@ -483,13 +483,7 @@ impl Api {
         let response = request.send().await.map_err(|e| self.transport(e))?;
         let status = response.status();
         if status == StatusCode::TOO_MANY_REQUESTS {
-            let retry_after = response
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map_or(Duration::from_secs(1), Duration::from_secs)
-                .clamp(Duration::from_millis(200), MAX_RETRY_AFTER);
+            let retry_after = retry_after(&response);
             let detail = response
                 .json::<ErrorBody>()
                 .await
@@ -510,14 +504,27 @@ impl Api {
         Ok(Submitted::Accepted(answer))
     }
 
-    async fn get(&self, id: &str) -> Result<serde_json::Value, ClientError> {
-        let response = self
-            .http
-            .get(format!("{}/v1/jobs/{id}", self.base))
-            .bearer_auth(&self.key)
-            .send()
-            .await
-            .map_err(|e| self.transport(e))?;
+    /// The job's view; a 429 (the key's request rate) is waited out for up
+    /// to [`BUSY_BUDGET`], as a submission's is.
+    pub(crate) async fn get(&self, id: &str) -> Result<serde_json::Value, ClientError> {
+        let started = Instant::now();
+        let response = loop {
+            let response = self
+                .http
+                .get(format!("{}/v1/jobs/{id}", self.base))
+                .bearer_auth(&self.key)
+                .send()
+                .await
+                .map_err(|e| self.transport(e))?;
+            if response.status() != StatusCode::TOO_MANY_REQUESTS {
+                break response;
+            }
+            let wait = retry_after(&response);
+            if started.elapsed() + wait > BUSY_BUDGET {
+                break response;
+            }
+            tokio::time::sleep(wait).await;
+        };
         match response.status() {
             status if status.is_success() => response
                 .json()
@@ -561,7 +568,7 @@ impl Api {
         }
     }
 
-    async fn cancel(&self, id: &str) -> Result<(), ClientError> {
+    pub(crate) async fn cancel(&self, id: &str) -> Result<(), ClientError> {
         let response = self
             .http
             .delete(format!("{}/v1/jobs/{id}", self.base))
@@ -575,6 +582,18 @@ impl Api {
             Err(self.refusal(response).await)
         }
     }
+}
+
+/// How long a 429 answer asks to wait (`Retry-After`, 1 s when it does
+/// not say), between 200 ms and [`MAX_RETRY_AFTER`].
+fn retry_after(response: &reqwest::Response) -> Duration {
+    response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs)
+        .clamp(Duration::from_millis(200), MAX_RETRY_AFTER)
 }
 
 /// The innermost cause of an error: "Connection refused (os error 111)"
