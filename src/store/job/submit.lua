@@ -46,6 +46,7 @@ redis.call('HSET', job_key, 'id', id, 'spec', spec, 'api_key', api_key,
   'user', user, 'language', language, 'attempts', 0, 'created_ms', now_ms,
   'active_key', active_key, 'metadata', metadata, 'max_attempts', max_attempts,
   'stored_key', stored_key, 'expiry_key', expiry_key, 'wall_budget_ms', wall_budget_ms)
+note_history(job_key, summary_key, key_history_key, user_history_key, history_ms)
 redis.call('SADD', active_key, id)
 redis.call('HSET', stored_key, 'j:' .. id, reserve)
 redis.call('ZADD', expiry_key, '+inf', 'j:' .. id)

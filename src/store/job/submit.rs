@@ -1,6 +1,7 @@
 //! Submit: a new job is admitted (queue depth, the key's `max_active`, the
 //! key's storage budget), recorded with its idempotency key and pushed onto
-//! `jobs:queue`, in one step (`submit.lua`). — → `queued`.
+//! `jobs:queue`, in one step (`submit.lua`), and listed in its key's run
+//! history. — → `queued`.
 
 use super::script::{StepScript, script_inputs};
 use super::{EVENT_OVERHEAD, JOB_OVERHEAD, Jobs, MAX_OUTPUT_EVENTS};
@@ -11,7 +12,7 @@ use crate::store::{StoreError, now_ms};
 
 script_inputs! {
     struct SubmitInputs {
-        keys { queue, job, active, idempotency, events, recent, stored, expiry }
+        keys { queue, job, active, idempotency, events, recent, stored, expiry, summary, key_history, user_history }
         args {
             id: String,
             spec: String,
@@ -30,6 +31,7 @@ script_inputs! {
             storage_budget: u64,
             idempotency_member: String,
             wall_budget_ms: u64,
+            history_ms: u64,
         }
     }
 }
@@ -151,6 +153,12 @@ impl Jobs {
             recent: keys.recent(),
             stored: keys.stored(job.api_key),
             expiry: keys.expiry(job.api_key),
+            summary: keys.summary(job.id),
+            key_history: keys.history(job.api_key),
+            user_history: match job.user {
+                "" => String::new(),
+                user => keys.user_history(job.api_key, user),
+            },
             id: job.id.to_string(),
             spec,
             api_key: job.api_key.to_string(),
@@ -168,6 +176,7 @@ impl Jobs {
             storage_budget: job.admission.storage_budget,
             idempotency_member: format!("i:{}", job.idempotency.map_or("", |(key, _)| key)),
             wall_budget_ms: job.admission.wall_budget_ms,
+            history_ms: self.redis.history_window_ms(),
         };
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.submit.run(&mut conn, &inputs, &[]).await?;
