@@ -10,7 +10,9 @@
 //! loads with no console error, a Python hello world, every language's
 //! hello-world template, an interactive
 //! program fed two typed lines, Stop ending a loop with `killed`, a compile
-//! error, a wrong key, the dashboard with a running job) and saves a
+//! error, a wrong key, each tab of the shared playground one user across
+//! its runs — read back through the API and the run history —, the
+//! dashboard with a running job) and saves a
 //! screenshot of each under `target/browser-screenshots/`.
 //!
 //! `CODE_RUNNER_TEST_FIREFOX=1 scripts/test` runs the same pages in Firefox ESR too
@@ -97,6 +99,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
         .env("CODE_RUNNER_SHARED_URL", &shared_key.url)
         .env("CODE_RUNNER_KEY", KEY_A)
         .env("CODE_RUNNER_ADMIN_KEY", ADMIN_KEY)
+        .env("CODE_RUNNER_PLAYGROUND_KEY", PLAYGROUND_KEY)
         .env("CODE_RUNNER_SCREENSHOTS", screenshots())
         .env("CODE_RUNNER_BROWSER", browser)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -127,7 +130,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 10 tests"), "{output}");
+    assert!(output.contains("Ran 11 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

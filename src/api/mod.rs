@@ -5,7 +5,8 @@
 //! - [`auth`]: API keys and the bearer check (constant time).
 //! - [`tokens`]: job-scoped attach tokens (HMAC), for the streams.
 //! - [`error`]: the one error type and its JSON answers.
-//! - `jobs`: submit, status, cancel; the job view. `submit`: the one
+//! - `jobs`: submit, status, cancel; the job view. `history`: the run
+//!   history of a key (`GET /v1/jobs`). `submit`: the one
 //!   submit path of `/v1/jobs` and the compatible APIs (admission, its
 //!   refusals, their count, the wait for a job's end).
 //! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
@@ -22,7 +23,8 @@
 //!   that submit ordinary jobs.
 //!
 //! Routes:
-//! - `POST /v1/jobs`, `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
+//! - `POST /v1/jobs`, `GET /v1/jobs` (the key's run history),
+//!   `GET /v1/jobs/{id}`, `DELETE /v1/jobs/{id}` (API key);
 //! - `GET /v1/jobs/{id}/ws`, `GET /v1/jobs/{id}/events` (API key or the
 //!   job's attach token);
 //! - `GET /v1/languages` (no key: the catalog is public, so an editor can
@@ -47,6 +49,7 @@ mod compat;
 mod dashboard;
 pub mod error;
 mod feeds;
+mod history;
 mod jobs;
 mod ops;
 mod playground;
@@ -280,7 +283,7 @@ pub fn router(state: ApiState) -> Router {
     let pages = state.web.as_deref().map(web::routes).unwrap_or_default();
     // The routes that take an API key, rate limited per key.
     let keyed = Router::new()
-        .route("/v1/jobs", post(jobs::submit))
+        .route("/v1/jobs", post(jobs::submit).get(history::list))
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/capacity", get(capacity::list).put(capacity::put))
         .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))

@@ -1,4 +1,5 @@
-//! The Redis settings: where the shared state lives and how long results are kept.
+//! The Redis settings: where the shared state lives and how long results
+//! and the run history are kept.
 
 use clap::Args;
 
@@ -28,7 +29,15 @@ pub struct RedisSettings {
     /// How long a finished job (its key and streams) is kept, in seconds.
     #[arg(long, env = "CODE_RUNNER_RESULT_TTL_SECS", default_value_t = 3600)]
     pub result_ttl_secs: u64,
+
+    /// How long the run history (`GET /v1/jobs`) lists a job, in days,
+    /// whatever the result TTL.
+    #[arg(long, env = "CODE_RUNNER_HISTORY_DAYS", default_value_t = 7)]
+    pub history_days: u64,
 }
+
+/// The longest history window, in days.
+const MAX_HISTORY_DAYS: u64 = 366;
 
 impl RedisSettings {
     pub fn build(&self) -> Result<crate::store::Store, ConfigError> {
@@ -50,12 +59,53 @@ impl RedisSettings {
                 "must be at least 1",
             ));
         }
-        crate::store::Store::new(
+        if !(1..=MAX_HISTORY_DAYS).contains(&self.history_days) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HISTORY_DAYS",
+                format!("must be between 1 and {MAX_HISTORY_DAYS}"),
+            ));
+        }
+        let store = crate::store::Store::new(
             &self.redis_url,
             &self.redis_prefix,
             std::time::Duration::from_secs(self.result_ttl_secs),
             self.redis_pool_size,
         )
-        .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))
+        .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))?;
+        Ok(store.with_history_window(std::time::Duration::from_secs(self.history_days * 86_400)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn settings(history_days: u64) -> RedisSettings {
+        RedisSettings {
+            redis_url: "redis://127.0.0.1:6379".into(),
+            redis_prefix: String::new(),
+            redis_pool_size: 4,
+            result_ttl_secs: 60,
+            history_days,
+        }
+    }
+
+    #[test]
+    fn the_history_window_is_whole_days_from_1_to_366() {
+        let store = settings(7).build().unwrap();
+        assert_eq!(store.history_window(), Duration::from_secs(7 * 86_400));
+        assert_eq!(store.result_ttl(), Duration::from_secs(60));
+        assert_eq!(
+            settings(366).build().unwrap().history_window(),
+            Duration::from_secs(366 * 86_400)
+        );
+        for days in [0, 367] {
+            let error = settings(days).build().unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                "invalid configuration: CODE_RUNNER_HISTORY_DAYS: must be between 1 and 366"
+            );
+        }
     }
 }

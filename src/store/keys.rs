@@ -102,6 +102,19 @@ impl Keys {
     pub fn expiry(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:expiry", self.prefix)
     }
+    /// The run history of an API key: its jobs by `created_ms`.
+    pub fn history(&self, api_key: &str) -> String {
+        format!("{}apikey:{api_key}:history", self.prefix)
+    }
+    /// The run history of one user of an API key (key names have no `:`,
+    /// so the user, whatever it holds, cannot make another key's name).
+    pub fn user_history(&self, api_key: &str, user: &str) -> String {
+        format!("{}apikey:{api_key}:history:{user}", self.prefix)
+    }
+    /// What the run history shows of a job, kept for the history window.
+    pub fn summary(&self, id: &str) -> String {
+        format!("{}job:{id}:summary", self.prefix)
+    }
     pub fn doorbell(&self, instance: &str) -> String {
         format!("{}feeds:{instance}:doorbell", self.prefix)
     }

@@ -14,6 +14,8 @@
 //! - [`Store::compat`] — the compatible APIs' records ([`compat`]);
 //! - [`Store::capacity`] — the warm capacity schedule ([`capacity`]);
 //! - [`Store::overview`] — the dashboard's reads ([`overview`]);
+//! - [`Store::history`] — the run history: a key's jobs, newest first
+//!   ([`history`]);
 //! - [`Store::redis_health`] and [`Store::redis_uptime`] — what the Redis
 //!   in use keeps ([`health`]).
 //!
@@ -76,11 +78,23 @@
 //!   none is configured (shared by every API replica).
 //! - `capacity:schedule` — hash: id → a warm capacity entry (JSON), the
 //!   fleet-wide schedule of warm sandboxes (see [`capacity`]).
+//! - `apikey:<name>:history` — sorted set: the key's job ids scored by
+//!   `created_ms`, the run history ([`history`]); submit adds the job and
+//!   trims the set to the history window (`CODE_RUNNER_HISTORY_DAYS`),
+//!   which is also its expiry. `apikey:<name>:history:<user>` — the same
+//!   for one user of the key (jobs with a `user` only).
+//! - `job:<id>:summary` — hash: what the history shows of a job (status,
+//!   language, user, `created_ms`, `started_ms`, `finished_ms`, `reason`,
+//!   `cpu_ms`, `wall_ms`), written at submit and updated by every status
+//!   change after it (`note_history` in `job/lib.lua`); expires with the
+//!   history window after submit, whatever the result TTL. Not counted in
+//!   the key's storage budget.
 
 pub mod capacity;
 pub mod compat;
 pub mod events;
 pub mod health;
+pub mod history;
 pub mod job;
 mod keys;
 pub mod overview;
@@ -91,6 +105,7 @@ pub mod workers;
 pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
 pub use events::{Events, FeedRead};
 pub use health::{RedisHealth, RedisWarning};
+pub use history::{History, HistoryEntry, HistoryPage, HistoryPosition, HistoryQuery};
 pub use job::cancel::CancelOutcome;
 pub use job::claim::{ClaimOutcome, TURN};
 pub use job::control::Control;
@@ -189,6 +204,7 @@ pub struct Store {
     compat: CompatRecords,
     capacity: Capacity,
     overview: Overview,
+    history: History,
 }
 
 impl Store {
@@ -199,8 +215,13 @@ impl Store {
         result_ttl: Duration,
         pool_size: usize,
     ) -> Result<Self, StoreError> {
-        let redis = Redis::new(url, prefix, result_ttl, pool_size)?;
-        Ok(Self {
+        Ok(Self::from_redis(Redis::new(
+            url, prefix, result_ttl, pool_size,
+        )?))
+    }
+
+    fn from_redis(redis: Redis) -> Self {
+        Self {
             jobs: Jobs::new(redis.clone()),
             events: Events::new(redis.clone()),
             workers: Workers::new(redis.clone()),
@@ -208,8 +229,18 @@ impl Store {
             compat: CompatRecords::new(redis.clone()),
             capacity: Capacity::new(redis.clone()),
             overview: Overview::new(redis.clone()),
+            history: History::new(redis.clone()),
             redis,
-        })
+        }
+    }
+
+    /// The same store, listing jobs in the run history for `window`
+    /// (default [`history::DEFAULT_WINDOW`]) instead: what submit writes
+    /// and what the history reads.
+    pub fn with_history_window(self, window: Duration) -> Self {
+        let mut redis = self.redis;
+        redis.history_window = window;
+        Self::from_redis(redis)
     }
 
     /// The job's life and the reads of a job.
@@ -247,12 +278,22 @@ impl Store {
         &self.overview
     }
 
+    /// The run history's reads.
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
     pub fn keys(&self) -> &Keys {
         &self.redis.keys
     }
 
     pub fn result_ttl(&self) -> Duration {
         self.redis.result_ttl
+    }
+
+    /// How long the run history lists a job.
+    pub fn history_window(&self) -> Duration {
+        self.redis.history_window
     }
 
     /// A connection of its own, for blocking commands (claims, control

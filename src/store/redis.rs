@@ -15,6 +15,8 @@ pub(super) struct Redis {
     client: redis::Client,
     pub(super) keys: Keys,
     pub(super) result_ttl: Duration,
+    /// How long the run history lists a job (see [`super::history`]).
+    pub(super) history_window: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -60,6 +62,7 @@ impl Redis {
             client,
             keys: Keys::new(prefix),
             result_ttl,
+            history_window: super::history::DEFAULT_WINDOW,
         })
     }
 
@@ -77,6 +80,11 @@ impl Redis {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?)
+    }
+
+    /// How long the run history lists a job, in milliseconds (at least 1).
+    pub(super) fn history_window_ms(&self) -> u64 {
+        (self.history_window.as_millis() as u64).max(1)
     }
 
     /// How long a job's keys live once it ended, in whole seconds (at least 1).

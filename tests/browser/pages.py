@@ -7,6 +7,8 @@ serve` each, with its own redis-server) and passes them in the environment:
     CODE_RUNNER_SHARED_URL    a daemon with a shared playground key (at /playground)
     CODE_RUNNER_KEY           a key of both daemons
     CODE_RUNNER_ADMIN_KEY     an admin key of the first daemon
+    CODE_RUNNER_PLAYGROUND_KEY  the second daemon's shared playground key
+                              (to read the visitors' jobs back)
     CODE_RUNNER_SCREENSHOTS   where each test saves a screenshot of its state
     CODE_RUNNER_BROWSER       chromium (default) or firefox
 
@@ -25,6 +27,7 @@ import shutil
 import tempfile
 import time
 import unittest
+import urllib.parse
 import urllib.request
 
 from selenium import webdriver
@@ -37,6 +40,7 @@ URL = os.environ["CODE_RUNNER_URL"].rstrip("/")
 SHARED_URL = os.environ["CODE_RUNNER_SHARED_URL"].rstrip("/")
 KEY = os.environ["CODE_RUNNER_KEY"]
 ADMIN_KEY = os.environ["CODE_RUNNER_ADMIN_KEY"]
+PLAYGROUND_KEY = os.environ["CODE_RUNNER_PLAYGROUND_KEY"]
 SHOTS = os.environ["CODE_RUNNER_SCREENSHOTS"]
 BROWSER = os.environ.get("CODE_RUNNER_BROWSER", "chromium")
 
@@ -419,6 +423,61 @@ class Playground(Page):
         self.assertEqual(verdict["exit"], "0")
         self.assertFalse(driver.execute_script("return Object.keys(sessionStorage).some(k => k.endsWith('api-key'))"))
         self.shot("07-shared-key")
+
+    def job_id(self):
+        match = re.fullmatch(r"job ([0-9a-f-]{36})", self.text("job-id"))
+        self.assertIsNotNone(match, self.text("job-id"))
+        return match.group(1)
+
+    def tab_user(self):
+        return driver.execute_script("return sessionStorage.getItem('code-runner.user')")
+
+    def history_of(self, user):
+        """The ids of the shared key's jobs for `user`, newest first."""
+        query = urllib.parse.urlencode({"user": user})
+        status, page = http("GET", f"{SHARED_URL}/v1/jobs?{query}", PLAYGROUND_KEY)
+        self.assertEqual(status, 200, page)
+        return [job["id"] for job in page["jobs"]]
+
+    def test_7b_each_tab_is_one_user_across_its_runs(self):
+        self.open(f"{SHARED_URL}/playground")
+        user = self.tab_user()
+        self.assertRegex(user, r"^tab-[0-9a-f]{32}$")
+        self.run_and_wait("succeeded")
+        first = self.job_id()
+        self.type_code(['print("second run")'])
+        self.run_and_wait("succeeded")
+        self.assertIn("second run", self.terminal())
+        second = self.job_id()
+        self.assertNotEqual(first, second)
+        # Both jobs carry the tab's user, as the server stored them.
+        for job_id in (first, second):
+            status, job = http("GET", f"{SHARED_URL}/v1/jobs/{job_id}", PLAYGROUND_KEY)
+            self.assertEqual((status, job["user"], job["status"]), (200, user, "succeeded"), job)
+        self.assertEqual(self.history_of(user), [second, first])
+        self.shot("07b-tab-user")
+        # A reload keeps the tab's user; another tab is another user.
+        driver.refresh()
+        self.wait(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true",
+                  "the page did not become ready again")
+        self.assertEqual(self.tab_user(), user)
+        original = driver.current_window_handle
+        driver.switch_to.new_window("tab")
+        try:
+            driver.get(f"{SHARED_URL}/playground")
+            self.wait(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true",
+                      "the second tab did not become ready")
+            other = self.tab_user()
+            self.assertRegex(other, r"^tab-[0-9a-f]{32}$")
+            self.assertNotEqual(other, user)
+            self.run_and_wait("succeeded")
+            third = self.job_id()
+            self.assertEqual(self.history_of(other), [third])
+            self.assertEqual(self.history_of(user), [second, first])
+            self.shot("07c-second-tab")
+        finally:
+            driver.close()
+            driver.switch_to.window(original)
 
 
 class Dashboard(Page):

@@ -8,7 +8,8 @@
 // with that key; the page never sees it. Either way the job's live stream is
 // opened with the job's attach token, offered as the WebSocket subprotocol
 // `token.<token>` next to `code-runner`, and Stop sends the stream's `kill`
-// signal, so both ways work the same after the submit.
+// signal, so both ways work the same after the submit. Each tab is its own
+// user: every job carries the tab's random id as its `user`.
 
 import { EditorView, basicSetup } from "codemirror";
 import { Compartment, EditorState } from "@codemirror/state";
@@ -139,6 +140,30 @@ const drafts = {
     }
   },
 };
+
+/** Who this tab's jobs are for: every browser tab is its own user (the
+ * job's `user`), a random id kept in the tab's session storage, so it
+ * stays the same across runs and reloads of the tab and differs between
+ * tabs. Without storage (private mode) it lasts until the page closes. */
+const tabUser = (() => {
+  const slot = "code-runner.user";
+  let user = null;
+  try {
+    user = sessionStorage.getItem(slot);
+  } catch {
+    // No storage: a new id below.
+  }
+  if (!user) {
+    const random = crypto.getRandomValues(new Uint8Array(16));
+    user = `tab-${Array.from(random, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+    try {
+      sessionStorage.setItem(slot, user);
+    } catch {
+      // It lives as long as the page.
+    }
+  }
+  return user;
+})();
 
 const state = {
   /** `{shared_key, max_active, dashboard_path}` from /v1/playground. */
@@ -483,6 +508,7 @@ async function run() {
     language: state.current.id,
     files: [{ name: start.file, content: code() }],
     interactive: true,
+    user: tabUser,
   };
   terminal.reset();
   state.line = "";

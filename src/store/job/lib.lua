@@ -116,6 +116,61 @@ local function withdraw(job, id, queue, tenants, turns)
   redis.call('LREM', queue, 1, TURN)
 end
 
+-- The run history (store/history.rs reads it). At submit, with `summary`
+-- (the job's summary hash), `key_history` and `user_history` (the sorted
+-- sets of its key and of its user, '' for the key's anonymous user) and
+-- `window_ms`: lists the job in both sets by its created_ms, trims them to
+-- the window (which is also their expiry and the summary's) and writes
+-- the summary. Then, and at every status change after it (called with the
+-- job alone), copies the job's status, times, the result's error reason
+-- (else its run stage's reason) and its stages' cpu_ms and wall_ms into
+-- the summary, while the summary lives.
+local function note_history(job, summary, key_history, user_history, window_ms)
+  if summary then
+    local id, created, language, user = unpack(redis.call('HMGET', job, 'id', 'created_ms', 'language', 'user'))
+    local window = tonumber(window_ms)
+    redis.call('HSET', job, 'summary_key', summary)
+    redis.call('HSET', summary, 'language', language, 'user', user or '', 'created_ms', created)
+    redis.call('PEXPIRE', summary, window)
+    for _, set in ipairs({key_history, user_history}) do
+      if set ~= '' then
+        redis.call('ZADD', set, created, id)
+        redis.call('ZREMRANGEBYSCORE', set, '-inf', '(' .. (tonumber(created) - window))
+        redis.call('PEXPIRE', set, window)
+      end
+    end
+  end
+  summary = redis.call('HGET', job, 'summary_key')
+  if not summary or redis.call('EXISTS', summary) == 0 then
+    return
+  end
+  local status, started, finished, result = unpack(redis.call('HMGET', job, 'status', 'started_ms', 'finished_ms', 'result'))
+  local fields = {status = status, started_ms = started, finished_ms = finished}
+  local ok, decoded = pcall(cjson.decode, result or '')
+  if ok and type(decoded) == 'table' then
+    local run = decoded.run
+    if type(decoded.reason) == 'string' then
+      fields.reason = decoded.reason
+    elseif type(run) == 'table' and type(run.reason) == 'string' then
+      fields.reason = run.reason
+    end
+    for _, name in ipairs({'compile', 'run'}) do
+      local stage = decoded[name]
+      if type(stage) == 'table' then
+        fields.cpu_ms = (fields.cpu_ms or 0) + (tonumber(stage.cpu_ms) or 0)
+        fields.wall_ms = (fields.wall_ms or 0) + (tonumber(stage.wall_ms) or 0)
+      end
+    end
+  end
+  for _, name in ipairs({'status', 'started_ms', 'finished_ms', 'reason', 'cpu_ms', 'wall_ms'}) do
+    if fields[name] then
+      redis.call('HSET', summary, name, tostring(fields[name]))
+    else
+      redis.call('HDEL', summary, name)
+    end
+  end
+end
+
 -- Sets the job's entry in its key's storage budget to its actual size.
 local function account(job, id, expires_ms)
   local stored = redis.call('HGET', job, 'stored_key')
@@ -176,6 +231,7 @@ local function settle_job(job, events, stdin, id, status, result, outputs, now, 
       redis.call('HSET', job, field, output)
     end
   end
+  note_history(job)
   local seq
   if exit then
     seq = append_event(events, job, exit)
@@ -211,3 +267,4 @@ local function settle_verdict(job, events, stdin, id, result, now, ttl, worker, 
   give_up(job, worker, attempt, now, window, seq)
   return seq
 end
+

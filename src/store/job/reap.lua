@@ -80,6 +80,7 @@ if retry ~= 'never' and tonumber(attempts) < tonumber(redis.call('HGET', job_key
   end
   redis.call('LREM', processing_key, 0, id)
   redis.call('HDEL', job_key, 'started_ms', 'host', 'deadline_ms')
+  note_history(job_key)
   give_up(job_key, worker, attempts, now_ms, late_window_ms, nil)
   append_event(events_key, job_key, '{"type":"attempt","attempt":' .. (tonumber(attempts) + 1)
     .. ',"reason":"worker_lost","worker":"' .. worker .. '"}')

@@ -32,6 +32,7 @@ else
   redis.call('HDEL', job_key, 'deadline_ms')
 end
 redis.call('HSET', job_key, 'worker', worker, 'started_ms', now_ms, 'host', host)
+note_history(job_key)
 local attempts = redis.call('HINCRBY', job_key, 'attempts', 1)
 append_event(events_key, job_key, '{"type":"status","status":"running","worker":"' .. worker .. '"}')
 local spec = ''

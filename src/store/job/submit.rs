@@ -1,6 +1,7 @@
 //! Submit: a new job is admitted (queue depth, the key's `max_active`, the
 //! key's storage budget), recorded with its idempotency key and pushed onto
-//! `jobs:queue`, in one step (`submit.lua`). — → `queued`.
+//! `jobs:queue`, in one step (`submit.lua`), and listed in its key's run
+//! history. — → `queued`.
 
 use super::script::{StepScript, script_inputs};
 use super::{EVENT_OVERHEAD, JOB_OVERHEAD, Jobs, MAX_OUTPUT_EVENTS};
@@ -13,7 +14,8 @@ script_inputs! {
     struct SubmitInputs {
         keys {
             queue, job, active, idempotency, events, recent, stored, expiry,
-            tenants, tenant_weights, users, user_queue, user_active, user_rate
+            tenants, tenant_weights, users, user_queue, user_active, user_rate,
+            summary, key_history, user_history
         }
         args {
             id: String,
@@ -36,6 +38,7 @@ script_inputs! {
             weight: u32,
             user_limit: u64,
             user_rate_per_minute: u64,
+            history_ms: u64,
         }
     }
 }
@@ -184,6 +187,12 @@ impl Jobs {
             user_queue: keys.user_queue(job.api_key, job.user),
             user_active: keys.user_active(job.api_key),
             user_rate: keys.user_rate(job.api_key, job.user),
+            summary: keys.summary(job.id),
+            key_history: keys.history(job.api_key),
+            user_history: match job.user {
+                "" => String::new(),
+                user => keys.user_history(job.api_key, user),
+            },
             id: job.id.to_string(),
             spec,
             api_key: job.api_key.to_string(),
@@ -204,6 +213,7 @@ impl Jobs {
             weight: job.admission.weight.max(1),
             user_limit: job.admission.user_limit.unwrap_or(0),
             user_rate_per_minute: job.admission.user_rate_per_minute.unwrap_or(0),
+            history_ms: self.redis.history_window_ms(),
         };
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.submit.run(&mut conn, &inputs, &[]).await?;
