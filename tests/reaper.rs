@@ -19,7 +19,8 @@ use code_runner::metrics::Metrics;
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
-    Admission, NewJob, ReapOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome, now_ms,
+    Admission, NewJob, Quotas, ReapOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome,
+    now_ms,
 };
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
@@ -60,6 +61,7 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
                 storage_budget: 1 << 40,
                 // The default wall limit, as the API resolves it.
                 wall_budget_ms: 10_000,
+                quotas: Quotas::default(),
             },
         })
         .await

@@ -22,8 +22,8 @@ use code_runner::job::events::JobEvent;
 use code_runner::job::lifecycle::{MOVES, Step};
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
-    Admission, Control, InputBudgets, LostResults, NewJob, ReapPolicy, Retry, RunningJob, Store,
-    StoreError, now_ms,
+    Admission, Control, InputBudgets, LostResults, NewJob, Quotas, ReapPolicy, Retry, RunningJob,
+    Store, StoreError, now_ms,
 };
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
@@ -222,6 +222,7 @@ async fn run(store: &Store, id: &str, call: Call) -> Result<(), StoreError> {
                     output_limit_bytes: 1024,
                     storage_budget: 1 << 30,
                     wall_budget_ms: 1000,
+                    quotas: Quotas::default(),
                 },
             })
             .await

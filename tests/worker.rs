@@ -17,7 +17,7 @@ use code_runner::job::{JobResult, JobSpec, StartKind, Status};
 use code_runner::metrics::Metrics;
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
-    Admission, CancelOutcome, JobRecord, NewJob, ReleaseOutcome, Store, SubmitOutcome,
+    Admission, CancelOutcome, JobRecord, NewJob, Quotas, ReleaseOutcome, Store, SubmitOutcome,
 };
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::list_labelled;
@@ -146,6 +146,7 @@ impl World {
                     storage_budget: u64::MAX >> 1,
                     // The default wall limit, as the API resolves it.
                     wall_budget_ms: 10_000,
+                    quotas: Quotas::default(),
                 },
             })
             .await

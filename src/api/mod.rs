@@ -152,6 +152,7 @@ pub const REJECTION_REASONS: &[&str] = &[
     "queue_full",
     "key_limit",
     "key_storage",
+    "quota_exceeded",
     "conflict",
     "malformed",
     "rate_limited",

@@ -1,4 +1,5 @@
-//! The Redis settings: where the shared state lives and how long results are kept.
+//! The Redis settings: where the shared state lives and how long results
+//! and the usage ledger are kept.
 
 use clap::Args;
 
@@ -28,7 +29,15 @@ pub struct RedisSettings {
     /// How long a finished job (its key and streams) is kept, in seconds.
     #[arg(long, env = "CODE_RUNNER_RESULT_TTL_SECS", default_value_t = 3600)]
     pub result_ttl_secs: u64,
+
+    /// How many days each UTC day of the usage ledger (`GET /v1/usage`) is
+    /// kept after it ends; also the longest range `/v1/usage` answers.
+    #[arg(long, env = "CODE_RUNNER_USAGE_RETENTION_DAYS", default_value_t = crate::store::usage::DEFAULT_RETENTION_DAYS)]
+    pub usage_retention_days: u64,
 }
+
+/// The longest usage retention: ten years.
+pub const MAX_USAGE_RETENTION_DAYS: u64 = 3660;
 
 impl RedisSettings {
     pub fn build(&self) -> Result<crate::store::Store, ConfigError> {
@@ -50,12 +59,23 @@ impl RedisSettings {
                 "must be at least 1",
             ));
         }
+        if !(1..=MAX_USAGE_RETENTION_DAYS).contains(&self.usage_retention_days) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_USAGE_RETENTION_DAYS",
+                format!("must be between 1 and {MAX_USAGE_RETENTION_DAYS}"),
+            ));
+        }
         crate::store::Store::new(
             &self.redis_url,
             &self.redis_prefix,
             std::time::Duration::from_secs(self.result_ttl_secs),
             self.redis_pool_size,
         )
+        .map(|store| {
+            store.with_usage_retention(std::time::Duration::from_secs(
+                self.usage_retention_days * 86_400,
+            ))
+        })
         .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))
     }
 }

@@ -14,6 +14,8 @@
 //! - [`Store::compat`] — the compatible APIs' records ([`compat`]);
 //! - [`Store::capacity`] — the warm capacity schedule ([`capacity`]);
 //! - [`Store::overview`] — the dashboard's reads ([`overview`]);
+//! - [`Store::usage`] — the usage ledger's reads ([`usage`]; the steps
+//!   write it);
 //! - [`Store::redis_health`] and [`Store::redis_uptime`] — what the Redis
 //!   in use keeps ([`health`]).
 //!
@@ -30,7 +32,11 @@
 //!   starting it), the late-result record (`lost_worker`, `lost_attempt`,
 //!   `lost_until`, `verdict_seq`), the wall budget resolved at submit
 //!   (`wall_budget_ms`) and the deadline stored at start (`deadline_ms`),
-//!   and the counters of its budgets. Expires
+//!   the counters of its budgets, where its usage goes (`usage_key`, the
+//!   ledger's key without the day, and `usage_ttl`, set at submit) and
+//!   what of it was counted (`counted_in`, `counted_until`,
+//!   `counted_jobs`, `counted_cpu_ms`, `counted_wall_ms`,
+//!   `counted_output_bytes`). Expires
 //!   `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
 //!   (`cancel`, stdin, stdin close, signals); never trimmed, every message
@@ -58,6 +64,11 @@
 //!   none is configured (shared by every API replica).
 //! - `capacity:schedule` — hash: id → a warm capacity entry (JSON), the
 //!   fleet-wide schedule of warm sandboxes (see [`capacity`]).
+//! - `usage:<api key name>:<YYYY-MM-DD>` — hash: the key's usage ledger
+//!   of one UTC day: `jobs`, `cpu_ms`, `wall_ms`, `output_bytes` of the
+//!   jobs that ended that day, `submitted` (jobs accepted that day), and
+//!   each user's as `<figure>:<user>`; expires the usage retention after
+//!   the day ends (see [`usage`]).
 
 pub mod capacity;
 pub mod compat;
@@ -68,6 +79,7 @@ mod keys;
 pub mod overview;
 mod redis;
 pub mod tokens;
+pub mod usage;
 pub mod workers;
 
 pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
@@ -87,6 +99,7 @@ pub use job::{EVENT_OVERHEAD, IDEMPOTENCY_BYTES, JOB_OVERHEAD, Jobs, MAX_OUTPUT_
 pub use keys::Keys;
 pub use overview::{JobSummary, LiveWorker, Overview, RECENT_JOBS_KEPT};
 pub use tokens::Tokens;
+pub use usage::{Day, DayUsage, Figures, Quota, Quotas, Usage};
 pub use workers::{Fleet, ForgetOutcome, Workers};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -170,6 +183,7 @@ pub struct Store {
     compat: CompatRecords,
     capacity: Capacity,
     overview: Overview,
+    usage: Usage,
 }
 
 impl Store {
@@ -180,8 +194,11 @@ impl Store {
         result_ttl: Duration,
         pool_size: usize,
     ) -> Result<Self, StoreError> {
-        let redis = Redis::new(url, prefix, result_ttl, pool_size)?;
-        Ok(Self {
+        Ok(Self::with(Redis::new(url, prefix, result_ttl, pool_size)?))
+    }
+
+    fn with(redis: Redis) -> Self {
+        Self {
             jobs: Jobs::new(redis.clone()),
             events: Events::new(redis.clone()),
             workers: Workers::new(redis.clone()),
@@ -189,8 +206,18 @@ impl Store {
             compat: CompatRecords::new(redis.clone()),
             capacity: Capacity::new(redis.clone()),
             overview: Overview::new(redis.clone()),
+            usage: Usage::new(redis.clone()),
             redis,
-        })
+        }
+    }
+
+    /// The same store, keeping each day of the usage ledger `retention`
+    /// after it ends (default [`usage::DEFAULT_RETENTION_DAYS`]); a job
+    /// takes the retention of the store it was submitted through.
+    pub fn with_usage_retention(self, retention: Duration) -> Self {
+        let mut redis = self.redis;
+        redis.usage_retention = retention;
+        Self::with(redis)
     }
 
     /// The job's life and the reads of a job.
@@ -226,6 +253,11 @@ impl Store {
     /// The dashboard's reads.
     pub fn overview(&self) -> &Overview {
         &self.overview
+    }
+
+    /// The usage ledger's reads.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
     }
 
     pub fn keys(&self) -> &Keys {

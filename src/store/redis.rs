@@ -15,6 +15,8 @@ pub(super) struct Redis {
     client: redis::Client,
     pub(super) keys: Keys,
     pub(super) result_ttl: Duration,
+    /// How long a day of the usage ledger is kept after it ends.
+    pub(super) usage_retention: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -60,6 +62,7 @@ impl Redis {
             client,
             keys: Keys::new(prefix),
             result_ttl,
+            usage_retention: Duration::from_secs(super::usage::DEFAULT_RETENTION_DAYS * 86_400),
         })
     }
 

@@ -1,7 +1,8 @@
 -- SUBMIT: admits a new job and enqueues it, in one step with its
 -- idempotency record. Outcomes: accepted|existing|conflict (job id),
 -- queue_full (depth), key_limit (active count), key_storage (bytes the key
--- holds). Before the budget is checked, entries of the key whose keys have
+-- holds), quota_exceeded (the key entry's option, what is used today).
+-- Before the budget is checked, entries of the key whose keys have
 -- expired are released, a bounded number per call.
 if idempotency_key ~= '' then
   local existing = redis.call('HGET', idempotency_key, 'job')
@@ -11,6 +12,10 @@ if idempotency_key ~= '' then
     end
     return {'conflict', existing}
   end
+end
+local over = over_quota(usage_key, user, key_cpu_quota_s, user_cpu_quota_s, user_jobs_quota)
+if over then
+  return over
 end
 local may, from = may_become(job_key, 'queued')
 if not may then
@@ -57,6 +62,7 @@ if idempotency_key ~= '' then
   redis.call('HSET', stored_key, idempotency_member, IDEMPOTENCY_BYTES)
   redis.call('ZADD', expiry_key, now + tonumber(idempotency_ttl) * 1000, idempotency_member)
 end
+count_submission(job_key, usage_key, usage_prefix, user, now, usage_ttl)
 redis.call('LPUSH', queue_key, id)
 redis.call('LPUSH', recent_key, id)
 redis.call('LTRIM', recent_key, 0, tonumber(recent_last))
