@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
-    Admission, CancelOutcome, ClaimOutcome, LostResults, NewJob, ReapOutcome, ReapPolicy, Retry,
-    Store, SubmitOutcome, TURN,
+    Admission, CancelOutcome, ClaimOutcome, LostResults, NewJob, Quotas, ReapOutcome, ReapPolicy,
+    Retry, Store, SubmitOutcome, TURN,
 };
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
@@ -43,6 +43,7 @@ fn admission(weight: u32) -> Admission {
         weight,
         user_limit: None,
         user_rate_per_minute: None,
+        quotas: Quotas::default(),
     }
 }
 

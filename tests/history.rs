@@ -360,7 +360,8 @@ async fn history_shows_each_job_as_it_went_and_every_filter_and_their_combinatio
     let running = api.submit(ALICE, &job("python", Some("u2"))).await;
     let lost = api.submit(ALICE, &job("c", None)).await;
     let succeeded = api.submit(ALICE, &job("c", Some("u1"))).await;
-    // The queue is claimed oldest first.
+    // Claims take the key's users in turn (u1, u2, the anonymous user),
+    // each user's jobs oldest first.
     let mut conn = api.store.dedicated().await.unwrap();
     assert_eq!(
         api.store
@@ -371,11 +372,6 @@ async fn history_shows_each_job_as_it_went_and_every_filter_and_their_combinatio
             .as_deref(),
         Some(queued.as_str())
     );
-    api.work(
-        &failed,
-        Some(with_stages(Status::Failed, Reason::WallTimeout, 137)),
-    )
-    .await;
     api.work(&running, None).await;
     api.work(
         &lost,
@@ -384,6 +380,11 @@ async fn history_shows_each_job_as_it_went_and_every_filter_and_their_combinatio
                 .with_error("the worker was lost")
                 .with_reason(ErrorReason::WorkerLost),
         ),
+    )
+    .await;
+    api.work(
+        &failed,
+        Some(with_stages(Status::Failed, Reason::WallTimeout, 137)),
     )
     .await;
     api.work(

@@ -19,7 +19,8 @@ use code_runner::metrics::Metrics;
 use code_runner::reaper::{ContainerVerdict, Reaper, ReaperConfig};
 use code_runner::sandbox::{LABEL_CREATED, LABEL_DEADLINE, LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
-    Admission, NewJob, ReapOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome, now_ms,
+    Admission, NewJob, Quotas, ReapOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome,
+    now_ms,
 };
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
@@ -63,6 +64,7 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
                 weight: 1,
                 user_limit: None,
                 user_rate_per_minute: None,
+                quotas: Quotas::default(),
             },
         })
         .await

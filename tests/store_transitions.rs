@@ -22,8 +22,8 @@ use code_runner::job::events::JobEvent;
 use code_runner::job::lifecycle::{MOVES, Step};
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
-    Admission, Control, InputBudgets, LostResults, NewJob, ReapPolicy, Retry, RunningJob, Store,
-    StoreError, TURN, now_ms,
+    Admission, Control, InputBudgets, LostResults, NewJob, Quotas, ReapPolicy, Retry, RunningJob,
+    Store, StoreError, TURN, now_ms,
 };
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
@@ -251,6 +251,7 @@ async fn run(store: &Store, id: &str, call: Call) -> Result<(), StoreError> {
                     weight: 1,
                     user_limit: None,
                     user_rate_per_minute: None,
+                    quotas: Quotas::default(),
                 },
             })
             .await

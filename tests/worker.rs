@@ -17,7 +17,7 @@ use code_runner::job::{JobResult, JobSpec, StartKind, Status};
 use code_runner::metrics::Metrics;
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
 use code_runner::store::{
-    Admission, CancelOutcome, JobRecord, NewJob, ReleaseOutcome, Store, SubmitOutcome,
+    Admission, CancelOutcome, JobRecord, NewJob, Quotas, ReleaseOutcome, Store, SubmitOutcome,
 };
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::list_labelled;
@@ -149,6 +149,7 @@ impl World {
                     weight: 1,
                     user_limit: None,
                     user_rate_per_minute: None,
+                    quotas: Quotas::default(),
                 },
             })
             .await

@@ -9,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::job::{InvalidJob, Status};
-use crate::store::StoreError;
+use crate::store::{Quota, StoreError};
 
 /// Why a request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +59,21 @@ pub enum ApiError {
         "this api key's jobs hold {held} bytes in the job store and this job may need {needed} more, over the key's budget of {budget} bytes (CODE_RUNNER_KEY_MAX_STORED_MB); space comes back as finished jobs expire (CODE_RUNNER_RESULT_TTL_SECS) or as running ones end"
     )]
     KeyStorage { held: u64, needed: u64, budget: u64 },
+    /// A daily quota of the key entry is used up until `resets_ms` (the
+    /// next UTC midnight).
+    #[error("{}", quota_message(*.quota, .user, *.limit, *.used, *.resets_ms))]
+    QuotaExceeded {
+        quota: Quota,
+        /// The submission's user (`""`: the key's anonymous user).
+        user: String,
+        limit: u64,
+        /// CPU ms used today for a CPU quota, jobs submitted today for
+        /// the jobs quota.
+        used: u64,
+        resets_ms: u64,
+        /// Seconds until `resets_ms` (at least 1), as of the refusal.
+        retry_after_secs: u64,
+    },
     #[error("{scope} has {open} open streams, the most allowed ({setting}); close one first")]
     TooManyStreams {
         scope: &'static str,
@@ -78,6 +93,29 @@ pub enum ApiError {
     /// Redis failed; the detail is logged, not sent.
     #[error("the job store is unavailable; retry later")]
     Unavailable(#[source] StoreError),
+}
+
+/// What a quota refusal says: the quota (its option in the key entry),
+/// whose it is, what is used today and when it resets.
+fn quota_message(quota: Quota, user: &str, limit: u64, used: u64, resets_ms: u64) -> String {
+    let whose = match (quota, user) {
+        (Quota::KeyCpuSeconds, _) => "this api key's".to_string(),
+        (_, "") => "the key's anonymous user's".to_string(),
+        (_, user) => format!("user {user:?}'s"),
+    };
+    let option = quota.option();
+    // Always a UTC midnight.
+    let resets = format!("{}T00:00:00Z", crate::store::Day::from_ms(resets_ms));
+    match quota {
+        Quota::KeyCpuSeconds | Quota::UserCpuSeconds => format!(
+            "{whose} quota of {limit} cpu seconds per day ({option}) is used up: {}.{:03} s used today (UTC); it resets at {resets}",
+            used / 1000,
+            used % 1000
+        ),
+        Quota::UserJobs => format!(
+            "{whose} quota of {limit} jobs per day ({option}) is used up: {used} jobs submitted today (UTC); it resets at {resets}"
+        ),
+    }
 }
 
 impl From<StoreError> for ApiError {
@@ -112,6 +150,7 @@ impl ApiError {
             | ApiError::UserActiveLimit { .. }
             | ApiError::UserRateLimit { .. }
             | ApiError::KeyStorage { .. }
+            | ApiError::QuotaExceeded { .. }
             | ApiError::TooManyStreams { .. }
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
@@ -137,6 +176,7 @@ impl ApiError {
             ApiError::UserActiveLimit { .. } => "user_active_limit",
             ApiError::UserRateLimit { .. } => "user_rate_limit",
             ApiError::KeyStorage { .. } => "key_storage",
+            ApiError::QuotaExceeded { .. } => "quota_exceeded",
             ApiError::TooManyStreams { .. } => "too_many_streams",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::ScheduleFull { .. } => "schedule_full",
@@ -158,6 +198,7 @@ impl ApiError {
             ApiError::UserActiveLimit { .. } => Some("user_active_limit"),
             ApiError::UserRateLimit { .. } => Some("user_rate_limit"),
             ApiError::KeyStorage { .. } => Some("key_storage"),
+            ApiError::QuotaExceeded { .. } => Some("quota_exceeded"),
             ApiError::RateLimited { .. } => Some("rate_limited"),
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
             ApiError::NotFound(_)
@@ -179,6 +220,9 @@ impl ApiError {
             ApiError::UserActiveLimit { .. } => Some(1),
             ApiError::UserRateLimit { wait_secs, .. } => Some((*wait_secs).max(1)),
             ApiError::KeyStorage { .. } => Some(30),
+            ApiError::QuotaExceeded {
+                retry_after_secs, ..
+            } => Some((*retry_after_secs).max(1)),
             ApiError::TooManyStreams { .. } => Some(5),
             ApiError::RateLimited { wait_secs, .. } => Some((*wait_secs).max(1)),
             ApiError::Unavailable(_) | ApiError::ShuttingDown => Some(1),
@@ -326,6 +370,18 @@ mod tests {
                 "key_storage",
             ),
             (
+                ApiError::QuotaExceeded {
+                    quota: Quota::UserJobs,
+                    user: "ann".into(),
+                    limit: 3,
+                    used: 3,
+                    resets_ms: 86_400_000,
+                    retry_after_secs: 60,
+                },
+                429,
+                "quota_exceeded",
+            ),
+            (
                 ApiError::TooManyStreams {
                     scope: "this job",
                     open: 1,
@@ -390,6 +446,32 @@ mod tests {
         let (_, headers, _) = json_of(ApiError::Unauthorized("missing"));
         assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
         assert!(!headers.contains_key(header::RETRY_AFTER));
+    }
+
+    #[test]
+    fn a_quota_refusal_says_which_quota_what_is_used_and_when_it_resets() {
+        let refusal = |quota, user: &str, used| ApiError::QuotaExceeded {
+            quota,
+            user: user.into(),
+            limit: 60,
+            used,
+            resets_ms: 1_796_169_600_000,
+            retry_after_secs: 50_700,
+        };
+        let (_, headers, body) = json_of(refusal(Quota::UserCpuSeconds, "ann", 61_234));
+        assert_eq!(headers[header::RETRY_AFTER], "50700");
+        assert_eq!(
+            body["error"]["message"],
+            "user \"ann\"'s quota of 60 cpu seconds per day (user_cpu_seconds_per_day) is used up: 61.234 s used today (UTC); it resets at 2026-12-02T00:00:00Z"
+        );
+        assert_eq!(
+            refusal(Quota::KeyCpuSeconds, "ann", 60_000).to_string(),
+            "this api key's quota of 60 cpu seconds per day (cpu_seconds_per_day) is used up: 60.000 s used today (UTC); it resets at 2026-12-02T00:00:00Z"
+        );
+        assert_eq!(
+            refusal(Quota::UserJobs, "", 60).to_string(),
+            "the key's anonymous user's quota of 60 jobs per day (user_jobs_per_day) is used up: 60 jobs submitted today (UTC); it resets at 2026-12-02T00:00:00Z"
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //!   the compatible APIs;
 //!   `server`: the HTTP server loop, with header and idle timeouts.
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
+//! - `usage`: the usage ledger per day and user (`GET /v1/usage`).
 //! - [`web`]: the browser pages (playground, dashboard) embedded in the
 //!   binary; `playground` and `dashboard`: their routes under `/v1`.
 //! - `compat`: the Piston v2 and Judge0 CE compatible APIs, thin adapters
@@ -31,6 +32,8 @@
 //!   show it before anyone signs in);
 //! - `PUT|GET /v1/capacity`, `DELETE /v1/capacity/{id}` (an API key with
 //!   the `admin` scope);
+//! - `GET /v1/usage` (API key: its own usage; `key=` another's with the
+//!   `admin` scope);
 //! - `GET /healthz`, `GET /readyz`, `GET /metrics` (no key; operators keep
 //!   them off the public network);
 //! - with the pages on ([`ApiState::with_web_ui`]): the playground page
@@ -59,6 +62,7 @@ mod stream_caps;
 mod streams;
 mod submit;
 pub mod tokens;
+mod usage;
 mod web;
 
 use std::sync::Arc;
@@ -155,6 +159,7 @@ pub const REJECTION_REASONS: &[&str] = &[
     "queue_full",
     "key_limit",
     "key_storage",
+    "quota_exceeded",
     "conflict",
     "malformed",
     "rate_limited",
@@ -287,6 +292,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
         .route("/v1/capacity", get(capacity::list).put(capacity::put))
         .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
+        .route("/v1/usage", get(usage::show))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             ratelimit::limit,

@@ -11,7 +11,7 @@ use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::job::{JobSpec, PreparedJob, Status};
-use crate::store::{Admission, JobRecord, NewJob, StoreError, SubmitOutcome, now_ms};
+use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutcome, now_ms};
 
 /// What a waiting submit allows beyond the job's own wall limits (queueing,
 /// container start, removal), before `max_wait` caps it.
@@ -59,7 +59,8 @@ pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
 }
 
 /// Admits and queues `submission` in one atomic `Store::submit` (queue
-/// depth, the key's active jobs and storage, idempotency). A refusal is
+/// depth, the key's active jobs and storage, its daily quotas,
+/// idempotency). A refusal is
 /// the `ApiError` every API answers with; none is counted here (each
 /// caller counts its refusals with [`count_rejection`], its own included).
 pub(super) async fn submit(
@@ -157,6 +158,19 @@ pub(super) async fn submit(
             needed,
             budget: admission.storage_budget,
         }),
+        SubmitOutcome::QuotaExceeded {
+            quota,
+            limit,
+            used,
+            resets_ms,
+        } => Err(ApiError::QuotaExceeded {
+            quota,
+            user: spec.user.clone().unwrap_or_default(),
+            limit,
+            used,
+            resets_ms,
+            retry_after_secs: resets_ms.saturating_sub(now_ms()).div_ceil(1000),
+        }),
     }
 }
 
@@ -173,6 +187,11 @@ fn admission(config: &super::ApiConfig, caller: &Caller, prepared: &PreparedJob)
         weight: caller.tenancy.weight,
         user_limit: caller.tenancy.max_active_per_user,
         user_rate_per_minute: caller.tenancy.user_rate_per_minute,
+        quotas: Quotas {
+            key_cpu_seconds: caller.tenancy.cpu_seconds_per_day,
+            user_cpu_seconds: caller.tenancy.user_cpu_seconds_per_day,
+            user_jobs: caller.tenancy.user_jobs_per_day,
+        },
     }
 }
 

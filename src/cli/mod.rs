@@ -46,6 +46,9 @@ pub enum Command {
     /// The fleet's warm capacity schedule (pre-warming for a known burst);
     /// needs an API key with the admin scope.
     Capacity(Box<crate::client::capacity::CapacityArgs>),
+    /// A key's usage per UTC day and per user (jobs, CPU, wall time,
+    /// output), from a running API.
+    Usage(Box<crate::client::usage::UsageArgs>),
     /// Measure a server (or, with --engine, the sandbox engine alone):
     /// latency percentiles, jobs/s, warm/cold starts, interactive round trips.
     Bench(Box<crate::bench::BenchArgs>),
@@ -168,6 +171,7 @@ pub async fn main() -> ExitCode {
         }
         Command::Run(args) => crate::client::run(*args).await,
         Command::Capacity(args) => crate::client::capacity::run(*args).await,
+        Command::Usage(args) => crate::client::usage::run(*args).await,
         Command::Bench(args) => crate::bench::run(*args).await,
     };
     ExitCode::from(code)

@@ -27,6 +27,7 @@ pub mod capacity;
 mod job_args;
 mod printer;
 pub(crate) mod stream;
+pub mod usage;
 
 use std::io::IsTerminal as _;
 use std::time::{Duration, Instant};

@@ -1,5 +1,5 @@
 //! The Redis settings: where the shared state lives and how long results
-//! and the run history are kept.
+//! the run history and the usage ledger are kept.
 
 use clap::Args;
 
@@ -34,10 +34,18 @@ pub struct RedisSettings {
     /// whatever the result TTL.
     #[arg(long, env = "CODE_RUNNER_HISTORY_DAYS", default_value_t = 7)]
     pub history_days: u64,
+
+    /// How many days each UTC day of the usage ledger (`GET /v1/usage`) is
+    /// kept after it ends; also the longest range `/v1/usage` answers.
+    #[arg(long, env = "CODE_RUNNER_USAGE_RETENTION_DAYS", default_value_t = crate::store::usage::DEFAULT_RETENTION_DAYS)]
+    pub usage_retention_days: u64,
 }
 
 /// The longest history window, in days.
 const MAX_HISTORY_DAYS: u64 = 366;
+
+/// The longest usage retention: ten years.
+pub const MAX_USAGE_RETENTION_DAYS: u64 = 3660;
 
 impl RedisSettings {
     pub fn build(&self) -> Result<crate::store::Store, ConfigError> {
@@ -65,6 +73,12 @@ impl RedisSettings {
                 format!("must be between 1 and {MAX_HISTORY_DAYS}"),
             ));
         }
+        if !(1..=MAX_USAGE_RETENTION_DAYS).contains(&self.usage_retention_days) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_USAGE_RETENTION_DAYS",
+                format!("must be between 1 and {MAX_USAGE_RETENTION_DAYS}"),
+            ));
+        }
         let store = crate::store::Store::new(
             &self.redis_url,
             &self.redis_prefix,
@@ -72,7 +86,11 @@ impl RedisSettings {
             self.redis_pool_size,
         )
         .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))?;
-        Ok(store.with_history_window(std::time::Duration::from_secs(self.history_days * 86_400)))
+        Ok(store
+            .with_history_window(std::time::Duration::from_secs(self.history_days * 86_400))
+            .with_usage_retention(std::time::Duration::from_secs(
+                self.usage_retention_days * 86_400,
+            )))
     }
 }
 
@@ -88,6 +106,7 @@ mod tests {
             redis_pool_size: 4,
             result_ttl_secs: 60,
             history_days,
+            usage_retention_days: 90,
         }
     }
 

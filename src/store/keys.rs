@@ -118,4 +118,13 @@ impl Keys {
     pub fn doorbell(&self, instance: &str) -> String {
         format!("{}feeds:{instance}:doorbell", self.prefix)
     }
+    /// One UTC day (`YYYY-MM-DD`) of a key's usage ledger.
+    pub fn usage(&self, api_key: &str, day: &str) -> String {
+        format!("{}usage:{api_key}:{day}", self.prefix)
+    }
+    /// A key's ledger keys without the day, which `settle_job` appends
+    /// (the day a job ends is only known then).
+    pub fn usage_prefix(&self, api_key: &str) -> String {
+        self.usage(api_key, "")
+    }
 }

@@ -16,6 +16,8 @@
 //! - [`Store::overview`] — the dashboard's reads ([`overview`]);
 //! - [`Store::history`] — the run history: a key's jobs, newest first
 //!   ([`history`]);
+//! - [`Store::usage`] — the usage ledger's reads ([`usage`]; the steps
+//!   write it);
 //! - [`Store::redis_health`] and [`Store::redis_uptime`] — what the Redis
 //!   in use keeps ([`health`]).
 //!
@@ -50,6 +52,11 @@
 //!   who it is for (`user`, empty for the key's anonymous user) and the
 //!   names of its user's queue, users ring and active count, and the
 //!   counters of its budgets. Expires
+//!   the counters of its budgets, where its usage goes (`usage_key`, the
+//!   ledger's key without the day, and `usage_ttl`, set at submit) and
+//!   what of it was counted (`counted_in`, `counted_until`,
+//!   `counted_jobs`, `counted_cpu_ms`, `counted_wall_ms`,
+//!   `counted_output_bytes`). Expires
 //!   `RESULT_TTL` after the job ends.
 //! - `job:<id>:stdin` — stream of control messages for the job's worker
 //!   (`cancel`, stdin, stdin close, signals); never trimmed, every message
@@ -89,6 +96,11 @@
 //!   change after it (`note_history` in `job/lib.lua`); expires with the
 //!   history window after submit, whatever the result TTL. Not counted in
 //!   the key's storage budget.
+//! - `usage:<api key name>:<YYYY-MM-DD>` — hash: the key's usage ledger
+//!   of one UTC day: `jobs`, `cpu_ms`, `wall_ms`, `output_bytes` of the
+//!   jobs that ended that day, `submitted` (jobs accepted that day), and
+//!   each user's as `<figure>:<user>`; expires the usage retention after
+//!   the day ends (see [`usage`]).
 
 pub mod capacity;
 pub mod compat;
@@ -100,6 +112,7 @@ mod keys;
 pub mod overview;
 mod redis;
 pub mod tokens;
+pub mod usage;
 pub mod workers;
 
 pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
@@ -121,6 +134,7 @@ pub use job::{EVENT_OVERHEAD, IDEMPOTENCY_BYTES, JOB_OVERHEAD, Jobs, MAX_OUTPUT_
 pub use keys::Keys;
 pub use overview::{JobSummary, LiveWorker, Overview, RECENT_JOBS_KEPT};
 pub use tokens::Tokens;
+pub use usage::{Day, DayUsage, Figures, Quota, Quotas, Usage};
 pub use workers::{Fleet, ForgetOutcome, Workers};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -205,6 +219,7 @@ pub struct Store {
     capacity: Capacity,
     overview: Overview,
     history: History,
+    usage: Usage,
 }
 
 impl Store {
@@ -230,6 +245,7 @@ impl Store {
             capacity: Capacity::new(redis.clone()),
             overview: Overview::new(redis.clone()),
             history: History::new(redis.clone()),
+            usage: Usage::new(redis.clone()),
             redis,
         }
     }
@@ -240,6 +256,15 @@ impl Store {
     pub fn with_history_window(self, window: Duration) -> Self {
         let mut redis = self.redis;
         redis.history_window = window;
+        Self::from_redis(redis)
+    }
+
+    /// The same store, keeping each day of the usage ledger `retention`
+    /// after it ends (default [`usage::DEFAULT_RETENTION_DAYS`]); a job
+    /// takes the retention of the store it was submitted through.
+    pub fn with_usage_retention(self, retention: Duration) -> Self {
+        let mut redis = self.redis;
+        redis.usage_retention = retention;
         Self::from_redis(redis)
     }
 
@@ -281,6 +306,11 @@ impl Store {
     /// The run history's reads.
     pub fn history(&self) -> &History {
         &self.history
+    }
+
+    /// The usage ledger's reads.
+    pub fn usage(&self) -> &Usage {
+        &self.usage
     }
 
     pub fn keys(&self) -> &Keys {

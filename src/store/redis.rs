@@ -17,6 +17,8 @@ pub(super) struct Redis {
     pub(super) result_ttl: Duration,
     /// How long the run history lists a job (see [`super::history`]).
     pub(super) history_window: Duration,
+    /// How long a day of the usage ledger is kept after it ends.
+    pub(super) usage_retention: Duration,
 }
 
 impl std::fmt::Debug for Redis {
@@ -63,6 +65,7 @@ impl Redis {
             keys: Keys::new(prefix),
             result_ttl,
             history_window: super::history::DEFAULT_WINDOW,
+            usage_retention: Duration::from_secs(super::usage::DEFAULT_RETENTION_DAYS * 86_400),
         })
     }
 

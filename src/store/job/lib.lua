@@ -209,11 +209,114 @@ local function expire_job(job, events, stdin, id, now, ttl)
   account(job, id, tonumber(now) + tonumber(ttl) * 1000)
 end
 
+-- The usage ledger (store/usage.rs): one hash per API key and UTC day,
+-- the key's totals under each figure's name and a user's under
+-- `<figure>:<user>`.
+local USAGE_FIGURES = {'jobs', 'cpu_ms', 'wall_ms', 'output_bytes'}
+
+-- The UTC date of Unix time `ms`, `YYYY-MM-DD` (Howard Hinnant's
+-- civil_from_days, as Day in usage.rs).
+local function usage_day(ms)
+  local z = math.floor(tonumber(ms) / 86400000) + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local day = doy - math.floor((153 * mp + 2) / 5) + 1
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400
+  if month <= 2 then
+    year = year + 1
+  end
+  return string.format('%04d-%02d-%02d', year, month, day)
+end
+
+-- When the ledger of the day of `ms` expires: `ttl` seconds after the day.
+local function usage_until(ms, ttl)
+  return (math.floor(tonumber(ms) / 86400000) + 1) * 86400 + tonumber(ttl)
+end
+
+-- The submit's check of the key's daily quotas against today's `ledger`
+-- (each quota '' when the key has none): nil, or the refusal's reply
+-- {'quota_exceeded', option, used}.
+local function over_quota(ledger, user, key_cpu_s, user_cpu_s, user_jobs)
+  local function used(field)
+    return tonumber(redis.call('HGET', ledger, field) or '0')
+  end
+  if key_cpu_s ~= '' and used('cpu_ms') >= tonumber(key_cpu_s) * 1000 then
+    return {'quota_exceeded', 'cpu_seconds_per_day', tostring(used('cpu_ms'))}
+  end
+  if user_cpu_s ~= '' and used('cpu_ms:' .. user) >= tonumber(user_cpu_s) * 1000 then
+    return {'quota_exceeded', 'user_cpu_seconds_per_day', tostring(used('cpu_ms:' .. user))}
+  end
+  if user_jobs ~= '' and used('submitted:' .. user) >= tonumber(user_jobs) then
+    return {'quota_exceeded', 'user_jobs_per_day', tostring(used('submitted:' .. user))}
+  end
+  return nil
+end
+
+-- An accepted submit: counted in today's `ledger` (what the jobs quota
+-- counts), and the job told where its usage goes when it ends.
+local function count_submission(job, ledger, prefix, user, now, ttl)
+  redis.call('HINCRBY', ledger, 'submitted', 1)
+  redis.call('HINCRBY', ledger, 'submitted:' .. user, 1)
+  redis.call('EXPIREAT', ledger, usage_until(now, ttl))
+  redis.call('HSET', job, 'usage_key', prefix, 'usage_ttl', ttl)
+end
+
+-- Adds an ended job's usage to its key's and its user's ledger of the day
+-- it ended, once: what was counted is kept in the job (`counted_*`), and
+-- a settle of a job already counted (a late result replacing a verdict)
+-- adds only the difference, to the day it was first counted. A job that
+-- never started used nothing and is not counted. Figures: the sums of
+-- the result's stages' `cpu_ms` and `wall_ms`, and the output it keeps.
+local function count_usage(job, result, now)
+  local prefix = redis.call('HGET', job, 'usage_key')
+  if not prefix or tonumber(redis.call('HGET', job, 'attempts') or '0') == 0 then
+    return
+  end
+  local figures = {jobs = 1, cpu_ms = 0, wall_ms = 0, output_bytes = 0}
+  local ok, decoded = pcall(cjson.decode, result)
+  if ok and type(decoded) == 'table' then
+    for _, name in ipairs({'compile', 'run'}) do
+      local stage = decoded[name]
+      if type(stage) == 'table' then
+        figures.cpu_ms = figures.cpu_ms + (tonumber(stage.cpu_ms) or 0)
+        figures.wall_ms = figures.wall_ms + (tonumber(stage.wall_ms) or 0)
+      end
+    end
+  end
+  for _, field in ipairs(OUT_FIELDS) do
+    figures.output_bytes = figures.output_bytes + redis.call('HSTRLEN', job, field)
+  end
+  local ledger = redis.call('HGET', job, 'counted_in')
+  local expires = redis.call('HGET', job, 'counted_until')
+  if not ledger then
+    ledger = prefix .. usage_day(now)
+    expires = usage_until(now, redis.call('HGET', job, 'usage_ttl') or '0')
+    redis.call('HSET', job, 'counted_in', ledger, 'counted_until', expires)
+  end
+  local user = redis.call('HGET', job, 'user') or ''
+  for _, name in ipairs(USAGE_FIGURES) do
+    local counted = 'counted_' .. name
+    local delta = figures[name] - tonumber(redis.call('HGET', job, counted) or '0')
+    if delta ~= 0 then
+      redis.call('HINCRBY', ledger, name, delta)
+      redis.call('HINCRBY', ledger, name .. ':' .. user, delta)
+    end
+    redis.call('HSET', job, counted, figures[name])
+  end
+  redis.call('EXPIREAT', ledger, expires)
+end
+
 -- Settles a job: its terminal status, result and raw output, the `exit`
 -- event (stored with `exit`'s JSON when given, else to be completed with
--- the stored result, saying which `seq` it `replaces` when it does), then
--- expire_job. Every path that ends a job goes through it. It clears the
--- late-result record; a verdict sets it again right after (give_up).
+-- the stored result, saying which `seq` it `replaces` when it does), its
+-- usage in the ledger (count_usage), then expire_job. Every path that
+-- ends a job goes through it. It clears the late-result record; a
+-- verdict sets it again right after (give_up).
 -- Returns the exit event's seq, or nil and the job's status when the
 -- table refuses the move (nothing is written then).
 local function settle_job(job, events, stdin, id, status, result, outputs, now, ttl, exit, replaces)
@@ -232,6 +335,7 @@ local function settle_job(job, events, stdin, id, status, result, outputs, now, 
     end
   end
   note_history(job)
+  count_usage(job, result, now)
   local seq
   if exit then
     seq = append_event(events, job, exit)

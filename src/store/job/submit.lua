@@ -3,7 +3,8 @@
 -- accepted|existing|conflict (job id), queue_full (depth), key_limit
 -- (active count), user_active_limit (the user's active count),
 -- user_rate_limit (ms until the user may submit again), key_storage
--- (bytes the key holds). Before the budget is checked, entries of the key whose keys have
+-- (bytes the key holds), quota_exceeded (the key entry's option, what is
+-- used today). Before the budget is checked, entries of the key whose keys have
 -- expired are released, a bounded number per call.
 if idempotency_key ~= '' then
   local existing = redis.call('HGET', idempotency_key, 'job')
@@ -13,6 +14,10 @@ if idempotency_key ~= '' then
     end
     return {'conflict', existing}
   end
+end
+local over = over_quota(usage_key, user, key_cpu_quota_s, user_cpu_quota_s, user_jobs_quota)
+if over then
+  return over
 end
 local may, from = may_become(job_key, 'queued')
 if not may then
@@ -84,6 +89,7 @@ if idempotency_key ~= '' then
   redis.call('HSET', stored_key, idempotency_member, IDEMPOTENCY_BYTES)
   redis.call('ZADD', expiry_key, now + tonumber(idempotency_ttl) * 1000, idempotency_member)
 end
+count_submission(job_key, usage_key, usage_prefix, user, now, usage_ttl)
 enqueue(job_key, id, false, queue_key, tenants_key)
 redis.call('LPUSH', recent_key, id)
 redis.call('LTRIM', recent_key, 0, tonumber(recent_last))

@@ -1,5 +1,6 @@
 //! Submit: a new job is admitted (queue depth, the key's `max_active`, the
-//! key's storage budget), recorded with its idempotency key and pushed onto
+//! key's storage budget, its daily quotas against today's usage ledger),
+//! counted in the ledger's `submitted`, recorded with its idempotency key and pushed onto
 //! `jobs:queue`, in one step (`submit.lua`), and listed in its key's run
 //! history. — → `queued`.
 
@@ -8,6 +9,7 @@ use super::{EVENT_OVERHEAD, JOB_OVERHEAD, Jobs, MAX_OUTPUT_EVENTS};
 use crate::job::JobSpec;
 use crate::job::lifecycle::Step;
 use crate::store::overview::RECENT_JOBS_KEPT;
+use crate::store::usage::{Day, Quota, Quotas};
 use crate::store::{StoreError, now_ms};
 
 script_inputs! {
@@ -15,7 +17,7 @@ script_inputs! {
         keys {
             queue, job, active, idempotency, events, recent, stored, expiry,
             tenants, tenant_weights, users, user_queue, user_active, user_rate,
-            summary, key_history, user_history
+            summary, key_history, user_history, usage
         }
         args {
             id: String,
@@ -39,6 +41,11 @@ script_inputs! {
             user_limit: u64,
             user_rate_per_minute: u64,
             history_ms: u64,
+            usage_prefix: String,
+            usage_ttl: u64,
+            key_cpu_quota_s: String,
+            user_cpu_quota_s: String,
+            user_jobs_quota: String,
         }
     }
 }
@@ -88,6 +95,8 @@ pub struct Admission {
     pub user_limit: Option<u64>,
     /// Most submissions of the job's user per minute (`None`: no limit).
     pub user_rate_per_minute: Option<u64>,
+    /// The key's daily quotas, checked against today's usage ledger.
+    pub quotas: Quotas,
 }
 
 /// The most a job can come to hold in Redis, reserved from its API key's
@@ -127,10 +136,24 @@ pub enum SubmitOutcome {
         held: u64,
         needed: u64,
     },
+    /// A daily quota of the key is used up: `used` today (CPU ms for the
+    /// CPU quotas, submissions for the jobs quota) against its `limit`,
+    /// until the next UTC midnight, `resets_ms`.
+    QuotaExceeded {
+        quota: Quota,
+        limit: u64,
+        used: u64,
+        resets_ms: u64,
+    },
 }
 
 impl SubmitOutcome {
-    fn from_reply(reply: &super::script::Reply, reserve: u64) -> Result<Self, StoreError> {
+    fn from_reply(
+        reply: &super::script::Reply,
+        reserve: u64,
+        quotas: &Quotas,
+        now_ms: u64,
+    ) -> Result<Self, StoreError> {
         Ok(match reply.outcome() {
             "accepted" => SubmitOutcome::Accepted,
             "existing" => SubmitOutcome::Existing(reply.detail(0).to_string()),
@@ -151,6 +174,16 @@ impl SubmitOutcome {
                 held: reply.number(0)?,
                 needed: reserve,
             },
+            "quota_exceeded" => {
+                let quota =
+                    Quota::from_option(reply.detail(0)).ok_or_else(|| reply.unexpected())?;
+                SubmitOutcome::QuotaExceeded {
+                    quota,
+                    limit: quota.limit(quotas).ok_or_else(|| reply.unexpected())?,
+                    used: reply.number(1)?,
+                    resets_ms: Day::from_ms(now_ms).plus(1).start_ms(),
+                }
+            }
             _ => return Err(reply.unexpected()),
         })
     }
@@ -168,6 +201,9 @@ impl Jobs {
         let reserve = storage_reserve(spec.len() as u64, job.admission.output_limit_bytes);
         let metadata = serde_json::to_string(&job.spec.metadata).unwrap_or_else(|_| "{}".into());
         let keys = &self.redis.keys;
+        let now = now_ms();
+        let quota = |q: Option<u64>| q.map_or(String::new(), |n| n.to_string());
+        let quotas = job.admission.quotas;
         let (idempotency, body_hash) = match job.idempotency {
             Some((key, hash)) => (keys.idempotency(job.api_key, key), hash.to_string()),
             None => (String::new(), String::new()),
@@ -193,12 +229,13 @@ impl Jobs {
                 "" => String::new(),
                 user => keys.user_history(job.api_key, user),
             },
+            usage: keys.usage(job.api_key, &Day::from_ms(now).to_string()),
             id: job.id.to_string(),
             spec,
             api_key: job.api_key.to_string(),
             user: job.user.to_string(),
             language: job.language.to_string(),
-            now_ms: now_ms(),
+            now_ms: now,
             max_depth: job.admission.max_queue_depth,
             key_limit: job.admission.key_limit.unwrap_or(0),
             body_hash,
@@ -214,10 +251,15 @@ impl Jobs {
             user_limit: job.admission.user_limit.unwrap_or(0),
             user_rate_per_minute: job.admission.user_rate_per_minute.unwrap_or(0),
             history_ms: self.redis.history_window_ms(),
+            usage_prefix: keys.usage_prefix(job.api_key),
+            usage_ttl: self.redis.usage_retention.as_secs().max(1),
+            key_cpu_quota_s: quota(quotas.key_cpu_seconds),
+            user_cpu_quota_s: quota(quotas.user_cpu_seconds),
+            user_jobs_quota: quota(quotas.user_jobs),
         };
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.submit.run(&mut conn, &inputs, &[]).await?;
-        SubmitOutcome::from_reply(&reply, reserve)
+        SubmitOutcome::from_reply(&reply, reserve, &quotas, now)
     }
 }
 
@@ -236,27 +278,53 @@ mod tests {
     #[test]
     fn unexpected_replies_are_errors() {
         assert!(matches!(
-            SubmitOutcome::from_reply(&reply(&["nonsense"]), 0),
+            SubmitOutcome::from_reply(&reply(&["nonsense"]), 0, &Quotas::default(), 0),
             Err(StoreError::UnexpectedReply {
                 script: "submit",
                 ..
             })
         ));
         assert!(matches!(
-            SubmitOutcome::from_reply(&reply(&["key_limit", "lots"]), 0),
+            SubmitOutcome::from_reply(&reply(&["key_limit", "lots"]), 0, &Quotas::default(), 0),
             Err(StoreError::UnexpectedReply { .. })
         ));
         assert_eq!(
-            SubmitOutcome::from_reply(&reply(&["key_limit", "3"]), 0).unwrap(),
+            SubmitOutcome::from_reply(&reply(&["key_limit", "3"]), 0, &Quotas::default(), 0)
+                .unwrap(),
             SubmitOutcome::KeyLimit { active: 3 }
         );
         assert_eq!(
-            SubmitOutcome::from_reply(&reply(&["key_storage", "77"]), 1024).unwrap(),
+            SubmitOutcome::from_reply(&reply(&["key_storage", "77"]), 1024, &Quotas::default(), 0)
+                .unwrap(),
             SubmitOutcome::KeyStorage {
                 held: 77,
                 needed: 1024
             }
         );
+    }
+
+    #[test]
+    fn a_quota_refusal_names_its_quota_and_the_next_utc_midnight() {
+        let quotas = Quotas {
+            user_jobs: Some(5),
+            ..Quotas::default()
+        };
+        let refusal = |parts: &[&str]| {
+            SubmitOutcome::from_reply(&reply(parts), 0, &quotas, 1_796_118_900_000)
+        };
+        assert_eq!(
+            refusal(&["quota_exceeded", "user_jobs_per_day", "5"]).unwrap(),
+            SubmitOutcome::QuotaExceeded {
+                quota: Quota::UserJobs,
+                limit: 5,
+                used: 5,
+                // 2026-12-01T09:55Z: the next midnight is 2026-12-02T00:00Z.
+                resets_ms: 1_796_169_600_000,
+            }
+        );
+        // A quota the key does not have, or an unknown one, is a bug.
+        assert!(refusal(&["quota_exceeded", "cpu_seconds_per_day", "5"]).is_err());
+        assert!(refusal(&["quota_exceeded", "nonsense", "5"]).is_err());
     }
 
     #[test]
