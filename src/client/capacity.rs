@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 
 use crate::exit;
 
@@ -103,22 +103,8 @@ pub async fn run(args: CapacityArgs) -> u8 {
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        let value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let error = &value["error"];
-        let message = match (error["field"].as_str(), error["message"].as_str()) {
-            (Some(field), Some(message)) => format!("{field}: {message}"),
-            (None, Some(message)) => message.to_string(),
-            _ => status.to_string(),
-        };
-        let code = match status {
-            StatusCode::SERVICE_UNAVAILABLE => exit::UNAVAILABLE,
-            s if s.is_client_error() => exit::USAGE,
-            _ => exit::PLATFORM_ERROR,
-        };
-        return fail(
-            code,
-            format!("the API answered {}: {message}", status.as_u16()),
-        );
+        let (code, message) = super::refusal(status, &text);
+        return fail(code, message);
     }
     if matches!(args.command, CapacityCommand::Clear { .. }) {
         return 0;

@@ -607,6 +607,28 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     current.to_string()
 }
 
+/// The exit code and the one-line message for an API answer that is not a
+/// success: the error's field and message when the body has them; 503 is
+/// "unavailable", another 4xx a usage error, anything else the platform's.
+pub(crate) fn refusal(status: StatusCode, body: &str) -> (u8, String) {
+    let value: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+    let error = &value["error"];
+    let message = match (error["field"].as_str(), error["message"].as_str()) {
+        (Some(field), Some(message)) => format!("{field}: {message}"),
+        (None, Some(message)) => message.to_string(),
+        _ => status.to_string(),
+    };
+    let code = match status {
+        StatusCode::SERVICE_UNAVAILABLE => exit::UNAVAILABLE,
+        s if s.is_client_error() => exit::USAGE,
+        _ => exit::PLATFORM_ERROR,
+    };
+    (
+        code,
+        format!("the API answered {}: {message}", status.as_u16()),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use clap::Args;
-use reqwest::StatusCode;
 use serde_json::Value;
 
 use crate::exit;
@@ -69,22 +68,8 @@ pub async fn run(args: UsageArgs) -> u8 {
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
     if !status.is_success() {
-        let value: Value = serde_json::from_str(&text).unwrap_or_default();
-        let error = &value["error"];
-        let message = match (error["field"].as_str(), error["message"].as_str()) {
-            (Some(field), Some(message)) => format!("{field}: {message}"),
-            (None, Some(message)) => message.to_string(),
-            _ => status.to_string(),
-        };
-        let code = match status {
-            StatusCode::SERVICE_UNAVAILABLE => exit::UNAVAILABLE,
-            s if s.is_client_error() => exit::USAGE,
-            _ => exit::PLATFORM_ERROR,
-        };
-        return fail(
-            code,
-            format!("the API answered {}: {message}", status.as_u16()),
-        );
+        let (code, message) = super::refusal(status, &text);
+        return fail(code, message);
     }
     let value: Value = match serde_json::from_str(&text) {
         Ok(value) => value,
