@@ -375,18 +375,7 @@ impl FairnessReport {
                 job.backlog_started_after
             );
         }
-        let load = |l: &Option<[f64; 3]>| {
-            l.map_or("unknown".to_string(), |[a, b, c]| {
-                format!("{a:.2} {b:.2} {c:.2}")
-            })
-        };
-        let _ = writeln!(
-            out,
-            "host        {} CPUs; load average {} before, {} after",
-            self.host.cpus,
-            load(&self.host.load_before),
-            load(&self.host.load_after)
-        );
+        let _ = writeln!(out, "host        {}", self.host.describe());
         out
     }
 }

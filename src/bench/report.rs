@@ -180,6 +180,23 @@ pub(super) struct Host {
     pub(super) load_after: Option<[f64; 3]>,
 }
 
+impl Host {
+    /// `N CPUs; load average a b c before, a b c after`, for the text reports.
+    pub(super) fn describe(&self) -> String {
+        let load = |l: &Option<[f64; 3]>| {
+            l.map_or("unknown".to_string(), |[a, b, c]| {
+                format!("{a:.2} {b:.2} {c:.2}")
+            })
+        };
+        format!(
+            "{} CPUs; load average {} before, {} after",
+            self.cpus,
+            load(&self.load_before),
+            load(&self.load_after)
+        )
+    }
+}
+
 /// The load average from `/proc/loadavg` (Linux); `None` elsewhere.
 pub(super) fn load_average() -> Option<[f64; 3]> {
     parse_load_average(&std::fs::read_to_string("/proc/loadavg").ok()?)
@@ -449,18 +466,7 @@ impl Report {
                 trips.sent, trips.per_job, trips.echoed
             );
         }
-        let load = |l: &Option<[f64; 3]>| {
-            l.map_or("unknown".to_string(), |[a, b, c]| {
-                format!("{a:.2} {b:.2} {c:.2}")
-            })
-        };
-        let _ = writeln!(
-            out,
-            "host         {} CPUs; load average {} before, {} after",
-            self.host.cpus,
-            load(&self.host.load_before),
-            load(&self.host.load_after)
-        );
+        let _ = writeln!(out, "host         {}", self.host.describe());
         out
     }
 }
