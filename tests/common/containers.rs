@@ -86,6 +86,70 @@ pub fn remove_labelled(label: String, select: impl Fn(&ContainerSummary) -> bool
     .join();
 }
 
+/// Writes `<worker id> <test>` to the file `CODE_RUNNER_TEST_WORKERS` names
+/// (when set): `scripts/test` names the test a leftover container came from
+/// by its `code-runner.worker` label.
+pub fn note_worker(worker_id: &str) {
+    use std::io::Write as _;
+    let Ok(path) = std::env::var("CODE_RUNNER_TEST_WORKERS") else {
+        return;
+    };
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .map(|stem| {
+            stem.rsplit_once('-')
+                .map_or(stem.clone(), |(name, _)| name.to_string())
+        })
+        .unwrap_or_default();
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+    {
+        let _ = writeln!(file, "{worker_id} {binary}::{test}");
+    }
+}
+
+/// Seconds a [`sweep_later`] waits before its second removal.
+const SWEEP_DELAY_SECS: u32 = 3;
+
+/// Removes, a few seconds from now and from a process of its own, every
+/// container with `label` (`key=value`): the containers whose creation was
+/// still on its way in dockerd when their creator was killed or its runtime
+/// ended, which the removal at drop cannot see yet (dockerd finishes a
+/// create whose client went away). The test's process does not wait for it;
+/// when `CODE_RUNNER_TEST_SWEEPS` names a directory, the sweep holds a file
+/// there while it runs, so that `scripts/test` can wait for the last ones
+/// before it looks for leftovers.
+pub fn sweep_later(label: &str) {
+    use std::os::unix::process::CommandExt as _;
+    let marker = std::env::var("CODE_RUNNER_TEST_SWEEPS").unwrap_or_default();
+    let script = r#"
+        marker=""
+        if [ -n "$SWEEPS" ] && [ -d "$SWEEPS" ]; then marker="$SWEEPS/$$"; : > "$marker"; fi
+        sleep "$DELAY"
+        ids="$(docker ps -aq --filter "label=$LABEL")"
+        [ -n "$ids" ] && docker rm -fv $ids
+        [ -n "$marker" ] && rm -f "$marker"
+        exit 0
+    "#;
+    let _ = std::process::Command::new("sh")
+        .args(["-c", script])
+        .env("SWEEPS", marker)
+        .env("DELAY", SWEEP_DELAY_SECS.to_string())
+        .env("LABEL", label)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        // Its own process group: a test runner ending the test's group
+        // leaves the sweep to finish.
+        .process_group(0)
+        .spawn();
+}
+
 /// Per job id: (container id, started ns, died ns) of each of its containers.
 type Lives = std::sync::Arc<std::sync::Mutex<HashMap<String, Vec<(String, i64, Option<i64>)>>>>;
 

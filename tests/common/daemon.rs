@@ -21,7 +21,7 @@ use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
-use super::containers::{assert_none_left, containers_labelled, remove_labelled};
+use super::containers::{assert_none_left, containers_labelled, remove_labelled, sweep_later};
 use super::redis_server::{RedisServer, free_port};
 use super::{code_runner, drain};
 
@@ -172,6 +172,7 @@ impl DaemonBuilder {
             .worker_id
             .clone()
             .unwrap_or_else(|| format!("test-{}", uuid::Uuid::new_v4()));
+        super::containers::note_worker(&worker_id);
         let listen = format!("127.0.0.1:{}", free_port());
         let worker_listen = format!("127.0.0.1:{}", free_port());
         let reaper_listen = format!("127.0.0.1:{}", free_port());
@@ -523,7 +524,12 @@ impl Drop for Daemon {
                 tail(&self.log_path(), 60)
             );
         }
-        remove_labelled(format!("{LABEL_WORKER}={}", self.worker_id), |_| true);
+        let label = format!("{LABEL_WORKER}={}", self.worker_id);
+        remove_labelled(label.clone(), |_| true);
+        if !self.reaped {
+            // Killed: a container it was creating may still appear.
+            sweep_later(&label);
+        }
     }
 }
 

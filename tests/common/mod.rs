@@ -24,7 +24,9 @@ use code_runner::job::{Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prep
 use code_runner::languages::LanguageCatalog;
 use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxClass, SandboxEngine, WarmPool, WarmSpec};
-use containers::{assert_none_left, containers_labelled, docker, list_labelled, remove_labelled};
+use containers::{
+    assert_none_left, containers_labelled, docker, list_labelled, remove_labelled, sweep_later,
+};
 
 pub struct Harness {
     pub engine: SandboxEngine,
@@ -175,7 +177,10 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         // Runs also when the test failed: remove what the test left.
-        remove_labelled(format!("{LABEL_WORKER}={}", self.worker_id), |_| true);
+        let label = format!("{LABEL_WORKER}={}", self.worker_id);
+        remove_labelled(label.clone(), |_| true);
+        // A job the test left starting may still be creating its container.
+        sweep_later(&label);
     }
 }
 
@@ -257,6 +262,7 @@ impl Harness {
     /// catalog, other limits). The worker id is still this test's own.
     pub async fn with_settings(settings: SandboxSettings) -> Self {
         let worker_id = format!("test-{}", uuid::Uuid::new_v4());
+        containers::note_worker(&worker_id);
         let setup = settings
             .build(&worker_id)
             .expect("the test's settings are valid");
