@@ -396,6 +396,7 @@ async fn the_container_config_is_hardened() {
         job_id: Some("job-1".to_string()),
         created_ms: 1_000,
         deadline_ms: 2_000,
+        checker: false,
     };
     let body = container_config(&shape, harness.engine.config());
     let host = body.host_config.clone().expect("a host config");

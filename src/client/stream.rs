@@ -361,7 +361,8 @@ impl<'a, S: EventSink> Follower<'a, S> {
             JobEvent::Error { message } => {
                 eprintln!("code-runner: the API refused a frame: {message}");
             }
-            JobEvent::Status { .. } => {}
+            // The result carries every test's verdict.
+            JobEvent::Status { .. } | JobEvent::Test { .. } => {}
         }
         Ok(None)
     }

@@ -76,6 +76,15 @@ pub enum JobEvent {
         #[serde(default, skip_serializing_if = "is_utf8")]
         encoding: Encoding,
     },
+    /// A graded job's test: `start`, then `end` with its verdict and
+    /// figures (the fields of a test's result).
+    Test {
+        index: usize,
+        name: String,
+        state: StageState,
+        #[serde(flatten)]
+        outcome: Option<Box<super::grading::TestOutcome>>,
+    },
     /// The job's previous attempt was lost with its worker and the job
     /// runs again: what a follower showed of its output is void.
     Attempt {

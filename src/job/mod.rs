@@ -8,6 +8,7 @@
 
 pub mod carry;
 pub mod events;
+pub mod grading;
 pub mod lifecycle;
 pub mod limits;
 pub mod result;
@@ -19,7 +20,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::languages::{Language, LanguageCatalog};
-use crate::protocol::Bundle;
+use crate::protocol::{Bundle, RunPlan, StageSpec};
+use grading::{PreparedTests, TestSpec};
 use limits::{CompileLimits, CompileLimitsRequest, LimitPolicy, Limits, LimitsRequest};
 pub use result::{Encoding, JobResult, Output, StageResult, StartKind, Status, Timings};
 use stages::{build_stages, source_files};
@@ -70,7 +72,24 @@ pub struct JobSpec {
     /// usage ledger go by it; unset: the key's anonymous user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
+    /// Grading: the program runs once per test, each with its stdin and
+    /// limits, and gets a verdict per test (1–500 tests; see `grading`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tests: Option<Vec<TestSpec>>,
+    /// How a test's output is judged: a built-in mode's name, `{"mode": …}`
+    /// with its options, or a checker program. Default `trim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<serde_json::Value>,
+    /// Skip the remaining tests after the first one not accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_on_failure: Option<bool>,
 }
+
+/// Where the sandbox's writable mounts are: what the runs of a graded job
+/// may add to, and what is put back as it was between two tests.
+pub const SCRATCH_MOUNTS: [&str; 4] = [WORKSPACE, "/tmp", "/dev/shm", "/dev/mqueue"];
+/// Where a checker's input, output and answer files are written for each check.
+pub const RUN_FILES_DIR: &str = "/tmp/.code-runner-check";
 
 /// The longest [`JobSpec::user`], in characters.
 pub const MAX_USER_CHARS: usize = 128;
@@ -139,7 +158,14 @@ pub struct PreparedJob {
     pub stdin: Vec<u8>,
     /// What the job asked for (`None`: the server's default).
     pub max_attempts: Option<u32>,
+    /// The bundle: its files, the compile stage (if any) and, without
+    /// tests, the run stage; with tests, a run plan instead of the run stage.
     pub bundle: Bundle,
+    /// A graded job's tests; each runs the program as `run_stage` with the
+    /// test's argv, stdin and limits.
+    pub tests: Option<PreparedTests>,
+    /// The stage every test runs (its argv and limits are the test's).
+    pub run_stage: Option<StageSpec>,
 }
 
 impl PreparedJob {
@@ -154,14 +180,24 @@ impl PreparedJob {
     }
 
     /// The output a job may leave at most: every stage's output limit.
+    /// A graded job keeps a bounded result per test instead of its output.
     pub fn output_limit_bytes(&self) -> u64 {
-        self.limits.output_bytes + self.compile_limits.map_or(0, |c| c.output_bytes)
+        let compile = self.compile_limits.map_or(0, |c| c.output_bytes);
+        match &self.tests {
+            Some(tests) => compile + tests.tests.len() as u64 * grading::TEST_RESULT_BYTES,
+            None => self.limits.output_bytes + compile,
+        }
     }
 
     /// The longest the job may take once its container is up: every stage's
-    /// wall limit added together.
+    /// wall limit added together (for a graded job, every test's, and its
+    /// checker's).
     pub fn stages_wall_ms(&self) -> u64 {
-        self.bundle.stages.iter().map(|s| s.limits.wall_ms).sum()
+        let stages: u64 = self.bundle.stages.iter().map(|s| s.limits.wall_ms).sum();
+        match &self.tests {
+            Some(tests) => stages + tests.wall_ms() + tests.checker_wall_ms(),
+            None => stages,
+        }
     }
 }
 
@@ -261,7 +297,7 @@ pub fn prepare(
     }
 
     let sources = source_files(language, &entry, &files);
-    let stages = build_stages(
+    let mut stages = build_stages(
         spec,
         language,
         &entry,
@@ -269,6 +305,27 @@ pub fn prepare(
         &limits,
         compile_limits.as_ref(),
     );
+    let mut run_stage = None;
+    let mut runs = None;
+    let tests = if spec.tests.is_some() || spec.check.is_some() || spec.stop_on_failure.is_some() {
+        let run = stages.last().cloned().expect("every job has a run stage");
+        let run_argv = &run.argv[..run.argv.len() - spec.args.len()];
+        let tests = grading::prepare_tests(spec, &limits, run_argv, catalog, policy)?;
+        if tests.is_some() {
+            stages.pop();
+            run_stage = Some(run);
+            runs = Some(RunPlan {
+                // The engine gives the runs a uid of their own.
+                uid: SANDBOX_UID,
+                gid: SANDBOX_GID,
+                scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
+                files_dir: RUN_FILES_DIR.to_string(),
+            });
+        }
+        tests
+    } else {
+        None
+    };
     Ok(PreparedJob {
         language: language.clone(),
         limits,
@@ -282,7 +339,10 @@ pub fn prepare(
             gid: SANDBOX_GID,
             files,
             stages,
+            runs,
         },
+        tests,
+        run_stage,
     })
 }
 

@@ -154,7 +154,7 @@ pub struct Timings {
 }
 
 /// The outcome of a job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobResult {
     pub status: Status,
     pub language: String,
@@ -174,6 +174,10 @@ pub struct JobResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<StartKind>,
     pub timings: Timings,
+    /// A graded job's tests and their summary: `tests`, `passed`, `total`,
+    /// `score`, `max_score` and `verdict`, beside the fields above.
+    #[serde(flatten)]
+    pub grading: Option<super::grading::Grading>,
 }
 
 /// How a job got its sandbox.
@@ -237,6 +241,7 @@ impl JobResult {
             reason: None,
             start: None,
             timings: Timings::default(),
+            grading: None,
         }
     }
 
@@ -393,6 +398,7 @@ mod tests {
             reason: None,
             start: None,
             timings: Timings::default(),
+            grading: None,
         };
         let (bare, outputs) = result.split_output();
         assert_eq!(bare.run.as_ref().unwrap().stdout, Output::default());

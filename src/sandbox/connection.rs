@@ -153,6 +153,33 @@ impl Connection {
         }
     }
 
+    /// The next message from the supervisor, by `deadline` at the latest.
+    pub(super) async fn next(
+        &mut self,
+        deadline: tokio::time::Instant,
+    ) -> Result<SandboxMessage, StartFailure> {
+        loop {
+            if let Some(message) = self.next_message()? {
+                return Ok(message);
+            }
+            let item = tokio::time::timeout_at(deadline, self.output.next())
+                .await
+                .map_err(|_| StartFailure("the sandbox did not answer in time".into()))?;
+            match item {
+                None => {
+                    return Err(StartFailure(format!(
+                        "the sandbox exited{}",
+                        log_suffix(&self.supervisor_log)
+                    )));
+                }
+                Some(Err(error)) => {
+                    return Err(StartFailure(format!("the sandbox stream broke: {error}")));
+                }
+                Some(Ok(output)) => self.take_output(output),
+            }
+        }
+    }
+
     /// An idle warm sandbox's supervisor says nothing until it gets a
     /// bundle: returns (with why) when its stream says anything or ends.
     pub(super) async fn idle_until_broken(&mut self) -> String {

@@ -26,6 +26,8 @@ pub const LABEL_LANGUAGE: &str = "code-runner.language";
 pub const LABEL_WARM: &str = "code-runner.warm";
 /// The uid (and gid) the sandbox's programs run as.
 pub const LABEL_UID: &str = "code-runner.uid";
+/// On a graded job's checker sandbox (beside the job's own, same job label).
+pub const LABEL_CHECKER: &str = "code-runner.checker";
 
 /// Capabilities the supervisor keeps (to drop to the sandbox uid); everything
 /// else is dropped, and user code runs with none.
@@ -111,6 +113,8 @@ pub struct SandboxShape {
     /// Unix ms: created, and after which the container has outlived its use.
     pub created_ms: u64,
     pub deadline_ms: u64,
+    /// A graded job's checker sandbox.
+    pub checker: bool,
 }
 
 /// The hardened configuration of a sandbox container (DESIGN §4).
@@ -142,6 +146,9 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
         Some(job_id) => labels.insert(LABEL_JOB.to_string(), job_id.clone()),
         None => labels.insert(LABEL_WARM.to_string(), "1".to_string()),
     };
+    if shape.checker {
+        labels.insert(LABEL_CHECKER.to_string(), "1".to_string());
+    }
     ContainerCreateBody {
         image: Some(shape.image.clone()),
         hostname: Some("sandbox".into()),

@@ -15,8 +15,11 @@
 //! - `uids`: one uid per live sandbox on a host.
 //! - `seccomp`: loading and checking the profile.
 
+mod checker;
 mod connection;
 mod container;
+mod grading;
+mod outcome;
 pub mod pool;
 mod seccomp;
 mod session;
@@ -132,6 +135,13 @@ pub enum SandboxEvent {
         stage: String,
         result: Box<StageResult>,
     },
+    /// A graded job's test `index` started.
+    TestStart {
+        index: usize,
+        name: String,
+    },
+    /// A graded job's test ended, with its verdict.
+    TestEnd(Box<crate::job::grading::TestResult>),
 }
 
 /// Input for a running job (interactive jobs, or signals for any job).
@@ -315,6 +325,7 @@ impl SandboxEngine {
                 session::run_in(
                     &self.docker,
                     &self.config,
+                    &self.uids,
                     job_id,
                     job,
                     io,

@@ -17,18 +17,22 @@ use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use super::checker::Checker;
 use super::connection::{
     Connection, OutputStream, SUPERVISOR_LOG_TAIL, StartFailure, inspect_end, log_suffix,
     protocol_mismatch, start,
 };
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
-use super::uids::UidRange;
+use super::grading::{Grader, test_index};
+use super::outcome::StageOutput;
+pub(super) use super::outcome::Started;
+pub use super::outcome::{Cleanup, RunOutcome};
+use super::uids::{UidRange, runs_uid};
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
-use crate::job::result::signal_name;
-use crate::job::{JobResult, Output, PreparedJob, StageResult, StartKind, Status, Timings};
+use crate::job::{JobResult, PreparedJob, StageResult, StartKind, Status, Timings};
 use crate::protocol::{
     Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION, Reason, SandboxMessage,
-    SignalKind, StageReport,
+    SignalKind,
 };
 
 /// How long a cancelled job's supervisor gets to report before the container
@@ -40,94 +44,11 @@ const PING_TIMEOUT: Duration = Duration::from_secs(3);
 /// A platform failure: the job ends with status `error` and this message.
 struct Failure(String);
 
-/// Output of the stage that is running, capped at its output limit.
-struct StageOutput {
-    name: String,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    cap: u64,
-    truncated: bool,
-    started: Instant,
-}
-
-impl StageOutput {
-    /// Keeps what fits under the cap; returns the part kept.
-    fn accept(&mut self, data: Vec<u8>, is_stdout: bool) -> Vec<u8> {
-        let used = (self.stdout.len() + self.stderr.len()) as u64;
-        let room = self.cap.saturating_sub(used) as usize;
-        let kept = if data.len() > room {
-            self.truncated = true;
-            data[..room].to_vec()
-        } else {
-            data
-        };
-        if is_stdout {
-            self.stdout.extend_from_slice(&kept);
-        } else {
-            self.stderr.extend_from_slice(&kept);
-        }
-        kept
-    }
-
-    fn into_result(self, report: Option<&StageReport>, reason: Reason) -> StageResult {
-        StageResult {
-            stdout: Output(self.stdout),
-            stderr: Output(self.stderr),
-            truncated: self.truncated || report.is_some_and(|r| r.output_truncated),
-            exit_code: report.and_then(|r| r.exit_code),
-            signal: report
-                .and_then(|r| r.signal)
-                .map(signal_name)
-                .or_else(|| report.is_none().then(|| "SIGKILL".to_string())),
-            reason: report.map_or(reason, |r| r.reason),
-            wall_ms: report
-                .map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
-            cpu_ms: report.map_or(0, |r| r.cpu_ms),
-            memory_peak_bytes: report.map_or(0, |r| r.memory_peak_bytes),
-        }
-    }
-}
-
 /// Why the frame loop stopped.
 enum Ending {
     Done,
     StreamEnded,
     Deadline,
-}
-
-/// A sandbox given to one job: its container (removed through the guard,
-/// which also holds its uid) and its attached connection.
-pub(super) struct Started {
-    pub(super) guard: ContainerGuard,
-    pub(super) connection: Connection,
-    pub(super) kind: StartKind,
-}
-
-/// A job's end: its result, and the container still to remove. The result
-/// is ready before the container is gone, so it can be made durable first;
-/// [`Cleanup::remove`] follows (a dropped `Cleanup` removes in the
-/// background).
-pub struct RunOutcome {
-    pub result: JobResult,
-    pub cleanup: Cleanup,
-    /// The container that ran the job (its name).
-    pub container: String,
-}
-
-/// What is left to do once a job's result is known.
-pub struct Cleanup {
-    guard: Option<ContainerGuard>,
-}
-
-impl Cleanup {
-    /// Removes the job's container; `false` when Docker did not answer (the
-    /// removal goes on in the background).
-    pub async fn remove(mut self) -> bool {
-        match self.guard.take() {
-            Some(guard) => guard.remove().await,
-            None => true,
-        }
-    }
 }
 
 struct Session<'a> {
@@ -143,6 +64,8 @@ struct Session<'a> {
     /// `kill` signal): a stage reported `killed` is then the host's doing.
     kill_sent: bool,
     supervisor_log: Vec<u8>,
+    /// A graded job's tests.
+    grader: Option<Grader>,
 }
 
 /// Runs `job` in a new container (the cold path).
@@ -177,6 +100,7 @@ pub(super) async fn run_cold(
         job_id: Some(job_id.to_string()),
         created_ms: unix_ms(now),
         deadline_ms,
+        checker: false,
     };
     match start(docker, config, &guard, &shape).await {
         Ok(connection) => {
@@ -185,7 +109,7 @@ pub(super) async fn run_cold(
                 connection,
                 kind: StartKind::Cold,
             };
-            run_in(docker, config, job_id, job, io, sandbox, started).await
+            run_in(docker, config, uids, job_id, job, io, sandbox, started).await
         }
         Err(StartFailure(message)) => failed(job, started, guard, StartKind::Cold, message),
     }
@@ -217,9 +141,11 @@ fn failed(
 
 /// Runs `job` in a started sandbox (warm or cold) to its end; the container
 /// is left for the caller's [`Cleanup`].
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_in(
     docker: &Docker,
     config: &SandboxConfig,
+    uids: &UidRange,
     job_id: &str,
     job: &PreparedJob,
     io: JobIo,
@@ -233,23 +159,40 @@ pub(super) async fn run_in(
     } = sandbox;
     let container = guard.name().to_string();
     let uid = guard.uid();
-    let outcome = drive(docker, config, job_id, job, io, &guard, connection, uid).await;
-    let (compile, run, ready_at, cancelled, error) = match outcome {
+    let outcome = drive(
+        docker, config, uids, job_id, job, io, &guard, connection, uid,
+    )
+    .await;
+    let (compile, run, ready_at, cancelled, mut error, grader) = match outcome {
         Ok(session) => (
             session.compile,
             session.run,
             session.ready_at,
             session.cancelled,
             session.error,
+            session.grader,
         ),
-        Err(Failure(message)) => (None, None, None, false, Some(message)),
+        Err(Failure(message)) => (None, None, None, false, Some(message), None),
     };
-    let status = if error.is_some() {
-        Status::Error
-    } else if cancelled {
-        Status::Cancelled
-    } else {
-        JobResult::status_from_stages(compile.as_ref(), run.as_ref())
+    let compile_failed = compile
+        .as_ref()
+        .is_some_and(|c| c.reason != Reason::Exited || c.exit_code != Some(0));
+    let grading = grader.map(|grader| {
+        let ended = if error.is_some() {
+            "the platform failed"
+        } else if cancelled {
+            "the job was cancelled"
+        } else {
+            "the job ran out of time"
+        };
+        grader.into_grading(compile_failed, Some(ended))
+    });
+    let status = match &grading {
+        _ if error.is_some() => Status::Error,
+        _ if cancelled => Status::Cancelled,
+        None => JobResult::status_from_stages(compile.as_ref(), run.as_ref()),
+        Some(_) if compile_failed => JobResult::status_from_stages(compile.as_ref(), None),
+        Some(grading) => grading.status(&mut error),
     };
     let error = error.or_else(|| {
         (status == Status::Error).then(|| "the sandbox ended without running the program".into())
@@ -275,6 +218,7 @@ pub(super) async fn run_in(
             error,
             reason: None,
             start: Some(kind),
+            grading,
         },
         cleanup: Cleanup { guard: Some(guard) },
         container,
@@ -289,6 +233,7 @@ struct SessionOutcome {
     ready_at: Option<Instant>,
     cancelled: bool,
     error: Option<String>,
+    grader: Option<Grader>,
 }
 
 pub(super) fn unix_ms(at: SystemTime) -> u64 {
@@ -300,6 +245,7 @@ pub(super) fn unix_ms(at: SystemTime) -> u64 {
 async fn drive(
     docker: &Docker,
     config: &SandboxConfig,
+    uids: &UidRange,
     job_id: &str,
     job: &PreparedJob,
     io: JobIo,
@@ -316,6 +262,14 @@ async fn drive(
         ready_at,
     } = connection;
 
+    let gvisor =
+        is_gvisor(config).then(|| (job.limits.pids, (config.cpus * 1000.0).round() as u64));
+    let checker = Grader::checker_job(job).map(|checker| {
+        let deadline_ms = io
+            .deadline_ms
+            .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
+        Checker::start(docker, config, uids, job_id, checker, deadline_ms)
+    });
     let mut session = Session {
         job,
         io,
@@ -327,16 +281,22 @@ async fn drive(
         cancelled: false,
         kill_sent: false,
         supervisor_log,
+        grader: Grader::new(job, gvisor, checker),
     };
     let mut bundle = job.bundle.clone();
     if let Some(uid) = uid {
         bundle.uid = uid;
         bundle.gid = uid;
     }
-    if is_gvisor(config) {
+    if let Some(runs) = &mut bundle.runs {
+        // The tests run as a uid of their own (see `RunPlan`).
+        runs.uid = runs_uid(bundle.uid);
+        runs.gid = runs_uid(bundle.gid);
+    }
+    if let Some((nproc, quota)) = gvisor {
         for stage in &mut bundle.stages {
-            stage.limits.nproc = Some(job.limits.pids);
-            stage.limits.cpu_quota_millis = Some((config.cpus * 1000.0).round() as u64);
+            stage.limits.nproc = Some(nproc);
+            stage.limits.cpu_quota_millis = Some(quota);
         }
     }
     session.send_initial_frames(bundle).await;
@@ -402,6 +362,7 @@ async fn drive(
         ready_at: session.ready_at,
         cancelled: session.cancelled,
         error,
+        grader: session.grader,
     })
 }
 
@@ -412,13 +373,21 @@ impl Session<'_> {
         let _ = self.frames.send(message.encode()).await;
     }
 
-    async fn send_initial_frames(&self, bundle: Bundle) {
+    async fn send_initial_frames(&mut self, bundle: Bundle) {
         self.send(HostMessage::Bundle(Box::new(bundle))).await;
         for chunk in self.job.stdin.chunks(MAX_OUTPUT_CHUNK) {
             self.send(HostMessage::Stdin(chunk.to_vec())).await;
         }
         if !self.job.interactive {
             self.send(HostMessage::StdinClose).await;
+        }
+        let runs = self
+            .grader
+            .as_mut()
+            .map(Grader::first_frames)
+            .unwrap_or_default();
+        for frame in runs {
+            self.send(frame).await;
         }
     }
 
@@ -553,6 +522,30 @@ impl Session<'_> {
                     self.emit(SandboxEvent::Ready).await;
                 }
             }
+            SandboxMessage::StageStart(start) if test_index(&start.stage).is_some() => {
+                let index = test_index(&start.stage).unwrap_or_default();
+                let (name, cap) = self
+                    .grader
+                    .as_ref()
+                    .and_then(|g| g.starting(index))
+                    .map(|(name, cap)| (name.to_string(), cap))
+                    .filter(|_| self.current.is_none())
+                    .ok_or_else(|| {
+                        Failure(format!(
+                            "the sandbox started test {:?} out of order",
+                            start.stage
+                        ))
+                    })?;
+                self.current = Some(StageOutput {
+                    name: start.stage,
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    cap,
+                    truncated: false,
+                    started: Instant::now(),
+                });
+                self.emit(SandboxEvent::TestStart { index, name }).await;
+            }
             SandboxMessage::StageStart(start) => {
                 let spec = self
                     .job
@@ -591,6 +584,17 @@ impl Session<'_> {
                     data.len()
                 )));
             }
+            // A test's output goes into its result (a preview), not the stream.
+            SandboxMessage::Stdout(data) if self.in_test() => {
+                if let Some(current) = &mut self.current {
+                    current.accept(data, true);
+                }
+            }
+            SandboxMessage::Stderr(data) if self.in_test() => {
+                if let Some(current) = &mut self.current {
+                    current.accept(data, false);
+                }
+            }
             SandboxMessage::Stdout(data) => {
                 if let Some(current) = &mut self.current {
                     let kept = current.accept(data, true);
@@ -619,6 +623,16 @@ impl Session<'_> {
                         ))
                     })?;
                 let result = current.into_result(Some(&report), report.reason);
+                if let Some(index) = test_index(&report.stage)
+                    && let Some(grader) = &mut self.grader
+                {
+                    let (test, frames) = grader.finish(index, &result).await;
+                    self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
+                    for frame in frames {
+                        self.send(frame).await;
+                    }
+                    return Ok(false);
+                }
                 self.emit(SandboxEvent::StageEnd {
                     stage: report.stage.clone(),
                     result: Box::new(result.clone()),
@@ -635,6 +649,13 @@ impl Session<'_> {
             SandboxMessage::Done => return Ok(true),
         }
         Ok(false)
+    }
+
+    /// Whether the stage running is one of a graded job's tests.
+    fn in_test(&self) -> bool {
+        self.current
+            .as_ref()
+            .is_some_and(|c| test_index(&c.name).is_some())
     }
 
     /// The stage the supervisor reported `killed` although the host never
@@ -686,7 +707,10 @@ impl Session<'_> {
         if let Some(current) = current {
             let name = current.name.clone();
             let result = current.into_result(None, reason);
-            self.store(&name, result);
+            match (test_index(&name), &mut self.grader) {
+                (Some(index), Some(grader)) => grader.unreported(index, &result),
+                _ => self.store(&name, result),
+            }
         }
     }
 }

@@ -78,6 +78,13 @@ struct Leases {
     busy: BTreeSet<u32>,
 }
 
+/// The uid a graded job's tests run as in a sandbox of `uid` (see the
+/// supervisor's run plan): as unique on the host as `uid` is, above every
+/// range, so never any sandbox's own.
+pub fn runs_uid(uid: u32) -> u32 {
+    uid.saturating_add(RANGE_SIZE * MAX_RANGES)
+}
+
 /// A sandbox's uid, given back when dropped (once its container is gone).
 #[derive(Debug)]
 pub struct UidLease {
@@ -106,7 +113,8 @@ impl RangeInner {
 impl UidRange {
     /// Takes the first free range under `dir` (created if missing).
     pub fn acquire(dir: &Path, base: u32) -> Result<Self, UidError> {
-        if base.checked_add(RANGE_SIZE * MAX_RANGES).is_none() {
+        // Room for the ranges and, above them, the tests' uids.
+        if base.checked_add(2 * RANGE_SIZE * MAX_RANGES).is_none() {
             return Err(UidError::Base { base });
         }
         std::fs::create_dir_all(dir).map_err(|source| UidError::LockDir {

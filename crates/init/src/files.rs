@@ -125,6 +125,15 @@ fn write_as(workspace: &str, uid: u32, gid: u32, files: &[BundleFile]) -> Result
     Ok(())
 }
 
+/// Writes `files` below the directory open at `root`, as the calling
+/// thread's ids (a thread already dropped to the right uid).
+pub(crate) fn write_files_at(root: &OwnedFd, files: &[BundleFile]) -> Result<(), InitError> {
+    for file in files {
+        write_one(root, file)?;
+    }
+    Ok(())
+}
+
 fn write_one(root: &OwnedFd, file: &BundleFile) -> Result<(), InitError> {
     let fail = |step: &'static str| {
         let path = file.path.clone();

@@ -191,5 +191,7 @@ pub(crate) fn host_message_name(message: &HostMessage) -> &'static str {
         HostMessage::Stdin(_) => "stdin",
         HostMessage::StdinClose => "stdin_close",
         HostMessage::Signal(_) => "signal",
+        HostMessage::Run(_) => "run",
+        HostMessage::RunsEnd => "runs_end",
     }
 }

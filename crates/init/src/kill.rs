@@ -111,6 +111,12 @@ impl Killer {
         Self { uid, signaller }
     }
 
+    /// From now on, signal the processes of `uid` (the runs after the
+    /// stages have a uid of their own).
+    pub(crate) fn set_uid(&mut self, uid: u32) {
+        self.uid = uid;
+    }
+
     /// Sends `signal` to `target` and returns once it is sent; `false` when
     /// it could not be (written to the supervisor's log). Kills are sent
     /// again on a timer until the stage is gone.

@@ -29,6 +29,10 @@
 //! - `kill`: signalling the job's processes from the signaller thread.
 //! - `reap`: `wait4(-1)`: reaping every child with its resource usage.
 //! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
+//! - `runs`: the runs after the stages (a graded job's tests): what each
+//!   run finds, and removing what the last one added.
+//! - `runs_filter`: the seccomp filter that keeps a run from creating IPC
+//!   objects and keys, which would outlive it.
 
 // `unsafe` only where a system call needs it, each block allowed and
 // explained where it is (`spawn`, `reap`, `creds`).
@@ -42,6 +46,8 @@ mod kill;
 mod pipes;
 mod reap;
 mod report;
+mod runs;
+mod runs_filter;
 mod spawn;
 mod stage;
 mod stdin;
@@ -114,6 +120,8 @@ pub enum InitError {
         "processes of the job survived every kill for {seconds} s after stage {stage:?}; no further stage runs"
     )]
     Survivors { stage: String, seconds: u64 },
+    #[error("cannot prepare the sandbox for the next run: {0}")]
+    Runs(String),
     #[error("cannot set up the pipes of stage {stage:?}: {source}")]
     StagePipes {
         stage: String,

@@ -6,6 +6,7 @@ use std::process::{Command, Stdio};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
 use super::pipes::{InputPipe, OutputPipe};
+use super::runs_filter::RunFilter;
 use code_runner_protocol::{StageLimits, StageSpec};
 
 /// The rlimits of a stage, computed before the fork so that the child only
@@ -87,6 +88,7 @@ pub(crate) fn spawn_stage(
     spec: &StageSpec,
     uid: u32,
     gid: u32,
+    filter: Option<&RunFilter>,
 ) -> Result<SpawnedStage, SpawnError> {
     let Some((program, args)) = spec.argv.split_first() else {
         return Err(SpawnError::Start(std::io::Error::new(
@@ -119,8 +121,17 @@ pub(crate) fn spawn_stage(
     // computed before the fork, and builds its error (if any) from an errno
     // without allocating. std's own pre-exec steps (dup2, setgid, setgroups,
     // setuid, chdir) have run by then.
+    // The run filter (a graded job's tests) is built here too, and only
+    // installed by two prctl(2) calls in the child.
+    let filter = filter.cloned();
     unsafe {
-        command.pre_exec(move || rlimits.apply());
+        command.pre_exec(move || {
+            rlimits.apply()?;
+            match &filter {
+                Some(filter) => filter.install(),
+                None => Ok(()),
+            }
+        });
     }
     // Every pipe std creates is close-on-exec in the supervisor, so the
     // child inherits only its own three descriptors.

@@ -58,7 +58,7 @@ pub(crate) async fn run_stage(
     }
     let memory_before = ctx.memory.read();
     let started = Instant::now();
-    let spawned = match spawn_stage(spec, ctx.uid, ctx.gid) {
+    let spawned = match spawn_stage(spec, ctx.uid, ctx.gid, ctx.run_filter.as_ref()) {
         Ok(spawned) => spawned,
         Err(SpawnError::Start(error)) => {
             let program = spec.argv.first().map_or("", String::as_str);

@@ -19,13 +19,16 @@ use super::accounting::MemoryProbe;
 use super::files::write_bundle_files;
 use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
 use super::kill::{Killer, Signaller, Target};
+use super::runs::Scratch;
+use super::runs_filter::RunFilter;
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, InitError};
 use code_runner_protocol::{
-    Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, SandboxMessage,
-    SignalKind as HostSignal,
+    Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, RunSpec, SandboxMessage,
+    SignalKind as HostSignal, StageReport,
 };
+use std::collections::VecDeque;
 
 /// Runs the supervisor; returns the process exit status.
 pub(crate) fn run() -> i32 {
@@ -129,6 +132,14 @@ pub(crate) struct Context<'a> {
     /// A kill (host `kill` frame or SIGTERM) arrived while no stage was
     /// running: the next stage is reported killed instead of started.
     pub kill_requested: bool,
+    /// `run` frames not run yet, in the order they came.
+    pub pending_runs: VecDeque<RunSpec>,
+    /// The host sent `runs_end` (or closed its stream).
+    pub runs_ended: bool,
+    /// Whether the bundle has a run plan (else a `run` frame is an error).
+    pub runs_planned: bool,
+    /// Installed in every process of a run (see [`RunFilter`]).
+    pub run_filter: Option<RunFilter>,
 }
 
 impl Context<'_> {
@@ -138,6 +149,7 @@ impl Context<'_> {
             None | Some(HostEvent::Eof) => {
                 // No more stdin can come: the stage reading it gets EOF.
                 self.host_open = false;
+                self.runs_ended = true;
                 self.stdin.request_close();
                 Ok(Control::None)
             }
@@ -159,7 +171,15 @@ impl Context<'_> {
                 }
                 HostMessage::Signal(HostSignal::Interrupt) => Ok(Control::Interrupt),
                 HostMessage::Signal(HostSignal::Kill) => Ok(Control::Kill),
-                other @ HostMessage::Bundle(_) => {
+                HostMessage::Run(run) if self.runs_planned && !self.runs_ended => {
+                    self.pending_runs.push_back(*run);
+                    Ok(Control::None)
+                }
+                HostMessage::RunsEnd if self.runs_planned => {
+                    self.runs_ended = true;
+                    Ok(Control::None)
+                }
+                other @ (HostMessage::Bundle(_) | HostMessage::Run(_) | HostMessage::RunsEnd) => {
                     Err(InitError::UnexpectedFrame(host_message_name(&other)))
                 }
             },
@@ -219,7 +239,12 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         uid: bundle.uid,
         gid: bundle.gid,
         kill_requested: false,
+        pending_runs: VecDeque::new(),
+        runs_ended: false,
+        runs_planned: bundle.runs.is_some(),
+        run_filter: None,
     };
+    let mut stages_succeeded = true;
     for spec in &bundle.stages {
         let report = match run_stage(&mut context, spec).await {
             Ok(report) => report,
@@ -234,10 +259,92 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         let succeeded = report.reason == Reason::Exited && report.exit_code == Some(0);
         sink.send(&SandboxMessage::StageEnd(report)).await?;
         if !succeeded {
+            stages_succeeded = false;
             break;
         }
     }
+    if let Some(plan) = &bundle.runs
+        && stages_succeeded
+    {
+        run_plan(&mut context, plan).await?;
+    }
     sink.send(&SandboxMessage::Done).await
+}
+
+/// The runs after the stages: one per `run` frame until `runs_end`, each
+/// as the plan's uid, each finding the sandbox as the first one did.
+async fn run_plan(
+    context: &mut Context<'_>,
+    plan: &code_runner_protocol::RunPlan,
+) -> Result<(), InitError> {
+    if plan.uid == 0 || plan.gid == 0 || plan.uid == context.uid {
+        return Err(InitError::InvalidBundle(
+            "the runs must have a non-root uid of their own".into(),
+        ));
+    }
+    let scratch = Scratch::prepare(plan, context.uid, context.gid)?;
+    context.uid = plan.uid;
+    context.gid = plan.gid;
+    context.killer.set_uid(plan.uid);
+    context.run_filter = Some(RunFilter::new());
+    while let Some(run) = next_run(context).await? {
+        let RunSpec {
+            stage,
+            input,
+            files,
+        } = run;
+        scratch.write_run_files(files)?;
+        context.stdin = StdinQueue::default();
+        context.stdin.push(input);
+        context.stdin.request_close();
+        let report = run_one(context, &stage).await?;
+        // The next run (or the end) finds the sandbox as the first did.
+        scratch.wipe()?;
+        context.sink.send(&SandboxMessage::StageEnd(report)).await?;
+    }
+    Ok(())
+}
+
+/// Runs one stage of the plan; a failure kills what it left first.
+async fn run_one(
+    context: &mut Context<'_>,
+    stage: &code_runner_protocol::StageSpec,
+) -> Result<StageReport, InitError> {
+    match run_stage(context, stage).await {
+        Ok(report) => Ok(report),
+        Err(error) => {
+            context
+                .killer
+                .signal(Target::All, nix::sys::signal::Signal::SIGKILL);
+            Err(error)
+        }
+    }
+}
+
+/// The next run: one already waiting, else the next `run` frame; `None`
+/// after `runs_end`. A kill ends the runs.
+async fn next_run(context: &mut Context<'_>) -> Result<Option<RunSpec>, InitError> {
+    loop {
+        context.apply_waiting_host_events()?;
+        if context.kill_requested {
+            return Ok(None);
+        }
+        if let Some(run) = context.pending_runs.pop_front() {
+            return Ok(Some(run));
+        }
+        if context.runs_ended || !context.host_open {
+            return Ok(None);
+        }
+        tokio::select! {
+            event = context.host.recv() => {
+                if context.on_host_event(event)? == Control::Kill {
+                    context.kill_requested = true;
+                }
+            }
+            _ = context.signals.terminate.recv() => context.kill_requested = true,
+            _ = context.signals.interrupt.recv() => context.kill_requested = true,
+        }
+    }
 }
 
 /// Waits for the first frame, which must be the bundle.

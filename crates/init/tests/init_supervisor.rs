@@ -13,6 +13,9 @@ mod harness;
 /// Limits and hostile programs.
 #[path = "init_supervisor/limits.rs"]
 mod limits;
+/// The runs after the stages (a graded job's tests).
+#[path = "init_supervisor/runs.rs"]
+mod runs;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

@@ -25,6 +25,8 @@
 //! | 0x02 | stdin       | raw bytes for the stage that takes stdin    |
 //! | 0x03 | stdin_close | empty                                       |
 //! | 0x04 | signal      | one byte: 1 = interrupt, 2 = kill           |
+//! | 0x05 | run         | JSON [`RunSpec`]: one more run of the plan  |
+//! | 0x06 | runs_end    | empty: no more runs                         |
 //!
 //! Sandbox → host kinds:
 //!
@@ -41,6 +43,12 @@
 //! The sandbox sends `ready` first, then for each stage it runs `stage_start`,
 //! any number of `stdout`/`stderr`, and `stage_end`; finally `done`, after which
 //! it exits 0. A stage that does not exit 0 ends the sequence.
+//!
+//! A bundle with a [`RunPlan`] (a graded job's tests) goes on after its
+//! stages succeeded: the supervisor runs one stage per `run` frame, in the
+//! order they came (the host may send them early; they wait), each reported
+//! like a stage (`stage_start`, output, `stage_end`, whatever its exit), and
+//! sends `done` after `runs_end`. See [`RunPlan`] for what each run finds.
 
 #![forbid(unsafe_code)]
 
@@ -52,7 +60,7 @@ pub use messages::*;
 
 /// Version of this protocol; images carry it as the label `code-runner.protocol`
 /// so the worker refuses an image whose supervisor speaks another version.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame the sandbox accepts from the host (the bundle carries files).
 pub const MAX_HOST_FRAME: usize = 96 * 1024 * 1024;

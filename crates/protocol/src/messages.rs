@@ -9,6 +9,8 @@ pub mod kind {
     pub const STDIN: u8 = 0x02;
     pub const STDIN_CLOSE: u8 = 0x03;
     pub const SIGNAL: u8 = 0x04;
+    pub const RUN: u8 = 0x05;
+    pub const RUNS_END: u8 = 0x06;
 
     pub const READY: u8 = 0x81;
     pub const STAGE_START: u8 = 0x82;
@@ -30,6 +32,45 @@ pub struct Bundle {
     pub gid: u32,
     pub files: Vec<BundleFile>,
     pub stages: Vec<StageSpec>,
+    /// Runs to accept after the stages (a graded job's tests, a checker's
+    /// checks): when set and every stage succeeded, the supervisor runs one
+    /// stage per `run` frame until `runs_end`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<RunPlan>,
+}
+
+/// How the supervisor runs the `run` frames that follow the stages.
+///
+/// The runs execute as a uid of their own, not the bundle's: everything the
+/// bundle and its stages left (the files, the compiled program) belongs to
+/// the bundle's uid and is read-only to them. Before the first run, the
+/// supervisor takes away write access for others from what the stages left
+/// (and makes every directory others may write in sticky). After each run
+/// every process of the runs' uid is dead, and every entry a run added to a
+/// directory it could write in is removed, so the next run sees exactly
+/// what the first one saw. The runs cannot create System V IPC objects,
+/// POSIX message queues or keys (a seccomp filter answers `EPERM`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunPlan {
+    pub uid: u32,
+    pub gid: u32,
+    /// The writable mounts whose trees are kept as the first run found them
+    /// (e.g. the workspace, `/tmp`, `/dev/shm`); absent paths are skipped.
+    pub scratch: Vec<String>,
+    /// Where a run's `files` are written (created fresh for each run as the
+    /// runs' uid, inside one of `scratch`, so removed after it).
+    pub files_dir: String,
+}
+
+/// One run (kind `run`): a stage, the bytes its stdin reads before EOF, and
+/// files written for it into the plan's `files_dir`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSpec {
+    pub stage: StageSpec,
+    #[serde(with = "base64_bytes")]
+    pub input: Vec<u8>,
+    #[serde(default)]
+    pub files: Vec<BundleFile>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -165,6 +206,8 @@ pub enum HostMessage {
     Stdin(Vec<u8>),
     StdinClose,
     Signal(SignalKind),
+    Run(Box<RunSpec>),
+    RunsEnd,
 }
 
 /// A message from the supervisor to the worker.
@@ -216,6 +259,8 @@ impl HostMessage {
                     SignalKind::Kill => 2,
                 }],
             ),
+            HostMessage::Run(run) => encode_frame(kind::RUN, &json(run)),
+            HostMessage::RunsEnd => encode_frame(kind::RUNS_END, &[]),
         }
     }
 
@@ -225,6 +270,8 @@ impl HostMessage {
             kind::BUNDLE => Ok(HostMessage::Bundle(Box::new(parse_json(kind, &payload)?))),
             kind::STDIN => Ok(HostMessage::Stdin(payload)),
             kind::STDIN_CLOSE => expect_empty(kind, &payload).map(|()| HostMessage::StdinClose),
+            kind::RUN => Ok(HostMessage::Run(Box::new(parse_json(kind, &payload)?))),
+            kind::RUNS_END => expect_empty(kind, &payload).map(|()| HostMessage::RunsEnd),
             kind::SIGNAL => match payload.as_slice() {
                 [1] => Ok(HostMessage::Signal(SignalKind::Interrupt)),
                 [2] => Ok(HostMessage::Signal(SignalKind::Kill)),
@@ -347,9 +394,29 @@ mod tests {
                 stdin: true,
                 limits: limits(),
             }],
+            runs: Some(RunPlan {
+                uid: 4_000_001,
+                gid: 4_000_001,
+                scratch: vec!["/tmp".into()],
+                files_dir: "/tmp/run".into(),
+            }),
+        }));
+        let run = HostMessage::Run(Box::new(RunSpec {
+            stage: StageSpec {
+                name: "test:0".into(),
+                argv: vec!["./main".into()],
+                env: vec![],
+                cwd: "/workspace".into(),
+                stdin: true,
+                limits: limits(),
+            },
+            input: vec![1, 2, 255],
+            files: vec![],
         }));
         for message in [
             bundle,
+            run,
+            HostMessage::RunsEnd,
             HostMessage::Stdin(vec![0, 1, 2, 255]),
             HostMessage::StdinClose,
             HostMessage::Signal(SignalKind::Interrupt),

@@ -411,6 +411,7 @@ impl Inner {
             job_id: None,
             created_ms: unix_ms(now),
             deadline_ms: unix_ms(now + lifetime + self.settings.longest_job),
+            checker: false,
         };
         // Not raced with `discard`: a create call in flight may still make
         // the container, and only its end says there is one to remove.

@@ -43,7 +43,7 @@ use tokio::time::Instant;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::job::JobResult;
-use crate::job::events::JobEvent;
+use crate::job::events::{JobEvent, StageState};
 use crate::sandbox::SandboxEvent;
 use crate::store::Store;
 
@@ -224,6 +224,25 @@ impl EventStream {
                 self.coalescer
                     .push_event(JobEvent::stage_end(&stage, &result));
                 self.open_stage = None;
+                true
+            }
+            SandboxEvent::TestStart { index, name } => {
+                self.coalescer.push_event(JobEvent::Test {
+                    index,
+                    name,
+                    state: StageState::Start,
+                    outcome: None,
+                });
+                true
+            }
+            SandboxEvent::TestEnd(test) => {
+                let test = *test;
+                self.coalescer.push_event(JobEvent::Test {
+                    index: test.index,
+                    name: test.name,
+                    state: StageState::End,
+                    outcome: Some(Box::new(test.outcome)),
+                });
                 true
             }
             SandboxEvent::Stdout(data) => self.output(Stream::Stdout, data),

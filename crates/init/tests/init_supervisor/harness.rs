@@ -193,6 +193,37 @@ impl Sandbox {
             gid: self.uid,
             files,
             stages,
+            runs: None,
+        }))
+    }
+
+    /// The uid the runs of a run plan use in these tests: another one no
+    /// host process runs as.
+    pub fn runs_uid(&self) -> u32 {
+        self.uid + 500_000
+    }
+
+    /// A bundle whose stages are followed by runs as [`Self::runs_uid`],
+    /// `scratch` kept as the first run finds it, run files in `files_dir`.
+    pub fn bundle_with_runs(
+        &self,
+        files: Vec<BundleFile>,
+        stages: Vec<StageSpec>,
+        scratch: Vec<String>,
+        files_dir: &str,
+    ) -> HostMessage {
+        HostMessage::Bundle(Box::new(Bundle {
+            workspace: self.workspace().to_string_lossy().into_owned(),
+            uid: self.uid,
+            gid: self.uid,
+            files,
+            stages,
+            runs: Some(code_runner_protocol::RunPlan {
+                uid: self.runs_uid(),
+                gid: self.runs_uid(),
+                scratch,
+                files_dir: files_dir.to_string(),
+            }),
         }))
     }
 
@@ -283,13 +314,15 @@ impl Drop for Sandbox {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
-        if !live_processes_of(self.uid).is_empty() {
-            // kill(-1) from that uid: every process of the uid but itself.
-            let _ = Command::new("/bin/sh")
-                .args(["-c", "kill -9 -1"])
-                .uid(self.uid)
-                .gid(self.uid)
-                .status();
+        for uid in [self.uid, self.runs_uid()] {
+            if !live_processes_of(uid).is_empty() {
+                // kill(-1) from that uid: every process of the uid but itself.
+                let _ = Command::new("/bin/sh")
+                    .args(["-c", "kill -9 -1"])
+                    .uid(uid)
+                    .gid(uid)
+                    .status();
+            }
         }
     }
 }

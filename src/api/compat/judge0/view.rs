@@ -12,6 +12,8 @@ use serde_json::{Map, Value, json};
 use super::super::super::jobs::rfc3339;
 use super::languages::judge0_name;
 use super::request::Judge0Record;
+use crate::job::grading::verdict::run_failure;
+use crate::job::grading::{Check, TimeLimit, Verdict as TestVerdict};
 use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 use crate::protocol::Reason;
@@ -133,15 +135,6 @@ pub(super) fn encode64(bytes: &[u8]) -> String {
 }
 
 /// Judge0's `strip`: every line right-trimmed, then the whole right-trimmed.
-fn strip(text: &str) -> String {
-    text.split('\n')
-        .map(str::trim_end)
-        .collect::<Vec<_>>()
-        .join("\n")
-        .trim_end()
-        .to_string()
-}
-
 /// Signal number of a signal name (`SIGSEGV` → 11).
 fn signal_number(name: &str) -> Option<i32> {
     name.parse::<nix::sys::signal::Signal>()
@@ -193,37 +186,44 @@ pub(super) fn verdict(result: &JobResult, record: &Judge0Record) -> Verdict {
     verdict.exit_signal = signal;
     // Judge0 reports 0 when isolate gave no exit code (a kill).
     verdict.exit_code = Some(run.exit_code.unwrap_or(0));
-    let over_cpu = run.cpu_ms as f64 > record.cpu_time_limit * 1000.0;
-    (verdict.status, verdict.message) = match run.reason {
-        Reason::WallTimeout | Reason::IdleTimeout => {
-            (5, Some("Time limit exceeded (wall clock)".into()))
-        }
-        Reason::CpuTimeout => (5, Some("Time limit exceeded".into())),
-        _ if over_cpu => (5, Some("Time limit exceeded".into())),
-        Reason::MemoryLimit => (12, Some("Memory limit exceeded".into())),
-        Reason::OutputLimit => (8, Some("Output limit exceeded".into())),
-        Reason::Killed => (12, Some("Caught fatal signal 9".into())),
-        Reason::Exited => match (run.exit_code, signal) {
-            (None, Some(number)) => (
-                match number {
-                    11 => 7,
-                    25 => 8,
-                    8 => 9,
-                    6 => 10,
-                    _ => 12,
-                },
-                Some(format!("Caught fatal signal {number}")),
+    // The same verdict a graded job's test gets, in Judge0's numbers.
+    let cpu_limit_ms = (record.cpu_time_limit * 1000.0) as u64;
+    (verdict.status, verdict.message) = match run_failure(run, cpu_limit_ms) {
+        Some(failure) => match failure.verdict {
+            TestVerdict::TimeLimit => (
+                5,
+                Some(match failure.time_limit {
+                    Some(TimeLimit::Wall) => "Time limit exceeded (wall clock)".into(),
+                    _ => "Time limit exceeded".into(),
+                }),
             ),
-            (Some(code), _) if code != 0 => (11, Some(format!("Exited with error status {code}"))),
-            _ => {
-                let stdout = String::from_utf8_lossy(run.stdout.as_bytes());
-                let accepted = record
-                    .expected_output
-                    .as_deref()
-                    .is_none_or(|expected| strip(expected) == strip(&stdout));
-                (if accepted { 3 } else { 4 }, None)
-            }
+            TestVerdict::MemoryLimit => (12, Some("Memory limit exceeded".into())),
+            TestVerdict::OutputLimit => (8, Some("Output limit exceeded".into())),
+            _ => match (failure.exit_code, failure.signal) {
+                (Some(code), _) if code != 0 => {
+                    (11, Some(format!("Exited with error status {code}")))
+                }
+                (_, Some(number)) => (
+                    match number {
+                        11 => 7,
+                        25 => 8,
+                        8 => 9,
+                        6 => 10,
+                        _ => 12,
+                    },
+                    Some(format!("Caught fatal signal {number}")),
+                ),
+                _ => (13, Some(failure.message)),
+            },
         },
+        None => {
+            let accepted = record.expected_output.as_deref().is_none_or(|expected| {
+                Check::Trim
+                    .compare(expected.as_bytes(), run.stdout.as_bytes())
+                    .is_none()
+            });
+            (if accepted { 3 } else { 4 }, None)
+        }
     };
     verdict
 }
@@ -385,6 +385,7 @@ mod tests {
             reason: None,
             start: None,
             timings: Default::default(),
+            grading: None,
         }
     }
 

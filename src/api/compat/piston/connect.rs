@@ -290,8 +290,11 @@ async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
                     continue;
                 }
                 // An interactive job is never run again, so never has an
-                // `attempt` event.
-                JobEvent::Status { .. } | JobEvent::Error { .. } | JobEvent::Attempt { .. } => {
+                // `attempt` event, and never has tests.
+                JobEvent::Status { .. }
+                | JobEvent::Error { .. }
+                | JobEvent::Attempt { .. }
+                | JobEvent::Test { .. } => {
                     continue;
                 }
             };

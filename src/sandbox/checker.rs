@@ -1,0 +1,311 @@
+//! A graded job's checker program, in a sandbox of its own: the program
+//! being graded never shares a container with it, its source, the tests'
+//! inputs or the expected outputs. The checker's sandbox is started beside
+//! the program's, compiles the checker once, then runs it once per check
+//! with three files (`input`, `output`, `answer`) written fresh for that
+//! check and removed after it (the supervisor's run plan).
+//!
+//! [`Checker::start`] spawns a task that owns the sandbox; [`Checker::check`]
+//! sends it one check and waits for the answer. Dropping the [`Checker`]
+//! ends the task, which removes the container.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use bollard::Docker;
+use tokio::sync::{mpsc, oneshot};
+
+use super::SandboxConfig;
+use super::connection::{Connection, StartFailure, start};
+use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::session::unix_ms;
+use super::uids::{UidRange, runs_uid};
+use crate::job::{PreparedJob, RUN_FILES_DIR, SCRATCH_MOUNTS};
+use crate::protocol::{
+    BundleFile, HostMessage, Reason, RunPlan, RunSpec, SandboxMessage, StageSpec,
+};
+
+/// Most bytes of a checker's stdout and stderr kept for its answer.
+const CHECKER_OUTPUT_BYTES: u64 = 64 * 1024;
+
+/// What the checker said about one test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckAnswer {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub reason: Reason,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+struct CheckRequest {
+    input: Vec<u8>,
+    output: Vec<u8>,
+    answer: Vec<u8>,
+    reply: oneshot::Sender<Result<CheckAnswer, String>>,
+}
+
+/// Handle to a checker's sandbox.
+pub struct Checker {
+    requests: mpsc::Sender<CheckRequest>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Checker {
+    fn drop(&mut self) {
+        // The task's guard removes the container when the task ends; it
+        // ends by itself when `requests` closes, or now.
+        self.task.abort();
+    }
+}
+
+impl Checker {
+    /// Starts the checker's sandbox for `job_id` (in the background).
+    pub(super) fn start(
+        docker: &Docker,
+        config: &SandboxConfig,
+        uids: &UidRange,
+        job_id: &str,
+        checker: &PreparedJob,
+        deadline_ms: u64,
+    ) -> Self {
+        let (requests, receiver) = mpsc::channel(1);
+        let task = tokio::spawn(serve(
+            docker.clone(),
+            config.clone(),
+            uids.clone(),
+            job_id.to_string(),
+            checker.clone(),
+            deadline_ms,
+            receiver,
+        ));
+        Self { requests, task }
+    }
+
+    /// Runs the checker on one test; `Err` says why it could not.
+    pub async fn check(
+        &self,
+        input: &[u8],
+        output: &[u8],
+        answer: &[u8],
+    ) -> Result<CheckAnswer, String> {
+        let (reply, answered) = oneshot::channel();
+        let request = CheckRequest {
+            input: input.to_vec(),
+            output: output.to_vec(),
+            answer: answer.to_vec(),
+            reply,
+        };
+        self.requests
+            .send(request)
+            .await
+            .map_err(|_| "the checker's sandbox is gone".to_string())?;
+        answered
+            .await
+            .map_err(|_| "the checker's sandbox ended without answering".to_string())?
+    }
+}
+
+/// The checker task: start, compile, then one run per request.
+async fn serve(
+    docker: Docker,
+    config: SandboxConfig,
+    uids: UidRange,
+    job_id: String,
+    checker: PreparedJob,
+    deadline_ms: u64,
+    mut requests: mpsc::Receiver<CheckRequest>,
+) {
+    let name = format!("{}-checker", container_name(&job_id));
+    let lease = match uids.lease() {
+        Ok(lease) => lease,
+        Err(error) => {
+            return refuse_all(&mut requests, format!("no uid for the checker: {error}")).await;
+        }
+    };
+    let uid = lease.uid();
+    let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
+    let shape = SandboxShape {
+        image: checker.language.image_ref(),
+        language: checker.language.id.clone(),
+        class: SandboxClass::of(&checker.limits),
+        uid,
+        job_id: Some(job_id.clone()),
+        created_ms: unix_ms(SystemTime::now()),
+        deadline_ms,
+        checker: true,
+    };
+    let outcome = match start(&docker, &config, &guard, &shape).await {
+        Ok(mut connection) => {
+            session(
+                &mut connection,
+                &config,
+                &checker,
+                uid,
+                deadline_ms,
+                &mut requests,
+            )
+            .await
+        }
+        Err(StartFailure(message)) => {
+            Err(format!("the checker's sandbox did not start: {message}"))
+        }
+    };
+    if let Err(message) = outcome {
+        tracing::info!(job.id = %job_id, %message, "the checker failed");
+        refuse_all(&mut requests, message).await;
+    }
+    guard.remove().await;
+}
+
+async fn refuse_all(requests: &mut mpsc::Receiver<CheckRequest>, message: String) {
+    while let Some(request) = requests.recv().await {
+        let _ = request.reply.send(Err(message.clone()));
+    }
+}
+
+fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
+    let left = deadline_ms.saturating_sub(unix_ms(SystemTime::now()));
+    tokio::time::Instant::now() + Duration::from_millis(left)
+}
+
+/// Speaks with the checker's supervisor until the requests end.
+async fn session(
+    connection: &mut Connection,
+    config: &SandboxConfig,
+    checker: &PreparedJob,
+    uid: u32,
+    deadline_ms: u64,
+    requests: &mut mpsc::Receiver<CheckRequest>,
+) -> Result<(), String> {
+    let deadline = deadline_instant(deadline_ms);
+    let failed = |StartFailure(message)| message;
+    connection
+        .await_ready(config.start_timeout)
+        .await
+        .map_err(failed)?;
+    let mut bundle = checker.bundle.clone();
+    let run = bundle.stages.pop().ok_or("the checker has no run stage")?;
+    bundle.uid = uid;
+    bundle.gid = uid;
+    bundle.runs = Some(RunPlan {
+        uid: runs_uid(uid),
+        gid: runs_uid(uid),
+        scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
+        files_dir: RUN_FILES_DIR.to_string(),
+    });
+    let gvisor =
+        is_gvisor(config).then(|| (checker.limits.pids, (config.cpus * 1000.0).round() as u64));
+    for stage in &mut bundle.stages {
+        stage.limits.nproc = gvisor.map(|g| g.0);
+        stage.limits.cpu_quota_millis = gvisor.map(|g| g.1);
+    }
+    let has_compile = !bundle.stages.is_empty();
+    send(&connection.frames, HostMessage::Bundle(Box::new(bundle))).await?;
+    if has_compile {
+        let (report, _, stderr) = read_stage(connection, deadline).await?;
+        if report.reason != Reason::Exited || report.exit_code != Some(0) {
+            return Err(format!(
+                "the checker did not compile ({}): {}",
+                report.reason.as_str(),
+                crate::job::grading::compare::preview(&stderr, 400)
+            ));
+        }
+    }
+    while let Some(request) = requests.recv().await {
+        let files = ["input", "output", "answer"];
+        let stage = StageSpec {
+            name: "check".into(),
+            argv: run
+                .argv
+                .iter()
+                .cloned()
+                .chain(files.iter().map(|f| format!("{RUN_FILES_DIR}/{f}")))
+                .collect(),
+            stdin: true,
+            limits: crate::protocol::StageLimits {
+                output_bytes: CHECKER_OUTPUT_BYTES,
+                nproc: gvisor.map(|g| g.0),
+                cpu_quota_millis: gvisor.map(|g| g.1),
+                ..run.limits
+            },
+            ..run.clone()
+        };
+        let contents = [request.input, request.output, request.answer];
+        let run_spec = RunSpec {
+            stage,
+            input: Vec::new(),
+            files: files
+                .iter()
+                .zip(contents)
+                .map(|(name, content)| BundleFile {
+                    path: name.to_string(),
+                    content,
+                    executable: false,
+                })
+                .collect(),
+        };
+        let started = Instant::now();
+        send(&connection.frames, HostMessage::Run(Box::new(run_spec))).await?;
+        match read_stage(connection, deadline).await {
+            Ok((report, stdout, stderr)) => {
+                tracing::debug!(
+                    took_ms = started.elapsed().as_millis() as u64,
+                    "checked one test"
+                );
+                let _ = request.reply.send(Ok(CheckAnswer {
+                    exit_code: report.exit_code,
+                    signal: report.signal,
+                    reason: report.reason,
+                    stdout,
+                    stderr,
+                }));
+            }
+            Err(message) => {
+                let _ = request.reply.send(Err(message.clone()));
+                return Err(message);
+            }
+        }
+    }
+    let _ = connection.frames.send(HostMessage::RunsEnd.encode()).await;
+    Ok(())
+}
+
+async fn send(frames: &mpsc::Sender<Vec<u8>>, message: HostMessage) -> Result<(), String> {
+    frames
+        .send(message.encode())
+        .await
+        .map_err(|_| "the checker's sandbox is gone".to_string())
+}
+
+/// Reads one stage of the checker: its output (capped) and its report.
+async fn read_stage(
+    connection: &mut Connection,
+    deadline: tokio::time::Instant,
+) -> Result<(crate::protocol::StageReport, Vec<u8>, Vec<u8>), String> {
+    let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+    loop {
+        let message = connection
+            .next(deadline)
+            .await
+            .map_err(|StartFailure(message)| format!("the checker's sandbox failed: {message}"))?;
+        match message {
+            SandboxMessage::StageStart(_) => {}
+            SandboxMessage::Stdout(data) => keep(&mut stdout, &data),
+            SandboxMessage::Stderr(data) => keep(&mut stderr, &data),
+            SandboxMessage::StageEnd(report) => return Ok((report, stdout, stderr)),
+            SandboxMessage::Fatal(fatal) => {
+                return Err(format!(
+                    "the checker's supervisor failed: {}",
+                    fatal.message
+                ));
+            }
+            SandboxMessage::Done => return Err("the checker's sandbox ended early".into()),
+            SandboxMessage::Ready(_) => return Err("the checker's sandbox said ready twice".into()),
+        }
+    }
+}
+
+fn keep(into: &mut Vec<u8>, data: &[u8]) {
+    let room = (CHECKER_OUTPUT_BYTES as usize).saturating_sub(into.len());
+    into.extend_from_slice(&data[..data.len().min(room)]);
+}

@@ -1,0 +1,383 @@
+//! A graded job's tests on the host side of the session: which `run`
+//! frames go to the supervisor and when, what each test's stage end means
+//! (its verdict, through the built-in comparison or the checker), and the
+//! job's grading at the end.
+//!
+//! Without `stop_on_failure` every test's frame is sent with the bundle
+//! (the supervisor runs them back to back); with it, the next one only
+//! after the previous was accepted.
+
+use super::checker::{CheckAnswer, Checker};
+use crate::job::grading::compare::preview;
+use crate::job::grading::verdict::{MESSAGE_CHARS, run_failure};
+use crate::job::grading::{Grading, PreparedCheck, PreparedTests, TestResult, Verdict};
+use crate::job::{PreparedJob, StageResult};
+use crate::protocol::{HostMessage, Reason, RunSpec, StageLimits, StageSpec};
+
+/// The stage name of test `index`.
+pub(super) fn stage_name(index: usize) -> String {
+    format!("test:{index}")
+}
+
+/// The test a stage name is, if it is one.
+pub(super) fn test_index(stage: &str) -> Option<usize> {
+    stage.strip_prefix("test:")?.parse().ok()
+}
+
+pub(super) struct Grader {
+    tests: PreparedTests,
+    stage: StageSpec,
+    /// gVisor's per-stage additions (nproc, CPU quota), as for every stage.
+    gvisor: Option<(u64, u64)>,
+    /// The next test whose frame has not been sent.
+    next_to_send: usize,
+    results: Vec<TestResult>,
+    checker: Option<Checker>,
+    /// Why the tests not run were skipped (set when the grading stopped).
+    stopped: Option<String>,
+}
+
+impl Grader {
+    /// The grader of `job`, if it has tests; `checker` is its checker's
+    /// sandbox, already starting, when the check is a program.
+    pub(super) fn new(
+        job: &PreparedJob,
+        gvisor: Option<(u64, u64)>,
+        checker: Option<Checker>,
+    ) -> Option<Self> {
+        let tests = job.tests.clone()?;
+        let stage = job.run_stage.clone()?;
+        Some(Self {
+            tests,
+            stage,
+            gvisor,
+            next_to_send: 0,
+            results: Vec::new(),
+            checker,
+            stopped: None,
+        })
+    }
+
+    /// The checker program, when the check is one.
+    pub(super) fn checker_job(job: &PreparedJob) -> Option<&PreparedJob> {
+        match &job.tests.as_ref()?.check {
+            PreparedCheck::Program(checker) => Some(checker),
+            PreparedCheck::Builtin(_) => None,
+        }
+    }
+
+    fn run_frame(&self, index: usize) -> HostMessage {
+        let test = &self.tests.tests[index];
+        let stage = StageSpec {
+            name: stage_name(index),
+            argv: test.argv.clone(),
+            stdin: true,
+            limits: StageLimits {
+                wall_ms: test.wall_ms,
+                idle_ms: None,
+                cpu_ms: test.cpu_ms,
+                output_bytes: test.output_bytes,
+                nproc: self.gvisor.map(|g| g.0),
+                cpu_quota_millis: self.gvisor.map(|g| g.1),
+                ..self.stage.limits
+            },
+            ..self.stage.clone()
+        };
+        HostMessage::Run(Box::new(RunSpec {
+            stage,
+            input: test.input.clone(),
+            files: Vec::new(),
+        }))
+    }
+
+    /// The frames that follow the bundle: every test and the end, or the
+    /// first test only with `stop_on_failure`.
+    pub(super) fn first_frames(&mut self) -> Vec<HostMessage> {
+        let upto = if self.tests.stop_on_failure {
+            1
+        } else {
+            self.tests.tests.len()
+        };
+        let mut frames: Vec<HostMessage> = (0..upto).map(|i| self.run_frame(i)).collect();
+        self.next_to_send = upto;
+        if upto == self.tests.tests.len() {
+            frames.push(HostMessage::RunsEnd);
+        }
+        frames
+    }
+
+    /// Test `index`'s name and output limit, when it is the test expected next.
+    pub(super) fn starting(&self, index: usize) -> Option<(&str, u64)> {
+        (index == self.results.len() && index < self.next_to_send)
+            .then(|| self.tests.tests.get(index))
+            .flatten()
+            .map(|t| (t.name.as_str(), t.output_bytes))
+    }
+
+    /// Judges test `index` from its run; returns its result and the frames
+    /// to send next (with `stop_on_failure`).
+    pub(super) async fn finish(
+        &mut self,
+        index: usize,
+        run: &StageResult,
+    ) -> (TestResult, Vec<HostMessage>) {
+        let test = &self.tests.tests[index];
+        let result = match &self.tests.check {
+            PreparedCheck::Builtin(check) => TestResult::judged(
+                index,
+                &test.name,
+                test.points,
+                run,
+                test.cpu_ms,
+                test.expected.as_deref(),
+                *check,
+            ),
+            PreparedCheck::Program(_) => {
+                let mut result = TestResult::of_run(index, &test.name, test.points, run);
+                match run_failure(run, test.cpu_ms) {
+                    Some(failure) => result.fail(failure),
+                    None => {
+                        let answer = match &self.checker {
+                            Some(checker) => {
+                                checker
+                                    .check(
+                                        &test.input,
+                                        run.stdout.as_bytes(),
+                                        test.expected.as_deref().unwrap_or_default(),
+                                    )
+                                    .await
+                            }
+                            None => Err("the checker's sandbox was not started".into()),
+                        };
+                        judge_by_checker(&mut result, answer);
+                    }
+                }
+                result
+            }
+        };
+        self.results.push(result.clone());
+        let mut frames = Vec::new();
+        if self.tests.stop_on_failure {
+            if !result.passed() {
+                self.stopped = Some(format!(
+                    "not run: test {} was not accepted (stop_on_failure)",
+                    test.name
+                ));
+                frames.push(HostMessage::RunsEnd);
+            } else if self.next_to_send < self.tests.tests.len() {
+                frames.push(self.run_frame(self.next_to_send));
+                self.next_to_send += 1;
+            } else {
+                frames.push(HostMessage::RunsEnd);
+            }
+        }
+        (result, frames)
+    }
+
+    /// The test that was running when the sandbox stopped reporting.
+    pub(super) fn unreported(&mut self, index: usize, run: &StageResult) {
+        if index == self.results.len() && index < self.tests.tests.len() {
+            let test = &self.tests.tests[index];
+            let mut result = TestResult::of_run(index, &test.name, test.points, run);
+            if let Some(failure) = run_failure(run, test.cpu_ms) {
+                result.fail(failure);
+            } else {
+                result.reject(
+                    Verdict::RuntimeError,
+                    Some("the sandbox stopped during this test".into()),
+                );
+            }
+            self.results.push(result);
+        }
+    }
+
+    /// The job's grading: every test, those not run skipped with why.
+    pub(super) fn into_grading(mut self, compile_failed: bool, ended: Option<&str>) -> Grading {
+        let why = if compile_failed {
+            "not run: the compile stage failed".to_string()
+        } else if let Some(stopped) = self.stopped.take() {
+            stopped
+        } else {
+            format!("not run: {}", ended.unwrap_or("the job ended first"))
+        };
+        for index in self.results.len()..self.tests.tests.len() {
+            let test = &self.tests.tests[index];
+            self.results
+                .push(TestResult::skipped(index, &test.name, test.points, &why));
+        }
+        Grading::of(self.results, compile_failed)
+    }
+}
+
+/// A checker's answer as the test's verdict (docs/grading.md, "Checker
+/// programs"): 0 accepted, 1 and 2 wrong answer, 7 a share of the points
+/// (the first number it writes, from 0 to 1), 3 or anything else a checker
+/// error. Its first line of stdout (else stderr) is the message.
+fn judge_by_checker(result: &mut TestResult, answer: Result<CheckAnswer, String>) {
+    let answer = match answer {
+        Ok(answer) => answer,
+        Err(why) => {
+            result.reject(Verdict::CheckerError, Some(why));
+            return;
+        }
+    };
+    let said = |bytes: &[u8]| {
+        String::from_utf8_lossy(bytes)
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(|l| preview(l.as_bytes(), MESSAGE_CHARS))
+    };
+    let message = said(&answer.stdout).or_else(|| said(&answer.stderr));
+    if answer.reason != Reason::Exited || answer.signal.is_some() {
+        result.reject(
+            Verdict::CheckerError,
+            Some(format!(
+                "the checker did not finish ({}{})",
+                answer.reason.as_str(),
+                answer
+                    .signal
+                    .map(|s| format!(", signal {s}"))
+                    .unwrap_or_default()
+            )),
+        );
+        return;
+    }
+    match answer.exit_code {
+        Some(0) => result.accept(1.0, message),
+        Some(1) => result.reject(Verdict::WrongAnswer, message),
+        Some(2) => result.reject(
+            Verdict::WrongAnswer,
+            Some(format!(
+                "presentation error{}",
+                message.map(|m| format!(": {m}")).unwrap_or_default()
+            )),
+        ),
+        Some(7) => {
+            let share = message.as_deref().and_then(|m| {
+                m.trim_start_matches("points")
+                    .split_whitespace()
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            });
+            match share {
+                Some(1.0) => result.accept(1.0, message),
+                Some(share) if (0.0..1.0).contains(&share) => {
+                    result.reject(Verdict::WrongAnswer, message);
+                    result.outcome.score = result.outcome.points * share;
+                }
+                _ => result.reject(
+                    Verdict::CheckerError,
+                    Some(format!(
+                        "the checker exited 7 (partial) without a share from 0 to 1 first in its output{}",
+                        message.map(|m| format!(": {m}")).unwrap_or_default()
+                    )),
+                ),
+            }
+        }
+        Some(3) => result.reject(
+            Verdict::CheckerError,
+            Some(format!(
+                "the checker failed{}",
+                message.map(|m| format!(": {m}")).unwrap_or_default()
+            )),
+        ),
+        code => result.reject(
+            Verdict::CheckerError,
+            Some(format!(
+                "the checker exited with code {} (not 0, 1, 2, 3 or 7){}",
+                code.map_or("?".to_string(), |c| c.to_string()),
+                message.map(|m| format!(": {m}")).unwrap_or_default()
+            )),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::result::Output;
+
+    fn ran() -> TestResult {
+        let run = StageResult {
+            stdout: Output(b"42\n".to_vec()),
+            stderr: Output(Vec::new()),
+            truncated: false,
+            exit_code: Some(0),
+            signal: None,
+            reason: Reason::Exited,
+            wall_ms: 1,
+            cpu_ms: 1,
+            memory_peak_bytes: 0,
+        };
+        TestResult::of_run(0, "1", 4.0, &run)
+    }
+
+    fn answer(exit_code: Option<i32>, stdout: &str) -> Result<CheckAnswer, String> {
+        Ok(CheckAnswer {
+            exit_code,
+            signal: None,
+            reason: Reason::Exited,
+            stdout: stdout.as_bytes().to_vec(),
+            stderr: Vec::new(),
+        })
+    }
+
+    fn judged(answer: Result<CheckAnswer, String>) -> (Verdict, f64, Option<String>) {
+        let mut result = ran();
+        judge_by_checker(&mut result, answer);
+        (
+            result.verdict(),
+            result.outcome.score,
+            result.outcome.message,
+        )
+    }
+
+    #[test]
+    fn a_checkers_exit_code_is_the_verdict() {
+        assert_eq!(
+            judged(answer(Some(0), "ok\n")),
+            (Verdict::Accepted, 4.0, Some("ok".into()))
+        );
+        assert_eq!(
+            judged(answer(Some(1), "expected 3, got 4")).0,
+            Verdict::WrongAnswer
+        );
+        assert_eq!(
+            judged(answer(Some(2), "")),
+            (Verdict::WrongAnswer, 0.0, Some("presentation error".into()))
+        );
+        assert_eq!(
+            judged(answer(Some(7), "0.25 one of four")),
+            (Verdict::WrongAnswer, 1.0, Some("0.25 one of four".into()))
+        );
+        assert_eq!(judged(answer(Some(7), "points 1")).0, Verdict::Accepted);
+        assert_eq!(judged(answer(Some(7), "1.5")).0, Verdict::CheckerError);
+        assert_eq!(judged(answer(Some(7), "half")).0, Verdict::CheckerError);
+        assert_eq!(
+            judged(answer(Some(3), "bad answer file")).0,
+            Verdict::CheckerError
+        );
+        assert_eq!(judged(answer(Some(139), "")).0, Verdict::CheckerError);
+        let crashed = Ok(CheckAnswer {
+            exit_code: None,
+            signal: Some(11),
+            reason: Reason::Exited,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+        });
+        assert_eq!(judged(crashed).0, Verdict::CheckerError);
+        assert_eq!(
+            judged(Err("gone".into())),
+            (Verdict::CheckerError, 0.0, Some("gone".into()))
+        );
+    }
+
+    #[test]
+    fn test_stage_names_round_trip() {
+        assert_eq!(test_index(&stage_name(17)), Some(17));
+        assert_eq!(test_index("run"), None);
+        assert_eq!(test_index("test:x"), None);
+    }
+}

@@ -1,0 +1,94 @@
+//! What a session leaves: the output of the stage that is running, the
+//! started sandbox a job is given, and the job's end ([`RunOutcome`]) with
+//! the container still to remove ([`Cleanup`]).
+
+use std::time::Instant;
+
+use super::connection::Connection;
+use super::container::ContainerGuard;
+use crate::job::result::signal_name;
+use crate::job::{JobResult, Output, StageResult, StartKind};
+use crate::protocol::{Reason, StageReport};
+
+/// Output of the stage that is running, capped at its output limit.
+pub(super) struct StageOutput {
+    pub(super) name: String,
+    pub(super) stdout: Vec<u8>,
+    pub(super) stderr: Vec<u8>,
+    pub(super) cap: u64,
+    pub(super) truncated: bool,
+    pub(super) started: Instant,
+}
+
+impl StageOutput {
+    /// Keeps what fits under the cap; returns the part kept.
+    pub(super) fn accept(&mut self, data: Vec<u8>, is_stdout: bool) -> Vec<u8> {
+        let used = (self.stdout.len() + self.stderr.len()) as u64;
+        let room = self.cap.saturating_sub(used) as usize;
+        let kept = if data.len() > room {
+            self.truncated = true;
+            data[..room].to_vec()
+        } else {
+            data
+        };
+        if is_stdout {
+            self.stdout.extend_from_slice(&kept);
+        } else {
+            self.stderr.extend_from_slice(&kept);
+        }
+        kept
+    }
+
+    pub(super) fn into_result(self, report: Option<&StageReport>, reason: Reason) -> StageResult {
+        StageResult {
+            stdout: Output(self.stdout),
+            stderr: Output(self.stderr),
+            truncated: self.truncated || report.is_some_and(|r| r.output_truncated),
+            exit_code: report.and_then(|r| r.exit_code),
+            signal: report
+                .and_then(|r| r.signal)
+                .map(signal_name)
+                .or_else(|| report.is_none().then(|| "SIGKILL".to_string())),
+            reason: report.map_or(reason, |r| r.reason),
+            wall_ms: report
+                .map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
+            cpu_ms: report.map_or(0, |r| r.cpu_ms),
+            memory_peak_bytes: report.map_or(0, |r| r.memory_peak_bytes),
+        }
+    }
+}
+
+/// A sandbox given to one job: its container (removed through the guard,
+/// which also holds its uid) and its attached connection.
+pub(super) struct Started {
+    pub(super) guard: ContainerGuard,
+    pub(super) connection: Connection,
+    pub(super) kind: StartKind,
+}
+
+/// A job's end: its result, and the container still to remove. The result
+/// is ready before the container is gone, so it can be made durable first;
+/// [`Cleanup::remove`] follows (a dropped `Cleanup` removes in the
+/// background).
+pub struct RunOutcome {
+    pub result: JobResult,
+    pub cleanup: Cleanup,
+    /// The container that ran the job (its name).
+    pub container: String,
+}
+
+/// What is left to do once a job's result is known.
+pub struct Cleanup {
+    pub(super) guard: Option<ContainerGuard>,
+}
+
+impl Cleanup {
+    /// Removes the job's container; `false` when Docker did not answer (the
+    /// removal goes on in the background).
+    pub async fn remove(mut self) -> bool {
+        match self.guard.take() {
+            Some(guard) => guard.remove().await,
+            None => true,
+        }
+    }
+}
