@@ -47,15 +47,6 @@ struct CheckRequest {
 /// Handle to a checker's sandbox.
 pub struct Checker {
     requests: mpsc::Sender<CheckRequest>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Checker {
-    fn drop(&mut self) {
-        // The task's guard removes the container when the task ends; it
-        // ends by itself when `requests` closes, or now.
-        self.task.abort();
-    }
 }
 
 impl Checker {
@@ -69,7 +60,7 @@ impl Checker {
         deadline_ms: u64,
     ) -> Self {
         let (requests, receiver) = mpsc::channel(1);
-        let task = tokio::spawn(serve(
+        tokio::spawn(serve(
             docker.clone(),
             config.clone(),
             uids.clone(),
@@ -78,7 +69,7 @@ impl Checker {
             deadline_ms,
             receiver,
         ));
-        Self { requests, task }
+        Self { requests }
     }
 
     /// Runs the checker on one test; `Err` says why it could not.

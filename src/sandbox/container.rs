@@ -241,12 +241,14 @@ impl ContainerGuard {
 
     /// Force-removes the container (and its anonymous volumes) now; when
     /// Docker does not answer, keeps trying in the background (with the uid
-    /// still held) and returns `false`.
+    /// still held) and returns `false`. A removal cancelled half way (its
+    /// future dropped) leaves the guard armed, so its drop removes.
     pub async fn remove(mut self) -> bool {
+        let result = force_remove(&self.docker, &self.name).await;
         self.armed = false;
         let lease = self.lease.take();
         let name = std::mem::take(&mut self.name);
-        match force_remove(&self.docker, &name).await {
+        match result {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(container = %name, %error, "could not remove the sandbox container; retrying in the background");

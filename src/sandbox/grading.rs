@@ -11,6 +11,7 @@ use super::checker::{CheckAnswer, Checker};
 use crate::job::grading::compare::preview;
 use crate::job::grading::verdict::{MESSAGE_CHARS, run_failure};
 use crate::job::grading::{Grading, PreparedCheck, PreparedTests, TestResult, Verdict};
+use crate::job::result::signal_name;
 use crate::job::{PreparedJob, StageResult};
 use crate::protocol::{HostMessage, Reason, RunSpec, StageLimits, StageSpec};
 
@@ -91,19 +92,27 @@ impl Grader {
     }
 
     /// The frames that follow the bundle: every test and the end, or the
-    /// first test only with `stop_on_failure`.
+    /// first test only with `stop_on_failure`. In a sandbox that takes
+    /// over after one died, the tests not judged yet.
     pub(super) fn first_frames(&mut self) -> Vec<HostMessage> {
+        let from = self.results.len();
+        let total = self.tests.tests.len();
         let upto = if self.tests.stop_on_failure {
-            1
+            (from + 1).min(total)
         } else {
-            self.tests.tests.len()
+            total
         };
-        let mut frames: Vec<HostMessage> = (0..upto).map(|i| self.run_frame(i)).collect();
+        let mut frames: Vec<HostMessage> = (from..upto).map(|i| self.run_frame(i)).collect();
         self.next_to_send = upto;
         if upto == self.tests.tests.len() {
             frames.push(HostMessage::RunsEnd);
         }
         frames
+    }
+
+    /// Whether tests remain to be run (and the grading did not stop).
+    pub(super) fn has_more(&self) -> bool {
+        self.stopped.is_none() && self.results.len() < self.tests.tests.len()
     }
 
     /// Test `index`'s name and output limit, when it is the test expected next.
@@ -175,7 +184,7 @@ impl Grader {
     }
 
     /// The test that was running when the sandbox stopped reporting.
-    pub(super) fn unreported(&mut self, index: usize, run: &StageResult) {
+    pub(super) fn unreported(&mut self, index: usize, run: &StageResult) -> Option<TestResult> {
         if index == self.results.len() && index < self.tests.tests.len() {
             let test = &self.tests.tests[index];
             let mut result = TestResult::of_run(index, &test.name, test.points, run);
@@ -187,8 +196,16 @@ impl Grader {
                     Some("the sandbox stopped during this test".into()),
                 );
             }
-            self.results.push(result);
+            if self.tests.stop_on_failure {
+                self.stopped = Some(format!(
+                    "not run: test {} was not accepted (stop_on_failure)",
+                    test.name
+                ));
+            }
+            self.results.push(result.clone());
+            return Some(result);
         }
+        None
     }
 
     /// The job's grading: every test, those not run skipped with why.
@@ -229,17 +246,20 @@ fn judge_by_checker(result: &mut TestResult, answer: Result<CheckAnswer, String>
             .map(|l| preview(l.as_bytes(), MESSAGE_CHARS))
     };
     let message = said(&answer.stdout).or_else(|| said(&answer.stderr));
-    if answer.reason != Reason::Exited || answer.signal.is_some() {
+    if answer.reason != Reason::Exited {
         result.reject(
             Verdict::CheckerError,
             Some(format!(
-                "the checker did not finish ({}{})",
-                answer.reason.as_str(),
-                answer
-                    .signal
-                    .map(|s| format!(", signal {s}"))
-                    .unwrap_or_default()
+                "the checker did not finish: {}",
+                answer.reason.as_str()
             )),
+        );
+        return;
+    }
+    if let Some(signal) = answer.signal {
+        result.reject(
+            Verdict::CheckerError,
+            Some(format!("the checker was killed by {}", signal_name(signal))),
         );
         return;
     }

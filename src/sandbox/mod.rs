@@ -21,6 +21,7 @@ mod container;
 mod grading;
 mod outcome;
 pub mod pool;
+mod run;
 mod seccomp;
 mod session;
 mod uids;
@@ -322,7 +323,7 @@ impl SandboxEngine {
         let outcome = match warm {
             Some(warm) => {
                 let started = std::time::Instant::now();
-                session::run_in(
+                run::run_in(
                     &self.docker,
                     &self.config,
                     &self.uids,
@@ -334,9 +335,7 @@ impl SandboxEngine {
                 )
                 .await
             }
-            None => {
-                session::run_cold(&self.docker, &self.config, &self.uids, job_id, job, io).await
-            }
+            None => run::run_cold(&self.docker, &self.config, &self.uids, job_id, job, io).await,
         };
         // A platform error may be Docker going away (dockerd stopping ends
         // the sandbox after it started): the next claim asks Docker first.

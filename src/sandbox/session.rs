@@ -17,19 +17,18 @@ use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use super::checker::Checker;
 use super::connection::{
-    Connection, OutputStream, SUPERVISOR_LOG_TAIL, StartFailure, inspect_end, log_suffix,
-    protocol_mismatch, start,
+    Connection, OutputStream, SUPERVISOR_LOG_TAIL, inspect_end, log_suffix, protocol_mismatch,
 };
-use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::container::ContainerGuard;
 use super::grading::{Grader, test_index};
 use super::outcome::StageOutput;
-pub(super) use super::outcome::Started;
 pub use super::outcome::{Cleanup, RunOutcome};
-use super::uids::{UidRange, runs_uid};
+use super::run::gvisor_limits;
+use super::uids::runs_uid;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
-use crate::job::{JobResult, PreparedJob, StageResult, StartKind, Status, Timings};
+use crate::job::{PreparedJob, StageResult};
+
 use crate::protocol::{
     Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION, Reason, SandboxMessage,
     SignalKind,
@@ -42,7 +41,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A platform failure: the job ends with status `error` and this message.
-struct Failure(String);
+pub(super) struct Failure(pub(super) String);
 
 /// Why the frame loop stopped.
 enum Ending {
@@ -66,174 +65,24 @@ struct Session<'a> {
     supervisor_log: Vec<u8>,
     /// A graded job's tests.
     grader: Option<Grader>,
-}
-
-/// Runs `job` in a new container (the cold path).
-pub(super) async fn run_cold(
-    docker: &Docker,
-    config: &SandboxConfig,
-    uids: &UidRange,
-    job_id: &str,
-    job: &PreparedJob,
-    io: JobIo,
-) -> RunOutcome {
-    let started = Instant::now();
-    let name = container_name(job_id);
-    let lease = match uids.lease() {
-        Ok(lease) => lease,
-        Err(error) => {
-            let guard = ContainerGuard::new(docker.clone(), name.clone(), None);
-            return failed(job, started, guard, StartKind::Cold, error.to_string());
-        }
-    };
-    let uid = lease.uid();
-    let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
-    let now = SystemTime::now();
-    let deadline_ms = io
-        .deadline_ms
-        .unwrap_or_else(|| unix_ms(now + config.job_budget(job)));
-    let shape = SandboxShape {
-        image: job.language.image_ref(),
-        language: job.language.id.clone(),
-        class: SandboxClass::of(&job.limits),
-        uid,
-        job_id: Some(job_id.to_string()),
-        created_ms: unix_ms(now),
-        deadline_ms,
-        checker: false,
-    };
-    match start(docker, config, &guard, &shape).await {
-        Ok(connection) => {
-            let sandbox = Started {
-                guard,
-                connection,
-                kind: StartKind::Cold,
-            };
-            run_in(docker, config, uids, job_id, job, io, sandbox, started).await
-        }
-        Err(StartFailure(message)) => failed(job, started, guard, StartKind::Cold, message),
-    }
-}
-
-/// The outcome of a job whose sandbox never ran it.
-fn failed(
-    job: &PreparedJob,
-    started: Instant,
-    guard: ContainerGuard,
-    kind: StartKind,
-    error: String,
-) -> RunOutcome {
-    let container = guard.name().to_string();
-    RunOutcome {
-        result: JobResult {
-            start: Some(kind),
-            timings: Timings {
-                total_ms: started.elapsed().as_millis() as u64,
-                ..Timings::default()
-            },
-            ..JobResult::without_stages(Status::Error, &job.language.id, &job.language.version)
-                .with_error(error)
-        },
-        cleanup: Cleanup { guard: Some(guard) },
-        container,
-    }
-}
-
-/// Runs `job` in a started sandbox (warm or cold) to its end; the container
-/// is left for the caller's [`Cleanup`].
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn run_in(
-    docker: &Docker,
-    config: &SandboxConfig,
-    uids: &UidRange,
-    job_id: &str,
-    job: &PreparedJob,
-    io: JobIo,
-    sandbox: Started,
-    started: Instant,
-) -> RunOutcome {
-    let Started {
-        guard,
-        connection,
-        kind,
-    } = sandbox;
-    let container = guard.name().to_string();
-    let uid = guard.uid();
-    let outcome = drive(
-        docker, config, uids, job_id, job, io, &guard, connection, uid,
-    )
-    .await;
-    let (compile, run, ready_at, cancelled, mut error, grader) = match outcome {
-        Ok(session) => (
-            session.compile,
-            session.run,
-            session.ready_at,
-            session.cancelled,
-            session.error,
-            session.grader,
-        ),
-        Err(Failure(message)) => (None, None, None, false, Some(message), None),
-    };
-    let compile_failed = compile
-        .as_ref()
-        .is_some_and(|c| c.reason != Reason::Exited || c.exit_code != Some(0));
-    let grading = grader.map(|grader| {
-        let ended = if error.is_some() {
-            "the platform failed"
-        } else if cancelled {
-            "the job was cancelled"
-        } else {
-            "the job ran out of time"
-        };
-        grader.into_grading(compile_failed, Some(ended))
-    });
-    let status = match &grading {
-        _ if error.is_some() => Status::Error,
-        _ if cancelled => Status::Cancelled,
-        None => JobResult::status_from_stages(compile.as_ref(), run.as_ref()),
-        Some(_) if compile_failed => JobResult::status_from_stages(compile.as_ref(), None),
-        Some(grading) => grading.status(&mut error),
-    };
-    let error = error.or_else(|| {
-        (status == Status::Error).then(|| "the sandbox ended without running the program".into())
-    });
-    let container_start_ms = match kind {
-        // Ready before the job came: nothing of the start was on its path.
-        StartKind::Warm => 0,
-        StartKind::Cold => ready_at.map_or(0, |t| (t - started).as_millis() as u64),
-    };
-    RunOutcome {
-        result: JobResult {
-            status,
-            language: job.language.id.clone(),
-            version: job.language.version.clone(),
-            timings: Timings {
-                container_start_ms,
-                compile_ms: compile.as_ref().map(|s| s.wall_ms),
-                run_ms: run.as_ref().map(|s| s.wall_ms),
-                total_ms: started.elapsed().as_millis() as u64,
-            },
-            compile,
-            run,
-            error,
-            reason: None,
-            start: Some(kind),
-            grading,
-        },
-        cleanup: Cleanup { guard: Some(guard) },
-        container,
-    }
+    /// A graded job's sandbox started again after the last one died in a
+    /// test: it says nothing but the tests.
+    restarted: bool,
 }
 
 /// What the session produced; `error` is set when the platform failed after
 /// some stages had already been reported.
-struct SessionOutcome {
-    compile: Option<StageResult>,
-    run: Option<StageResult>,
-    ready_at: Option<Instant>,
-    cancelled: bool,
-    error: Option<String>,
-    grader: Option<Grader>,
+pub(super) struct SessionOutcome {
+    pub(super) compile: Option<StageResult>,
+    pub(super) run: Option<StageResult>,
+    pub(super) ready_at: Option<Instant>,
+    pub(super) cancelled: bool,
+    pub(super) error: Option<String>,
+    pub(super) grader: Option<Grader>,
+    /// The job's channels, for a sandbox that takes over.
+    pub(super) io: JobIo,
+    /// The sandbox died in a graded job's test and tests remain.
+    pub(super) restart: bool,
 }
 
 pub(super) fn unix_ms(at: SystemTime) -> u64 {
@@ -242,16 +91,17 @@ pub(super) fn unix_ms(at: SystemTime) -> u64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn drive(
+pub(super) async fn drive(
     docker: &Docker,
     config: &SandboxConfig,
-    uids: &UidRange,
     job_id: &str,
     job: &PreparedJob,
     io: JobIo,
     guard: &ContainerGuard,
     connection: Connection,
     uid: Option<u32>,
+    grader: Option<Grader>,
+    restarted: bool,
 ) -> Result<SessionOutcome, Failure> {
     let Connection {
         frames,
@@ -262,14 +112,7 @@ async fn drive(
         ready_at,
     } = connection;
 
-    let gvisor =
-        is_gvisor(config).then(|| (job.limits.pids, (config.cpus * 1000.0).round() as u64));
-    let checker = Grader::checker_job(job).map(|checker| {
-        let deadline_ms = io
-            .deadline_ms
-            .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
-        Checker::start(docker, config, uids, job_id, checker, deadline_ms)
-    });
+    let gvisor = gvisor_limits(config, job);
     let mut session = Session {
         job,
         io,
@@ -281,7 +124,8 @@ async fn drive(
         cancelled: false,
         kill_sent: false,
         supervisor_log,
-        grader: Grader::new(job, gvisor, checker),
+        grader,
+        restarted,
     };
     let mut bundle = job.bundle.clone();
     if let Some(uid) = uid {
@@ -303,6 +147,7 @@ async fn drive(
     let ending = session.frame_loop(output, decoder, config).await;
     writer.abort();
     let mut error = None;
+    let mut restart = false;
     match ending {
         Ok(Ending::Done) => {
             if let Some(stage) = session.killed_from_outside() {
@@ -337,15 +182,17 @@ async fn drive(
             } else {
                 Reason::WallTimeout
             };
-            session.end_unreported_stage(reason);
+            session.end_unreported_stage(reason).await;
         }
         Ok(Ending::StreamEnded) => {
             let inspect = inspect_end(docker, guard.name()).await;
             let oom = inspect.as_ref().and_then(|s| s.oom_killed) == Some(true);
             if oom && session.ready_at.is_some() {
-                session.end_unreported_stage(Reason::MemoryLimit);
+                restart = session.in_test() && !session.cancelled;
+                session.end_unreported_stage(Reason::MemoryLimit).await;
+                restart &= session.grader.as_ref().is_some_and(Grader::has_more);
             } else if session.cancelled {
-                session.end_unreported_stage(Reason::Killed);
+                session.end_unreported_stage(Reason::Killed).await;
             } else {
                 let code = inspect.and_then(|s| s.exit_code).unwrap_or(-1);
                 error = Some(format!(
@@ -363,6 +210,8 @@ async fn drive(
         cancelled: session.cancelled,
         error,
         grader: session.grader,
+        io: session.io,
+        restart,
     })
 }
 
@@ -392,6 +241,13 @@ impl Session<'_> {
     }
 
     async fn emit(&self, event: SandboxEvent) {
+        let of_tests = matches!(
+            event,
+            SandboxEvent::TestStart { .. } | SandboxEvent::TestEnd(_)
+        );
+        if self.restarted && !of_tests {
+            return;
+        }
         if let Some(events) = &self.io.events {
             let _ = events.send(event).await;
         }
@@ -686,7 +542,7 @@ impl Session<'_> {
 
     /// The sandbox stopped reporting in the middle of a stage (the engine
     /// killed it, or the kernel did): record that stage with `reason`.
-    fn end_unreported_stage(&mut self, reason: Reason) {
+    async fn end_unreported_stage(&mut self, reason: Reason) {
         let current = self.current.take().or_else(|| {
             // No stage had started yet: blame the first one not reported.
             let spec = self
@@ -708,7 +564,11 @@ impl Session<'_> {
             let name = current.name.clone();
             let result = current.into_result(None, reason);
             match (test_index(&name), &mut self.grader) {
-                (Some(index), Some(grader)) => grader.unreported(index, &result),
+                (Some(index), Some(grader)) => {
+                    if let Some(test) = grader.unreported(index, &result) {
+                        self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
+                    }
+                }
                 _ => self.store(&name, result),
             }
         }

@@ -43,7 +43,8 @@ use tokio_util::task::TaskTracker;
 use super::SandboxEngine;
 use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, warm_container_name};
-use super::session::{Started, unix_ms};
+use super::outcome::Started;
+use super::session::unix_ms;
 use crate::job::{PreparedJob, StartKind};
 
 /// Longest wait for a member's task to hand its sandbox over.

@@ -7,7 +7,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 
 use super::{WarmSpec, WarmStatus};
-use crate::sandbox::session::Started;
+use crate::sandbox::outcome::Started;
 
 /// First and longest pause after a member failed to start.
 const FIRST_RETRY: Duration = Duration::from_millis(500);

@@ -1,0 +1,252 @@
+//! Running a job in its sandbox, from the start of its container to its
+//! result: the cold start ([`run_cold`]), the session in a started sandbox
+//! ([`run_in`], warm or cold), and, for a graded job whose sandbox died in
+//! a test (gVisor's whole sandbox dies when a test exceeds the memory
+//! limit), the remaining tests in a new sandbox.
+
+use std::time::{Instant, SystemTime};
+
+use bollard::Docker;
+
+use super::checker::Checker;
+use super::connection::{Connection, StartFailure, start};
+use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::grading::Grader;
+use super::outcome::{Cleanup, RunOutcome, Started};
+use super::session::{Failure, drive, unix_ms};
+use super::uids::UidRange;
+use super::{JobIo, SandboxConfig};
+use crate::job::{JobResult, PreparedJob, StageResult, StartKind, Status, Timings};
+use crate::protocol::Reason;
+
+/// Most times a graded job's sandbox is started again after one died
+/// during a test (gVisor's whole sandbox dies when a test exceeds the
+/// memory limit).
+const MAX_RESTARTS: usize = 3;
+
+/// gVisor's per-stage additions: the process limit and the CPU quota.
+pub(super) fn gvisor_limits(config: &SandboxConfig, job: &PreparedJob) -> Option<(u64, u64)> {
+    is_gvisor(config).then(|| (job.limits.pids, (config.cpus * 1000.0).round() as u64))
+}
+
+/// Creates and starts a new container for `job`.
+async fn start_cold(
+    docker: &Docker,
+    config: &SandboxConfig,
+    uids: &UidRange,
+    job_id: &str,
+    job: &PreparedJob,
+    deadline_ms: u64,
+) -> Result<(ContainerGuard, Connection), (ContainerGuard, String)> {
+    let name = container_name(job_id);
+    let lease = match uids.lease() {
+        Ok(lease) => lease,
+        Err(error) => {
+            let guard = ContainerGuard::new(docker.clone(), name, None);
+            return Err((guard, error.to_string()));
+        }
+    };
+    let uid = lease.uid();
+    let guard = ContainerGuard::new(docker.clone(), name, Some(lease));
+    let shape = SandboxShape {
+        image: job.language.image_ref(),
+        language: job.language.id.clone(),
+        class: SandboxClass::of(&job.limits),
+        uid,
+        job_id: Some(job_id.to_string()),
+        created_ms: unix_ms(SystemTime::now()),
+        deadline_ms,
+        checker: false,
+    };
+    match start(docker, config, &guard, &shape).await {
+        Ok(connection) => Ok((guard, connection)),
+        Err(StartFailure(message)) => Err((guard, message)),
+    }
+}
+
+/// Runs `job` in a new container (the cold path).
+pub(super) async fn run_cold(
+    docker: &Docker,
+    config: &SandboxConfig,
+    uids: &UidRange,
+    job_id: &str,
+    job: &PreparedJob,
+    io: JobIo,
+) -> RunOutcome {
+    let started = Instant::now();
+    let deadline_ms = io
+        .deadline_ms
+        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
+    match start_cold(docker, config, uids, job_id, job, deadline_ms).await {
+        Ok((guard, connection)) => {
+            let sandbox = Started {
+                guard,
+                connection,
+                kind: StartKind::Cold,
+            };
+            run_in(docker, config, uids, job_id, job, io, sandbox, started).await
+        }
+        Err((guard, message)) => failed(job, started, guard, StartKind::Cold, message),
+    }
+}
+
+/// The outcome of a job whose sandbox never ran it.
+fn failed(
+    job: &PreparedJob,
+    started: Instant,
+    guard: ContainerGuard,
+    kind: StartKind,
+    error: String,
+) -> RunOutcome {
+    let container = guard.name().to_string();
+    RunOutcome {
+        result: JobResult {
+            start: Some(kind),
+            timings: Timings {
+                total_ms: started.elapsed().as_millis() as u64,
+                ..Timings::default()
+            },
+            ..JobResult::without_stages(Status::Error, &job.language.id, &job.language.version)
+                .with_error(error)
+        },
+        cleanup: Cleanup { guard: Some(guard) },
+        container,
+    }
+}
+
+/// Runs `job` in a started sandbox (warm or cold) to its end; the container
+/// is left for the caller's [`Cleanup`].
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_in(
+    docker: &Docker,
+    config: &SandboxConfig,
+    uids: &UidRange,
+    job_id: &str,
+    job: &PreparedJob,
+    io: JobIo,
+    sandbox: Started,
+    started: Instant,
+) -> RunOutcome {
+    let Started {
+        mut guard,
+        mut connection,
+        kind,
+    } = sandbox;
+    let deadline_ms = io
+        .deadline_ms
+        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
+    let checker = Grader::checker_job(job)
+        .map(|checker| Checker::start(docker, config, uids, job_id, checker, deadline_ms));
+    let mut grader = Grader::new(job, gvisor_limits(config, job), checker);
+    let mut io = Some(io);
+    let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
+    let mut restarts = 0;
+    let (compile, run, ready_at, cancelled, mut error, grader) = loop {
+        let uid = guard.uid();
+        let session_io = io.take().unwrap_or_default();
+        let outcome = drive(
+            docker,
+            config,
+            job_id,
+            job,
+            session_io,
+            &guard,
+            connection,
+            uid,
+            grader.take(),
+            first.is_some(),
+        )
+        .await;
+        let session = match outcome {
+            Ok(session) => session,
+            Err(Failure(message)) => break (None, None, None, false, Some(message), None),
+        };
+        let (compile, ready_at) = first
+            .get_or_insert_with(|| (session.compile.clone(), session.ready_at))
+            .clone();
+        if !session.restart || restarts >= MAX_RESTARTS {
+            break (
+                compile,
+                session.run,
+                ready_at,
+                session.cancelled,
+                session.error,
+                session.grader,
+            );
+        }
+        restarts += 1;
+        // The sandbox died in a test (its verdict is in): the rest run in
+        // a new one.
+        tracing::info!(job.id = %job_id, "the sandbox died in a test; the remaining tests run in a new one");
+
+        guard.remove().await;
+        match start_cold(docker, config, uids, job_id, job, deadline_ms).await {
+            Ok((new_guard, new_connection)) => {
+                (guard, connection) = (new_guard, new_connection);
+                grader = session.grader;
+                io = Some(session.io);
+            }
+            Err((new_guard, message)) => {
+                guard = new_guard;
+                break (
+                    compile,
+                    None,
+                    ready_at,
+                    false,
+                    Some(message),
+                    session.grader,
+                );
+            }
+        }
+    };
+    let container = guard.name().to_string();
+    let compile_failed = compile
+        .as_ref()
+        .is_some_and(|c| c.reason != Reason::Exited || c.exit_code != Some(0));
+    let grading = grader.map(|grader| {
+        let ended = if error.is_some() {
+            "the platform failed"
+        } else if cancelled {
+            "the job was cancelled"
+        } else {
+            "the job ran out of time"
+        };
+        grader.into_grading(compile_failed, Some(ended))
+    });
+    let status = match &grading {
+        _ if error.is_some() => Status::Error,
+        _ if cancelled => Status::Cancelled,
+        None => JobResult::status_from_stages(compile.as_ref(), run.as_ref()),
+        Some(_) if compile_failed => JobResult::status_from_stages(compile.as_ref(), None),
+        Some(grading) => grading.status(&mut error),
+    };
+    let error = error.or_else(|| {
+        (status == Status::Error).then(|| "the sandbox ended without running the program".into())
+    });
+    let container_start_ms = match kind {
+        // Ready before the job came: nothing of the start was on its path.
+        StartKind::Warm => 0,
+        StartKind::Cold => ready_at.map_or(0, |t| (t - started).as_millis() as u64),
+    };
+    RunOutcome {
+        result: JobResult {
+            status,
+            language: job.language.id.clone(),
+            version: job.language.version.clone(),
+            timings: Timings {
+                container_start_ms,
+                compile_ms: compile.as_ref().map(|s| s.wall_ms),
+                run_ms: run.as_ref().map(|s| s.wall_ms),
+                total_ms: started.elapsed().as_millis() as u64,
+            },
+            compile,
+            run,
+            error,
+            reason: None,
+            start: Some(kind),
+            grading,
+        },
+        cleanup: Cleanup { guard: Some(guard) },
+        container,
+    }
+}

@@ -1,0 +1,422 @@
+//! Grading in real sandboxes (runc, and gVisor when enabled): one job,
+//! one compile, one run per test with a verdict each; purpose-written
+//! solutions for each verdict in C++ and Python; solutions that try to
+//! read what they are judged against or to leave something for the next
+//! test; checker programs, partial scores and a crashing checker.
+
+mod common;
+
+use code_runner::job::grading::{TimeLimit, Verdict};
+use code_runner::job::{JobResult, JobSpec, Status};
+use code_runner::sandbox::SandboxEvent;
+use common::{Harness, harness_per_runtime};
+use serde_json::{Value, json};
+
+/// A job of one file with `extra` fields (tests, check, limits…).
+fn graded(language: &str, name: &str, source: &str, extra: Value) -> JobSpec {
+    let mut value = json!({"language": language, "files": [{"name": name, "content": source}]});
+    for (key, item) in extra.as_object().unwrap() {
+        value[key] = item.clone();
+    }
+    serde_json::from_value(value).expect("a valid job spec")
+}
+
+fn verdicts(result: &JobResult) -> Vec<(Verdict, Option<TimeLimit>)> {
+    let grading = result
+        .grading
+        .as_ref()
+        .unwrap_or_else(|| panic!("no grading in {result:#?}"));
+    grading
+        .tests
+        .iter()
+        .map(|t| (t.outcome.verdict, t.outcome.time_limit))
+        .collect()
+}
+
+/// Reads `a b`; prints a+b, except on purpose: 7 a wrong sum, 8 a CPU
+/// loop, 9 memory, 10 a crash, 11 a flood, 12 a sleep.
+const CPP: &str = r#"
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <unistd.h>
+int main() {
+    long a, b;
+    if (scanf("%ld %ld", &a, &b) != 2) return 2;
+    if (a == 7) { printf("%ld\n", a + b + 1); return 0; }
+    if (a == 8) { volatile unsigned long x = 0; for (;;) x++; }
+    if (a == 9) { std::vector<char> v(400u << 20, 1); printf("%d\n", v[12345]); return 0; }
+    if (a == 10) { abort(); }
+    if (a == 11) { for (;;) fputs("flood flood flood flood\n", stdout); }
+    if (a == 12) { sleep(30); }
+    printf("%ld\n", a + b);
+    return 0;
+}
+"#;
+
+const PYTHON: &str = r#"
+import os, sys, time
+a, b = map(int, sys.stdin.read().split())
+if a == 7:
+    print(a + b + 1)
+elif a == 8:
+    while True:
+        pass
+elif a == 9:
+    block = bytearray(400 << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    print(len(block))
+elif a == 10:
+    os.abort()
+elif a == 11:
+    while True:
+        sys.stdout.write("flood flood flood flood\n")
+elif a == 12:
+    time.sleep(30)
+else:
+    print(a + b)
+"#;
+
+fn verdict_tests() -> Value {
+    let test = |name: &str, a: i64, b: i64| json!({"name": name, "stdin": format!("{a} {b}\n"), "expected_stdout": format!("{}\n", a + b)});
+    json!([
+        test("sum", 1, 2),
+        test("wrong", 7, 1),
+        test("slow", 8, 1),
+        test("memory", 9, 1),
+        test("crash", 10, 1),
+        test("flood", 11, 1),
+        test("sleepy", 12, 1),
+        test("sum again", 20, 22),
+    ])
+}
+
+async fn each_verdict(harness: &Harness, runtime: &str, language: &str, file: &str, source: &str) {
+    let spec = graded(
+        language,
+        file,
+        source,
+        json!({
+            "limits": {"memory_mb": 128, "wall_ms": 3000, "cpu_ms": 1000, "output_bytes": 65536},
+            "tests": verdict_tests(),
+        }),
+    );
+    let (result, events) = harness.run_collecting(&spec).await;
+    let what = format!("{language} under {runtime}: {result:#?}");
+    assert_eq!(result.status, Status::Failed, "{what}");
+    assert_eq!(
+        verdicts(&result),
+        [
+            (Verdict::Accepted, None),
+            (Verdict::WrongAnswer, None),
+            (Verdict::TimeLimit, Some(TimeLimit::Cpu)),
+            (Verdict::MemoryLimit, None),
+            (Verdict::RuntimeError, None),
+            (Verdict::OutputLimit, None),
+            (Verdict::TimeLimit, Some(TimeLimit::Wall)),
+            (Verdict::Accepted, None),
+        ],
+        "{what}"
+    );
+    let grading = result.grading.as_ref().unwrap();
+    assert_eq!((grading.passed, grading.total), (2, 8), "{what}");
+    assert_eq!((grading.score, grading.max_score), (2.0, 8.0), "{what}");
+    assert_eq!(grading.verdict, Verdict::WrongAnswer, "{what}");
+    assert!(result.run.is_none(), "{what}");
+    let wrong = &grading.tests[1].outcome;
+    let difference = wrong
+        .difference
+        .as_ref()
+        .expect("a wrong answer says where");
+    assert_eq!(
+        (
+            difference.line,
+            difference.expected.as_deref(),
+            difference.got.as_deref()
+        ),
+        (1, Some("8"), Some("9")),
+        "{what}"
+    );
+    assert_eq!(wrong.stdout, "9\n");
+    let crash = &grading.tests[4].outcome;
+    assert_eq!(crash.signal.as_deref(), Some("SIGABRT"), "{what}");
+    assert!(
+        grading.tests[5].outcome.stdout.starts_with("flood flood"),
+        "{what}"
+    );
+    // Live: a start and an end per test, in order, the end with its verdict.
+    let ticks: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            SandboxEvent::TestStart { index, .. } => Some(format!("start {index}")),
+            SandboxEvent::TestEnd(test) => Some(format!(
+                "end {} {}",
+                test.index,
+                test.outcome.verdict.as_str()
+            )),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        ticks,
+        [
+            "start 0",
+            "end 0 accepted",
+            "start 1",
+            "end 1 wrong_answer",
+            "start 2",
+            "end 2 time_limit",
+            "start 3",
+            "end 3 memory_limit",
+            "start 4",
+            "end 4 runtime_error",
+            "start 5",
+            "end 5 output_limit",
+            "start 6",
+            "end 6 time_limit",
+            "start 7",
+            "end 7 accepted",
+        ],
+        "{what}"
+    );
+    // The tests' output is in their results, not in the job's stream.
+    assert!(
+        !events.iter().any(|e| matches!(e, SandboxEvent::Stdout(_))),
+        "{what}"
+    );
+    harness.assert_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_verdict_from_a_purpose_written_solution_in_cpp_and_python() {
+    for (runtime, harness) in
+        harness_per_runtime("each_verdict_from_a_purpose_written_solution_in_cpp_and_python").await
+    {
+        each_verdict(&harness, runtime, "cpp", "main.cpp", CPP).await;
+        each_verdict(&harness, runtime, "python", "main.py", PYTHON).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compile_error_skips_every_test_and_stop_on_failure_skips_the_rest() {
+    let harness = Harness::new().await;
+    let broken = graded(
+        "cpp",
+        "main.cpp",
+        "int main( {",
+        json!({"tests": [{"stdin": "1 2"}, {"stdin": "3 4"}]}),
+    );
+    let result = harness.run(&broken).await;
+    assert_eq!(result.status, Status::Failed, "{result:#?}");
+    let grading = result.grading.as_ref().unwrap();
+    assert_eq!(grading.verdict, Verdict::CompileError);
+    assert!(
+        grading
+            .tests
+            .iter()
+            .all(|t| t.outcome.verdict == Verdict::Skipped
+                && t.outcome.message.as_deref() == Some("not run: the compile stage failed")),
+        "{result:#?}"
+    );
+    assert_ne!(result.compile.as_ref().unwrap().exit_code, Some(0));
+
+    let stopping = graded(
+        "python",
+        "main.py",
+        PYTHON,
+        json!({"stop_on_failure": true, "tests": [
+            {"stdin": "1 1", "expected_stdout": "2"},
+            {"name": "bad", "stdin": "7 1", "expected_stdout": "8"},
+            {"stdin": "2 2", "expected_stdout": "4"},
+        ]}),
+    );
+    let result = harness.run(&stopping).await;
+    assert_eq!(
+        verdicts(&result),
+        [
+            (Verdict::Accepted, None),
+            (Verdict::WrongAnswer, None),
+            (Verdict::Skipped, None)
+        ],
+        "{result:#?}"
+    );
+    assert_eq!(
+        result.grading.as_ref().unwrap().tests[2]
+            .outcome
+            .message
+            .as_deref(),
+        Some("not run: test bad was not accepted (stop_on_failure)")
+    );
+    harness.assert_clean().await;
+}
+
+/// Looks everywhere it can for what it is judged against and for the other
+/// tests' inputs, and leaves a process and files behind; the next test
+/// reports what it finds of them.
+const SNOOP: &str = r##"
+import os, subprocess, sys
+data = sys.stdin.read().strip()
+# Spelt in two parts, so that this source itself is not a find.
+secrets = [b"EXPECTED" + b"-SECRET", b"OTHER" + b"-INPUT", b"CHECKER" + b"-SOURCE"]
+marker = "#" + " tampered"
+def readable_files():
+    paths = [f"/proc/{p}/{f}" for p in os.listdir("/proc") if p.isdigit() for f in ("cmdline", "environ")]
+    for root in ["/workspace", "/tmp", "/dev/shm", "/dev/mqueue", "/run", "/var/tmp", "/home", "/root"]:
+        for d, dirs, files in os.walk(root):
+            paths += [os.path.join(d, f) for f in files]
+    for path in paths:
+        try:
+            with open(path, "rb") as h:
+                yield path, h.read(1 << 20)
+        except Exception:
+            pass
+found = sorted({p for p, content in readable_files() for secret in secrets if secret in content})
+if data == "first":
+    open("/tmp/state", "w").write("left")
+    open("/dev/shm/state", "w").write("left")
+    try:
+        open("/workspace/state", "w").write("left")
+    except OSError:
+        pass
+    try:
+        open("/workspace/main.py", "a").write(marker)
+    except OSError as e:
+        print("cannot change main.py:", e.errno)
+    subprocess.Popen(["sleep", "30"], start_new_session=True)
+    print("left things", found)
+else:
+    left = [p for p in ["/tmp/state", "/dev/shm/state", "/workspace/state"] if os.path.exists(p)]
+    others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid() and int(p) != 1 and int(p) != os.getppid()]
+    changed = marker in open("/workspace/main.py").read()
+    print("found", found, "left", left, "others", others, "changed", changed)
+"##;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_solution_can_neither_see_what_it_is_judged_against_nor_leave_anything_for_the_next_test()
+{
+    for (runtime, harness) in harness_per_runtime(
+        "a_solution_can_neither_see_what_it_is_judged_against_nor_leave_anything_for_the_next_test",
+    )
+    .await
+    {
+        for check in [
+            json!("exact"),
+            checker_program("import sys\n# CHECKER-SOURCE\nsys.exit(1)\n"),
+        ] {
+            let spec = graded(
+                "python",
+                "main.py",
+                SNOOP,
+                json!({"check": check, "tests": [
+                    {"stdin": "first", "expected_stdout": "EXPECTED-SECRET one"},
+                    {"stdin": "second OTHER-INPUT", "expected_stdout": "EXPECTED-SECRET two"},
+                ]}),
+            );
+            let result = harness.run(&spec).await;
+            let what = format!("under {runtime}: {result:#?}");
+            let grading = result.grading.as_ref().unwrap();
+            let first = &grading.tests[0].outcome;
+            assert_eq!(first.verdict, Verdict::WrongAnswer, "{what}");
+            assert_eq!(
+                first.stdout, "cannot change main.py: 13\nleft things []\n",
+                "{what}"
+            );
+            let second = &grading.tests[1].outcome;
+            assert_eq!(second.verdict, Verdict::WrongAnswer, "{what}");
+            assert_eq!(
+                second.stdout, "found [] left [] others [] changed False\n",
+                "{what}"
+            );
+            harness.assert_clean().await;
+        }
+    }
+}
+
+fn checker_program(source: &str) -> Value {
+    json!({"mode": "program", "language": "python", "files": [{"name": "check.py", "content": source}]})
+}
+
+/// A checker: full marks for the right sum, half for a sum off by one,
+/// nothing otherwise; it reads the three files it is given.
+const PARTIAL_CHECKER: &str = r#"
+import sys
+test_input, output, answer = (open(p).read() for p in sys.argv[1:4])
+a, b = map(int, test_input.split())
+got = output.strip()
+if got == str(a + b) and answer.strip() == str(a + b):
+    print("ok: the sum of", a, "and", b)
+    sys.exit(0)
+if got == str(a + b + 1):
+    print("0.5 off by one")
+    sys.exit(7)
+print("expected", a + b, "got", repr(got))
+sys.exit(1)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_program_judges_with_partial_scores_and_a_crashing_checker_is_a_checker_error() {
+    for (runtime, harness) in harness_per_runtime(
+        "a_checker_program_judges_with_partial_scores_and_a_crashing_checker_is_a_checker_error",
+    )
+    .await
+    {
+        let spec = graded(
+            "python",
+            "main.py",
+            PYTHON,
+            json!({"check": checker_program(PARTIAL_CHECKER), "tests": [
+                {"stdin": "1 2", "expected_stdout": "3", "points": 2},
+                {"stdin": "7 1", "expected_stdout": "8", "points": 4},
+                {"stdin": "10 1", "expected_stdout": "11"},
+            ]}),
+        );
+        let result = harness.run(&spec).await;
+        let what = format!("under {runtime}: {result:#?}");
+        assert_eq!(result.status, Status::Failed, "{what}");
+        let grading = result.grading.as_ref().unwrap();
+        let summary: Vec<(Verdict, f64, Option<&str>)> = grading
+            .tests
+            .iter()
+            .map(|t| {
+                (
+                    t.outcome.verdict,
+                    t.outcome.score,
+                    t.outcome.message.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (Verdict::Accepted, 2.0, Some("ok: the sum of 1 and 2")),
+                (Verdict::WrongAnswer, 2.0, Some("0.5 off by one")),
+                (Verdict::RuntimeError, 0.0, Some("killed by SIGABRT")),
+            ],
+            "{what}"
+        );
+        assert_eq!((grading.score, grading.max_score), (4.0, 7.0), "{what}");
+
+        let crashing = graded(
+            "python",
+            "main.py",
+            PYTHON,
+            json!({"check": checker_program("import os\nos.abort()\n"), "tests": [{"stdin": "1 2", "expected_stdout": "3"}]}),
+        );
+        let result = harness.run(&crashing).await;
+        let what = format!("under {runtime}: {result:#?}");
+        assert_eq!(result.status, Status::Error, "{what}");
+        let test = &result.grading.as_ref().unwrap().tests[0].outcome;
+        assert_eq!(test.verdict, Verdict::CheckerError, "{what}");
+        assert_eq!(
+            result.grading.as_ref().unwrap().verdict,
+            Verdict::CheckerError
+        );
+        assert_eq!(
+            result.error.as_deref(),
+            Some("the checker could not judge test 1: the checker was killed by SIGABRT"),
+            "{what}"
+        );
+        harness.assert_clean().await;
+    }
+}
