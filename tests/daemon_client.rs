@@ -630,3 +630,73 @@ async fn a_stream_cut_by_an_api_restart_resumes_without_losing_or_repeating_outp
     assert!(!stderr.contains("by polling"), "{stderr}");
     worker.assert_no_containers(&docker().await).await;
 }
+
+#[tokio::test]
+async fn run_with_tests_prints_a_table_of_verdicts_and_exits_0_only_when_all_pass() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let sum = source(
+        dir.path(),
+        "sum.py",
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+    );
+    let tests = dir.path().join("tests");
+    std::fs::create_dir(&tests).unwrap();
+    for (name, input, output) in [
+        ("01-small", "1 2\n", Some("3\n")),
+        ("02-big", "40 2\n", Some("42\n")),
+        ("03-free", "0 0\n", None),
+    ] {
+        std::fs::write(tests.join(format!("{name}.in")), input).unwrap();
+        if let Some(output) = output {
+            std::fs::write(tests.join(format!("{name}.out")), output).unwrap();
+        }
+    }
+    let tests_flag = tests.to_str().unwrap();
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&sum], &["--tests", tests_flag]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let table = text(&out.stdout);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 5, "{table}");
+    assert!(lines[0].starts_with("  #  test"), "{table}");
+    assert!(lines[1].starts_with("  1  01-small  accepted "), "{table}");
+    assert!(lines[3].starts_with("  3  03-free   accepted "), "{table}");
+    assert_eq!(lines[4], "passed 3/3, score 3/3: accepted");
+
+    // One wrong expected output: exit 1, and the line says where.
+    std::fs::write(tests.join("02-big.out"), "41\n").unwrap();
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&sum], &["--tests", tests_flag]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("wrong_answer") && table.contains("line 1: expected \"41\", got \"42\""),
+        "{table}"
+    );
+    assert!(
+        table.ends_with("passed 2/3, score 2/3: wrong_answer\n"),
+        "{table}"
+    );
+
+    // A directory with an .out and no .in is the user's mistake: 64.
+    std::fs::write(tests.join("04-lost.out"), "x\n").unwrap();
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&sum], &["--tests", tests_flag]),
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert!(
+        text(&out.stderr).contains("04-lost.out has no 04-lost.in"),
+        "{out:?}"
+    );
+    daemon.assert_no_containers(&docker().await).await;
+}

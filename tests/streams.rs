@@ -10,7 +10,7 @@ use std::time::Duration;
 use code_runner::store::{Control, InputOutcome, Store};
 use common::daemon;
 use common::redis_server::RedisServer;
-use daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, python};
+use daemon::{Daemon, DaemonBuilder, KEY_A, KEY_B, Role, curl_events, python, sse_events};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -704,55 +704,6 @@ async fn input_to_an_ended_or_gone_job_is_refused_by_the_queue() {
 // ---------------------------------------------------------------------------
 // Server-Sent Events, with curl
 // ---------------------------------------------------------------------------
-
-/// `curl -sN` of a job's events with `headers`; the SSE text.
-async fn curl_events(
-    daemon: &Daemon,
-    id: &str,
-    query: &str,
-    headers: &[String],
-) -> (String, String) {
-    let url = format!("{}/v1/jobs/{id}/events{query}", daemon.url);
-    let headers = headers.to_vec();
-    let output = tokio::task::spawn_blocking(move || {
-        let mut command = std::process::Command::new("curl");
-        command.args(["-sN", "--max-time", "60", "-w", "\n%{http_code}"]);
-        for header in &headers {
-            command.args(["-H", header]);
-        }
-        command.arg(&url).output().expect("curl runs")
-    })
-    .await
-    .unwrap();
-    assert!(output.status.success(), "curl failed: {output:?}");
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, code) = text.rsplit_once('\n').unwrap();
-    (body.to_string(), code.to_string())
-}
-
-/// The events of an SSE text: (id, event, data as JSON).
-fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
-    text.split("\n\n")
-        .filter(|block| !block.trim().is_empty() && !block.starts_with(':'))
-        .map(|block| {
-            let field = |name: &str| {
-                block
-                    .lines()
-                    .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                    .unwrap_or_else(|| panic!("no {name} in {block:?}"))
-                    .to_string()
-            };
-            let lines: Vec<&str> = block.lines().collect();
-            assert_eq!(lines.len(), 3, "{block:?}");
-            assert!(lines[0].starts_with("id: ") && lines[1].starts_with("event: "));
-            (
-                field("id").parse().unwrap(),
-                field("event"),
-                serde_json::from_str(&field("data")).unwrap(),
-            )
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn curl_reads_the_events_of_a_job_and_resumes_with_last_event_id() {

@@ -24,6 +24,7 @@
 //! one `code-runner: …` line on stderr.
 
 pub mod capacity;
+mod grade;
 mod job_args;
 mod printer;
 pub(crate) mod stream;
@@ -71,6 +72,17 @@ pub struct RunArgs {
     /// Ctrl-D closes its stdin, Ctrl-C interrupts it (twice: kills it).
     #[arg(short, long, conflicts_with = "stdin")]
     pub interactive: bool,
+    /// Grade the program: DIR holds NAME.in (a test's stdin) and NAME.out
+    /// (its expected output) pairs; prints a table of verdicts and exits 0
+    /// only when every test was accepted.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["interactive", "stdin"])]
+    pub tests: Option<std::path::PathBuf>,
+    /// With --tests: how an output is compared (exact, trim, tokens, float).
+    #[arg(long, requires = "tests", default_value = "trim")]
+    pub check: String,
+    /// With --tests: skip the remaining tests after the first failure.
+    #[arg(long, requires = "tests")]
+    pub stop_on_failure: bool,
     /// Print the job (with its full result) as JSON at the end instead of the
     /// program's output.
     #[arg(long)]
@@ -178,10 +190,18 @@ pub async fn run(args: RunArgs) -> u8 {
         Ok(catalog) => catalog,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
     };
-    let spec = match args.job.job_spec(&catalog, args.interactive).await {
+    let mut spec = match args.job.job_spec(&catalog, args.interactive).await {
         Ok(spec) => spec,
         Err(message) => return fail(exit::USAGE, message),
     };
+    if let Some(dir) = &args.tests {
+        match grade::tests_from_dir(dir) {
+            Ok(tests) => spec.tests = Some(tests),
+            Err(message) => return fail(exit::USAGE, message),
+        }
+        spec.check = Some(serde_json::Value::String(args.check.clone()));
+        spec.stop_on_failure = args.stop_on_failure.then_some(true);
+    }
     let body = match serde_json::to_vec(&spec) {
         Ok(body) => body,
         Err(error) => return fail(exit::PLATFORM_ERROR, error),
@@ -293,7 +313,11 @@ fn report(view: &serde_json::Value, json: bool, printer: &mut Printer) -> u8 {
 /// Writes what is left of the program's output (the compiler's, when
 /// compilation failed) and the one-line explanation; returns the exit code.
 fn finish(printer: &mut Printer, result: &JobResult) -> u8 {
+    if let Some(grading) = &result.grading {
+        return grade::finish(result, grading);
+    }
     let (code, message) = exit::for_result(result);
+
     printer.finish(result);
     if let Some(message) = message {
         eprintln!("code-runner: {message}");

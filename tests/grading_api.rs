@@ -1,0 +1,100 @@
+//! Grading through the API of the real binary: refusals that name the
+//! field, a graded job's result in the job view, and its `test` events on
+//! the job's stream.
+
+mod common;
+
+use common::containers::docker;
+use common::daemon::{DaemonBuilder, KEY_A, Role, curl_events, sse_events};
+use common::redis_server::RedisServer;
+use serde_json::{Value, json};
+
+fn sum_job(extra: Value) -> Value {
+    let mut job = json!({
+        "language": "python",
+        "files": [{"name": "main.py", "content": "a, b = map(int, input().split())\nprint(a + b)\n"}],
+    });
+    for (key, item) in extra.as_object().unwrap() {
+        job[key] = item.clone();
+    }
+    job
+}
+
+#[tokio::test]
+async fn a_graded_job_answers_with_a_verdict_per_test_and_streams_them() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+
+    // Refusals name the field.
+    for (extra, field) in [
+        (json!({"tests": []}), "tests"),
+        (json!({"tests": [{}], "interactive": true}), "tests"),
+        (
+            json!({"tests": [{"limits": {"cpu_ms": 999_999_999}}]}),
+            "tests[0].limits.cpu_ms",
+        ),
+        (json!({"tests": [{}], "check": "fuzzy"}), "check.mode"),
+        (json!({"tests": [{"stdin": 3}]}), "body"),
+    ] {
+        let answer = daemon.submit(&sum_job(extra.clone())).await;
+        assert_eq!(answer.status, 400, "{extra}: {answer:#?}");
+        let (code, message) = answer.error();
+        if field != "body" {
+            assert_eq!(code, "invalid_job", "{extra}: {answer:#?}");
+            assert_eq!(answer.body["error"]["field"], field, "{extra}: {answer:#?}");
+        } else {
+            // A test field of the wrong type: the body does not parse.
+            assert_eq!(code, "invalid_json", "{extra}: {answer:#?}");
+            assert!(message.contains("string"), "{message}");
+        }
+    }
+
+    let job = sum_job(json!({"tests": [
+        {"name": "small", "stdin": "1 2\n", "expected_stdout": "3\n", "points": 2},
+        {"name": "wrong", "stdin": "2 2\n", "expected_stdout": "5\n"},
+    ]}));
+    let answer = daemon.submit_wait(&job).await;
+    assert_eq!(answer.status, 200, "{answer:#?}");
+    let view = &answer.body;
+    assert_eq!(view["status"], "failed", "{view:#}");
+    let result = &view["result"];
+    assert_eq!(result["passed"], 1, "{view:#}");
+    assert_eq!(result["total"], 2);
+    assert_eq!(result["score"], 2.0);
+    assert_eq!(result["max_score"], 3.0);
+    assert_eq!(result["verdict"], "wrong_answer");
+    assert_eq!(result["run"], Value::Null);
+    assert_eq!(result["tests"][0]["verdict"], "accepted");
+    assert_eq!(result["tests"][0]["stdout"], "3\n");
+    assert_eq!(result["tests"][1]["verdict"], "wrong_answer");
+    assert_eq!(
+        result["tests"][1]["difference"],
+        json!({"line": 1, "expected": "5", "got": "4"})
+    );
+
+    let id = view["id"].as_str().unwrap();
+    let (text, code) =
+        curl_events(&daemon, id, "", &[format!("Authorization: Bearer {KEY_A}")]).await;
+    assert_eq!(code, "200", "{text}");
+    let tests: Vec<(String, String, String)> = sse_events(&text)
+        .into_iter()
+        .filter(|(_, event, _)| event == "test")
+        .map(|(_, _, data)| {
+            (
+                data["name"].as_str().unwrap().to_string(),
+                data["state"].as_str().unwrap().to_string(),
+                data["verdict"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        tests,
+        [
+            ("small".into(), "start".into(), "".into()),
+            ("small".into(), "end".into(), "accepted".into()),
+            ("wrong".into(), "start".into(), "".into()),
+            ("wrong".into(), "end".into(), "wrong_answer".into()),
+        ]
+    );
+    daemon.assert_no_containers(&docker().await).await;
+}
