@@ -197,6 +197,43 @@ async fn a_finished_job_is_counted_once_with_the_figures_of_its_result() {
 }
 
 #[tokio::test]
+async fn a_graded_jobs_tests_count_with_its_compile_stage() {
+    use code_runner::job::grading::{Grading, TestResult};
+    let redis = RedisServer::start();
+    let store = store(&redis);
+    let (_, id) = submit(&store, "ann", 1, Quotas::default()).await;
+    claim_and_start(&store, "w1", &id).await;
+    // A compile of 100 ms CPU / 200 ms wall, then two tests of 30/40 and
+    // 50/60: 180 ms of CPU and 300 ms of wall time in all.
+    let tests = [(30, 40), (50, 60)]
+        .iter()
+        .enumerate()
+        .map(|(i, (cpu, wall))| {
+            TestResult::of_run(i, &i.to_string(), 1.0, &stage(*cpu, *wall, "", "", 0))
+        })
+        .collect();
+    let finished = JobResult {
+        grading: Some(Grading::of(tests, false)),
+        ..result(Status::Succeeded, Some(stage(100, 200, "", "", 0)), None)
+    };
+    let outcome = store.jobs().finish(&id, "w1", 1, &finished).await.unwrap();
+    assert_eq!(outcome, FinishOutcome::Finished);
+    assert_eq!(today(&store).await.0, figures(1, 180, 300, 0, 1));
+    // The run history's summary says the same.
+    let mut conn = redis.conn().await;
+    let summary: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("job:{id}:summary"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        (summary["cpu_ms"].as_str(), summary["wall_ms"].as_str()),
+        ("180", "300"),
+        "{summary:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_retried_job_is_counted_once_when_it_finally_ends() {
     let redis = RedisServer::start();
     let store = store(&redis);

@@ -8,6 +8,8 @@
 //!   HTTP client and WebSocket follower.
 //! - [`fairness`]: `--scenario fairness`, one key's backlog against another
 //!   key's job and a second user's (issue 18).
+//! - [`grading`]: `--scenario grading`, one job with many tests against as
+//!   many separate jobs (issue 19).
 //! - [`echo`]: the interactive round trip, as pure state.
 //! - [`stats`]: nearest-rank percentiles.
 //! - [`report`]: the progress line, the text report and `--json`.
@@ -21,6 +23,7 @@
 
 mod echo;
 mod fairness;
+mod grading;
 mod load;
 mod programs;
 mod report;
@@ -76,6 +79,10 @@ pub enum Scenario {
     /// alone and once while key B (--other-key) and a second user of key A
     /// submit one job each; their queue wait and the backlog's drain rate.
     Fairness,
+    /// Grading: a C++ solution graded on --tests tests in one job against
+    /// the same count of separate jobs, --rounds times; the time of each and
+    /// the overhead per test.
+    Grading,
 }
 
 #[derive(Debug, Args)]
@@ -87,6 +94,15 @@ pub struct BenchArgs {
     /// and --late-ms, and only --url, --key and --json of the rest).
     #[arg(long, value_enum, default_value_t = Scenario::Load)]
     pub scenario: Scenario,
+    /// --scenario grading: how many tests the graded job has (and how many
+    /// separate jobs it is measured against).
+    #[arg(long, default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(2..=500))]
+    pub tests: u32,
+    /// --scenario grading: how many times each way runs.
+    #[arg(long, default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub rounds: u32,
     /// --scenario fairness: key B, a second API key of the same server.
     #[arg(long, env = "CODE_RUNNER_BENCH_OTHER_KEY", hide_env_values = true)]
     pub other_key: Option<String>,
@@ -202,6 +218,9 @@ pub async fn run(args: BenchArgs) -> u8 {
     if args.scenario == Scenario::Fairness {
         return fairness(&args).await;
     }
+    if args.scenario == Scenario::Grading {
+        return grading(&args).await;
+    }
     if args.engine && args.via == Via::Wait {
         return fail(
             exit::USAGE,
@@ -224,6 +243,56 @@ pub async fn run(args: BenchArgs) -> u8 {
         on_engine(&args, plan).await
     } else {
         through_api(&args, plan).await
+    }
+}
+
+/// Prints a scenario's report: as JSON with `--json`, else its text.
+fn print_report<T: serde::Serialize>(
+    json: bool,
+    report: &T,
+    text: impl FnOnce() -> String,
+) -> Result<(), u8> {
+    if json {
+        match serde_json::to_string_pretty(report) {
+            Ok(text) => println!("{text}"),
+            Err(error) => return Err(fail(exit::PLATFORM_ERROR, error)),
+        }
+    } else {
+        print!("{}", text());
+    }
+    Ok(())
+}
+
+/// `--scenario grading`: through the API, then the report.
+async fn grading(args: &BenchArgs) -> u8 {
+    if args.engine {
+        return fail(
+            exit::USAGE,
+            "--scenario grading measures through the API; it does not go with --engine",
+        );
+    }
+    let api = match args.api.api(REQUEST_TIMEOUT) {
+        Ok(api) => api,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    let plan = grading::Plan {
+        tests: args.tests,
+        rounds: args.rounds,
+    };
+    let report = match grading::run(&api, plan).await {
+        Ok(report) => report,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    if let Err(code) = print_report(args.json, &report, || report.text()) {
+        return code;
+    }
+    if report.succeeded() {
+        0
+    } else {
+        fail(
+            SOME_JOBS_DID_NOT_SUCCEED,
+            "some jobs of the grading scenario did not succeed (see the report)",
+        )
     }
 }
 
@@ -282,13 +351,8 @@ async fn fairness(args: &BenchArgs) -> u8 {
         Ok(report) => report,
         Err(error) => return fail(error.exit_code(), error),
     };
-    if args.json {
-        match serde_json::to_string_pretty(&report) {
-            Ok(text) => println!("{text}"),
-            Err(error) => return fail(exit::PLATFORM_ERROR, error),
-        }
-    } else {
-        print!("{}", report.text());
+    if let Err(code) = print_report(args.json, &report, || report.text()) {
+        return code;
     }
     if report.all_succeeded() {
         0

@@ -36,6 +36,8 @@ pub(super) struct Grader {
     checker: Option<Checker>,
     /// Why the tests not run were skipped (set when the grading stopped).
     stopped: Option<String>,
+    /// When each test started (its `stage_start` came), in order.
+    starts: Vec<std::time::Instant>,
 }
 
 impl Grader {
@@ -56,6 +58,7 @@ impl Grader {
             results: Vec::new(),
             checker,
             stopped: None,
+            starts: Vec::new(),
         })
     }
 
@@ -108,6 +111,20 @@ impl Grader {
             frames.push(HostMessage::RunsEnd);
         }
         frames
+    }
+
+    /// Notes that test `index` started now (its `stage_start` came).
+    pub(super) fn note_start(&mut self, index: usize) {
+        if index == self.starts.len() {
+            self.starts.push(std::time::Instant::now());
+        }
+    }
+
+    /// When test `index` started, in ms after the first test.
+    fn started_ms(&self, index: usize) -> Option<u64> {
+        let first = self.starts.first()?;
+        let at = self.starts.get(index)?;
+        Some(at.duration_since(*first).as_millis() as u64)
     }
 
     /// Whether tests remain to be run (and the grading did not stop).
@@ -164,6 +181,8 @@ impl Grader {
                 result
             }
         };
+        let mut result = result;
+        result.outcome.started_ms = self.started_ms(index);
         self.results.push(result.clone());
         let mut frames = Vec::new();
         if self.tests.stop_on_failure {
@@ -202,6 +221,7 @@ impl Grader {
                     test.name
                 ));
             }
+            result.outcome.started_ms = self.started_ms(index);
             self.results.push(result.clone());
             return Some(result);
         }

@@ -400,6 +400,9 @@ impl Session<'_> {
                     truncated: false,
                     started: Instant::now(),
                 });
+                if let Some(grader) = &mut self.grader {
+                    grader.note_start(index);
+                }
                 self.emit(SandboxEvent::TestStart { index, name }).await;
             }
             SandboxMessage::StageStart(start) => {

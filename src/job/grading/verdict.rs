@@ -163,6 +163,10 @@ pub struct TestOutcome {
     pub wall_ms: u64,
     pub cpu_ms: u64,
     pub memory_peak_bytes: u64,
+    /// When the test started, in ms after the job's first test started (as
+    /// the worker saw it): with `wall_ms`, a timeline of the tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
     /// What the test is worth, and what it scored (all of it when
     /// accepted, a checker's share of it, else 0).
     pub points: f64,
@@ -192,6 +196,7 @@ impl TestResult {
                 wall_ms: run.wall_ms,
                 cpu_ms: run.cpu_ms,
                 memory_peak_bytes: run.memory_peak_bytes,
+                started_ms: None,
                 points,
                 score: 0.0,
                 difference: None,
@@ -215,7 +220,9 @@ impl TestResult {
                 wall_ms: 0,
                 cpu_ms: 0,
                 memory_peak_bytes: 0,
+                started_ms: None,
                 points,
+
                 score: 0.0,
                 difference: None,
                 message: Some(why.to_string()),

@@ -125,6 +125,25 @@ end
 -- job alone), copies the job's status, times, the result's error reason
 -- (else its run stage's reason) and its stages' cpu_ms and wall_ms into
 -- the summary, while the summary lives.
+-- The CPU and wall time a result used: its compile and run stages', and
+-- each test's of a graded job.
+local function result_usage(decoded)
+  local cpu, wall = 0, 0
+  local parts = {decoded.compile, decoded.run}
+  if type(decoded.tests) == 'table' then
+    for _, test in ipairs(decoded.tests) do
+      parts[#parts + 1] = test
+    end
+  end
+  for _, part in pairs(parts) do
+    if type(part) == 'table' then
+      cpu = cpu + (tonumber(part.cpu_ms) or 0)
+      wall = wall + (tonumber(part.wall_ms) or 0)
+    end
+  end
+  return cpu, wall
+end
+
 local function note_history(job, summary, key_history, user_history, window_ms)
   if summary then
     local id, created, language, user = unpack(redis.call('HMGET', job, 'id', 'created_ms', 'language', 'user'))
@@ -154,12 +173,8 @@ local function note_history(job, summary, key_history, user_history, window_ms)
     elseif type(run) == 'table' and type(run.reason) == 'string' then
       fields.reason = run.reason
     end
-    for _, name in ipairs({'compile', 'run'}) do
-      local stage = decoded[name]
-      if type(stage) == 'table' then
-        fields.cpu_ms = (fields.cpu_ms or 0) + (tonumber(stage.cpu_ms) or 0)
-        fields.wall_ms = (fields.wall_ms or 0) + (tonumber(stage.wall_ms) or 0)
-      end
+    if type(decoded.compile) == 'table' or type(decoded.run) == 'table' or type(decoded.tests) == 'table' then
+      fields.cpu_ms, fields.wall_ms = result_usage(decoded)
     end
   end
   for _, name in ipairs({'status', 'started_ms', 'finished_ms', 'reason', 'cpu_ms', 'wall_ms'}) do
@@ -271,7 +286,7 @@ end
 -- a settle of a job already counted (a late result replacing a verdict)
 -- adds only the difference, to the day it was first counted. A job that
 -- never started used nothing and is not counted. Figures: the sums of
--- the result's stages' `cpu_ms` and `wall_ms`, and the output it keeps.
+-- the result's stages' (and tests') `cpu_ms` and `wall_ms`, and the output it keeps.
 local function count_usage(job, result, now)
   local prefix = redis.call('HGET', job, 'usage_key')
   if not prefix or tonumber(redis.call('HGET', job, 'attempts') or '0') == 0 then
@@ -280,14 +295,9 @@ local function count_usage(job, result, now)
   local figures = {jobs = 1, cpu_ms = 0, wall_ms = 0, output_bytes = 0}
   local ok, decoded = pcall(cjson.decode, result)
   if ok and type(decoded) == 'table' then
-    for _, name in ipairs({'compile', 'run'}) do
-      local stage = decoded[name]
-      if type(stage) == 'table' then
-        figures.cpu_ms = figures.cpu_ms + (tonumber(stage.cpu_ms) or 0)
-        figures.wall_ms = figures.wall_ms + (tonumber(stage.wall_ms) or 0)
-      end
-    end
+    figures.cpu_ms, figures.wall_ms = result_usage(decoded)
   end
+
   for _, field in ipairs(OUT_FIELDS) do
     figures.output_bytes = figures.output_bytes + redis.call('HSTRLEN', job, field)
   end
