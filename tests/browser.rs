@@ -11,7 +11,10 @@
 //! hello-world template, an interactive
 //! program fed two typed lines, Stop ending a loop with `killed`, a compile
 //! error, a wrong key, each tab of the shared playground one user across
-//! its runs — read back through the API and the run history —, the
+//! its runs — read back through the API and the run history —, the Tests
+//! panel grading two tests live (one accepted, one a wrong answer with its
+//! difference), a compile error, a refused test, the float check with
+//! stop-on-failure and Stop there, the
 //! dashboard with a running job) and saves a
 //! screenshot of each under `target/browser-screenshots/`.
 //!
@@ -130,7 +133,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 11 tests"), "{output}");
+    assert!(output.contains("Ran 14 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

@@ -479,6 +479,211 @@ class Playground(Page):
             driver.close()
             driver.switch_to.window(original)
 
+    # The Tests panel.
+
+    def rows_of_tests(self):
+        return driver.find_elements(By.CSS_SELECTOR, "#test-list > li.test")
+
+    def fill_test(self, row, stdin, expected, name=None):
+        if name is not None:
+            row.find_element(By.CSS_SELECTOR, ".test-name").send_keys(name)
+        row.find_element(By.CSS_SELECTOR, ".test-stdin").send_keys(stdin)
+        row.find_element(By.CSS_SELECTOR, ".test-expected").send_keys(expected)
+
+    def record_ticks(self):
+        """Records, in the page, each state a test row passes through
+        ("0 running", "0 accepted", …), as the events change it."""
+        driver.execute_script("""
+            window.testTicks = [];
+            const list = document.getElementById("test-list");
+            new MutationObserver((records) => {
+                for (const record of records) {
+                    const row = record.target;
+                    const now = row.dataset.state === "done" ? row.dataset.verdict : row.dataset.state;
+                    if (row.lastTick === now) continue;
+                    row.lastTick = now;
+                    window.testTicks.push(`${[...list.children].indexOf(row)} ${now}`);
+                }
+            }).observe(list, {attributes: true, subtree: true, attributeFilter: ["data-state", "data-verdict"]});
+        """)
+
+    def grade_and_wait(self):
+        self.el("grade").click()
+        self.wait(lambda d: d.find_elements(By.ID, "tests-verdict") or self.el("error").is_displayed(),
+                  "the tests did not end")
+
+    def badge(self, row):
+        badge = row.find_element(By.CSS_SELECTOR, ".verdict-badge")
+        return badge.get_attribute("data-verdict"), badge.text.lower()
+
+    def test_7d_tests_panel_grades_each_test_live(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.type_code([
+            "a, b = map(int, input().split())",
+            "print(a + b)",
+        ])
+        self.assertFalse(self.el("tests-view").is_displayed(), "the Tests panel shows before its tab is chosen")
+        self.el("tab-tests").click()
+        self.assertTrue(self.el("tests-view").is_displayed())
+        self.assertFalse(self.el("terminal").is_displayed(), "the terminal shows under the Tests tab")
+        self.assertEqual(Select(self.el("check")).first_selected_option.get_attribute("value"), "trim")
+        self.assertFalse(self.el("stop-on-failure").is_selected())
+        # The panel starts with one empty test; a second is added.
+        self.assertEqual(len(self.rows_of_tests()), 1)
+        self.el("add-test").click()
+        first, second = self.rows_of_tests()
+        self.assertEqual(self.text("tests-tally"), "2")
+        self.fill_test(first, "1 2", "3", name="small")
+        self.fill_test(second, "2 2", "5")
+        self.record_ticks()
+        self.grade_and_wait()
+        self.assertFalse(self.el("error").is_displayed(), self.text("error"))
+        first, second = self.rows_of_tests()
+        # Each row ticked off live, in order, from its own test events.
+        self.assertEqual(driver.execute_script("return window.testTicks"),
+                         ["0 waiting", "1 waiting", "0 running", "0 accepted", "1 running", "1 wrong_answer"])
+        self.assertEqual(self.badge(first), ("accepted", "accepted"))
+        self.assertRegex(first.find_element(By.CSS_SELECTOR, ".test-figures").text,
+                         r"^\d+ ms wall · \d+ ms cpu · \d+(\.\d)? (MiB|KiB) · 1/1 points$")
+        self.assertEqual(first.find_element(By.CSS_SELECTOR, ".test-detail").text, "")
+        self.assertEqual(self.badge(second), ("wrong_answer", "wrong answer"))
+        self.assertRegex(second.find_element(By.CSS_SELECTOR, ".test-figures").text,
+                         r"^\d+ ms wall · \d+ ms cpu · \d+(\.\d)? (MiB|KiB) · 0/1 points$")
+        detail = second.find_element(By.CSS_SELECTOR, ".test-detail")
+        self.assertEqual(detail.find_element(By.CSS_SELECTOR, ".diff-where").text, "first difference: line 1")
+        self.assertEqual([e.text for e in detail.find_elements(By.CSS_SELECTOR, ".diff dt, .diff dd")],
+                         ["expected", "5", "got", "4"])
+        # The summary: passed/total · score/max_score · overall verdict.
+        self.assertEqual(self.text("tests-summary"), "1/2 passed · score 1/2 · WRONG ANSWER")
+        self.assertEqual(self.el("tests-verdict").get_attribute("data-verdict"), "wrong_answer")
+        self.assert_fits_the_screen()
+        self.shot("07d-tests")
+        # The job the server ran: not interactive, graded as the page says.
+        status, job = http("GET", f"{URL}/v1/jobs/{self.job_id()}", KEY)
+        self.assertEqual(status, 200, job)
+        result = job["result"]
+        self.assertEqual((job["status"], result["passed"], result["total"], result["verdict"]),
+                         ("failed", 1, 2, "wrong_answer"), result)
+        self.assertEqual([(t["name"], t["verdict"]) for t in result["tests"]],
+                         [("small", "accepted"), ("2", "wrong_answer")])
+        self.assertIsNone(result["run"])
+        # The Run button still runs the program interactively, in the terminal.
+        self.el("run").click()
+        self.wait(lambda d: self.el("terminal").is_displayed(), "Run does not show the terminal")
+        self.wait(lambda d: self.text("v-status").lower() == "running", "the program does not run")
+        self.type_in_terminal("20 22\n")
+        self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the program did not succeed")
+        self.assertEqual(self.terminal(), "20 22\n42")
+        # Its rows keep their verdicts.
+        self.el("tab-tests").click()
+        self.assertEqual([self.badge(r)[0] for r in self.rows_of_tests()], ["accepted", "wrong_answer"])
+        # A reload keeps the tab's tests (not their verdicts).
+        driver.refresh()
+        self.wait(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "true",
+                  "the page did not become ready again")
+        self.el("tab-tests").click()
+        rows = self.rows_of_tests()
+        self.assertEqual([(r.find_element(By.CSS_SELECTOR, ".test-name").get_attribute("value"),
+                           r.find_element(By.CSS_SELECTOR, ".test-stdin").get_attribute("value"),
+                           r.find_element(By.CSS_SELECTOR, ".test-expected").get_attribute("value"),
+                           r.get_attribute("data-state")) for r in rows],
+                         [("small", "1 2", "3", "idle"), ("", "2 2", "5", "idle")])
+
+    def test_7e_tests_panel_compile_error_and_a_refused_test(self):
+        self.expected_errors = ("/v1/jobs - Failed to load resource: the server responded with a status of 400",)
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        Select(self.el("language")).select_by_value("c")
+        self.type_code(["int main(void) { return 0 }"])
+        self.el("tab-tests").click()
+        self.el("add-test").click()
+        first, second = self.rows_of_tests()
+        self.fill_test(first, "1", "1")
+        self.fill_test(second, "2", "2")
+        self.grade_and_wait()
+        self.assertFalse(self.el("error").is_displayed(), self.text("error"))
+        # The compile error is said once, with the compiler's message;
+        # every test is skipped, without repeating why.
+        self.assertEqual(self.el("tests-verdict").get_attribute("data-verdict"), "compile_error")
+        summary = self.text("tests-summary")
+        self.assertTrue(summary.startswith("0/2 passed · score 0/2 · COMPILE ERROR\n"), summary)
+        self.assertIn("the compile stage failed (exit code 1); no test ran", summary)
+        self.assertRegex(self.el("tests-summary").find_element(By.CSS_SELECTOR, ".compile-output").text,
+                         r"main\.c:1:26: error: expected [‘']; ?[’'] before [‘']\}[’'] token")
+        for row in self.rows_of_tests():
+            self.assertEqual(self.badge(row), ("skipped", "skipped"))
+            self.assertEqual(row.find_element(By.CSS_SELECTOR, ".test-detail").text, "")
+            self.assertEqual(row.find_element(By.CSS_SELECTOR, ".test-figures").text, "")
+        self.assertEqual(len(driver.find_elements(By.CSS_SELECTOR, "#tests-view [data-verdict='compile_error']")), 1)
+        self.shot("07e-tests-compile-error")
+        # A test the server refuses: its message, naming the field, and the
+        # field marked on its row; no test has a verdict.
+        first.find_element(By.CSS_SELECTOR, ".test-points input").send_keys("-1")
+        self.el("grade").click()
+        self.wait(lambda d: self.el("error").is_displayed(), "no error shown")
+        message = "The server refused the job (400): tests[0].points: must be a number from 0 to 1000000."
+        self.assertEqual(self.text("error"), message)
+        self.assertEqual(self.text("tests-summary"), "Not run: test 1, points: must be a number from 0 to 1000000")
+        points = first.find_element(By.CSS_SELECTOR, ".test-points input")
+        self.assertEqual(points.get_attribute("aria-invalid"), "true")
+        self.assertEqual(second.find_element(By.CSS_SELECTOR, ".test-points input").get_attribute("aria-invalid"), None)
+        for row in self.rows_of_tests():
+            self.assertEqual(row.get_attribute("data-state"), "idle")
+        self.assertTrue(self.el("grade").is_enabled())
+        self.shot("07f-tests-refused")
+
+    def test_7f_tests_panel_float_check_and_stop_on_failure(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.type_code([
+            "import time",
+            "x = float(input())",
+            "time.sleep(0.8)",
+            "print(x / 3)",
+        ])
+        self.el("tab-tests").click()
+        self.assertFalse(self.el("float-options").is_displayed())
+        Select(self.el("check")).select_by_value("float")
+        self.assertTrue(self.el("float-options").is_displayed())
+        self.el("float-abs").send_keys("0.001")
+        self.el("stop-on-failure").click()
+        self.el("add-test").click()
+        self.el("add-test").click()
+        rows = self.rows_of_tests()
+        for row, (stdin, expected) in zip(rows, [("1", "0.3333"), ("2", "0.7"), ("3", "1")]):
+            self.fill_test(row, stdin, expected)
+        self.el("grade").click()
+        self.wait(lambda d: rows[0].get_attribute("data-state") == "running", "the first test does not run")
+        self.assertEqual(self.badge(rows[0]), ("running", "running…"))
+        self.assertEqual([self.badge(r) for r in rows[1:]], [("waiting", "waiting")] * 2)
+        self.assertFalse(self.el("grade").is_enabled())
+        self.assertFalse(rows[0].find_element(By.CSS_SELECTOR, ".test-stdin").is_enabled())
+        self.assertRegex(self.text("tests-summary"), r"^running test 1 · 0/3 done$")
+        self.shot("07g-tests-running")
+        self.wait(lambda d: d.find_elements(By.ID, "tests-verdict"), "the tests did not end")
+        self.assertEqual([self.badge(r)[0] for r in rows], ["accepted", "wrong_answer", "skipped"])
+        detail = rows[1].find_element(By.CSS_SELECTOR, ".test-detail")
+        self.assertEqual(detail.find_element(By.CSS_SELECTOR, ".diff-where").text, "first difference: line 1, token 1")
+        self.assertEqual([e.text for e in detail.find_elements(By.CSS_SELECTOR, ".diff dd")],
+                         ["0.7", "0.6666666666666666"])
+        self.assertEqual(rows[2].find_element(By.CSS_SELECTOR, ".test-detail").text,
+                         "not run: test 2 was not accepted (stop_on_failure)")
+        self.assertEqual(self.text("tests-summary"), "1/3 passed · score 1/3 · WRONG ANSWER")
+        self.shot("07h-tests-float")
+        # Stop kills the test that is running: it ends killed, and the
+        # summary says Stop did it.
+        self.el("grade").click()
+        self.wait(lambda d: rows[0].get_attribute("data-state") == "running", "the first test does not run again")
+        self.assertEqual(self.el("stop").get_attribute("title"),
+                         "Kill the test that is running (the next ones still run)")
+        self.el("stop").click()
+        self.wait(lambda d: d.find_elements(By.ID, "tests-verdict"), "the tests did not end after Stop")
+        self.assertEqual(self.badge(rows[0]), ("runtime_error", "runtime error"))
+        self.assertEqual(rows[0].find_element(By.CSS_SELECTOR, ".test-detail").text, "killed (SIGKILL)")
+        self.assertEqual(self.text("tests-summary").splitlines()[1:], ["Stop killed the test that was running"])
+        self.shot("07i-tests-stopped")
+
 
 class Dashboard(Page):
     def test_8_dashboard_shows_a_running_job(self):

@@ -96,13 +96,17 @@ export class KeyForm {
 }
 
 /** A failed request: `status` (0 when the server was not reached), the
- * API's error `code`, and a `message` written for the person at the page. */
+ * API's error `code`, a `message` written for the person at the page, and
+ * the server's own `field` (e.g. `tests[1].points`) and `detail` (its
+ * message); both "" when it gave none. */
 export class ApiFailure extends Error {
   constructor(status, code, message, retryAfter) {
     super(message);
     this.status = status;
     this.code = code;
     this.retryAfter = retryAfter;
+    this.field = "";
+    this.detail = "";
   }
 }
 
@@ -160,7 +164,10 @@ export async function api(path, { method = "GET", key = "", body } = {}) {
   }
   if (!response.ok) {
     const retry = Number(response.headers.get("Retry-After")) || 0;
-    throw describe(response.status, json, retry);
+    const failure = describe(response.status, json, retry);
+    failure.field = (json && json.error && json.error.field) || "";
+    failure.detail = (json && json.error && json.error.message) || "";
+    throw failure;
   }
   return json;
 }

@@ -1,6 +1,8 @@
 // The playground: an editor, a language picker, Run and Stop, a terminal that
 // shows the program's output live and sends what is typed to its stdin, and
-// the verdict.
+// the verdict; beside the terminal, the Tests panel (tests.js), whose "Run
+// tests" submits the program with test cases (not interactive) and ticks
+// them off as the job's `test` events arrive.
 //
 // Keys: the page holds an API key only when the person types one (kept in
 // session storage, for this tab only). When the operator configured a shared
@@ -38,6 +40,7 @@ import "@xterm/xterm/css/xterm.css";
 import "./style.css";
 
 import { ApiFailure, KeyForm, api, bytes, ms, show } from "./common.js";
+import { TestsPanel } from "./tests.js";
 
 /** A hello world per language id (the catalog's ids; aliases map below). */
 const TEMPLATES = {
@@ -109,6 +112,13 @@ const ui = {
   language: $("language"),
   run: $("run"),
   stop: $("stop"),
+  grade: $("grade"),
+  tabTerminal: $("tab-terminal"),
+  tabTests: $("tab-tests"),
+  terminalView: $("terminal-view"),
+  testsView: $("tests-view"),
+  terminalHint: $("terminal-hint"),
+  testsHint: $("tests-hint"),
   error: $("error"),
   fileName: $("file-name"),
   templateNote: $("template-note"),
@@ -170,7 +180,8 @@ const state = {
   config: { shared_key: false },
   languages: [],
   current: null,
-  /** The job being shown: `{id, token, ws, lastSeq, ended, retries}`. */
+  /** The job being shown: `{id, token, ws, lastSeq, ended, retries,
+   * graded}` (`graded`: a run of the Tests panel). */
   job: null,
   /** What has been typed on the terminal's current line. */
   line: "",
@@ -188,6 +199,7 @@ const editor = new EditorView({
     extensions: [
       basicSetup,
       keymap.of([
+        { key: "Mod-Shift-Enter", run: () => (grade(), true) },
         { key: "Mod-Enter", run: () => (run(), true) },
         indentWithTab,
       ]),
@@ -228,6 +240,31 @@ const refit = () => {
 };
 new ResizeObserver(refit).observe($("terminal"));
 refit();
+
+// ---------------------------------------------------------------------------
+// the output pane's tabs: Terminal and Tests
+// ---------------------------------------------------------------------------
+
+/** Shows the terminal (`"terminal"`) or the Tests panel (`"tests"`). */
+function showTab(name) {
+  const tests = name === "tests";
+  ui.tabTerminal.setAttribute("aria-selected", String(!tests));
+  ui.tabTests.setAttribute("aria-selected", String(tests));
+  ui.terminalView.hidden = tests;
+  ui.terminalHint.hidden = tests;
+  ui.testsView.hidden = !tests;
+  ui.testsHint.hidden = !tests;
+  if (!tests) refit();
+}
+
+ui.tabTerminal.addEventListener("click", () => showTab("terminal"));
+ui.tabTests.addEventListener("click", () => showTab("tests"));
+
+const panel = new TestsPanel({
+  onChange: (count) => {
+    ui.grade.disabled = !document.body.dataset.ready || Boolean(state.job && !state.job.ended) || count === 0;
+  },
+});
 
 const DIM = "\x1b[2m";
 const RED = "\x1b[31m";
@@ -343,6 +380,7 @@ async function load() {
     keys.render();
   }
   ui.run.disabled = false;
+  ui.grade.disabled = panel.count === 0;
   document.body.dataset.ready = "true";
 }
 
@@ -384,16 +422,20 @@ function showResult(result) {
   });
 }
 
-function setRunning(running) {
+function setRunning(running, graded = false) {
   ui.run.disabled = running;
   ui.stop.disabled = !running;
+  // A kill reaches the program that runs: in a graded run, that test's.
+  ui.stop.title = graded ? "Kill the test that is running (the next ones still run)" : "Kill the running program";
   ui.language.disabled = running;
+  ui.grade.disabled = running || panel.count === 0;
+  panel.lock(running);
 }
 
 function send(frame) {
   const job = state.job;
   if (!job || !job.ws || job.ws.readyState !== WebSocket.OPEN) {
-    note("[not connected to the program: input not sent]");
+    (job ? job.note : note)("[not connected to the program: input not sent]");
     return;
   }
   job.ws.send(JSON.stringify(frame));
@@ -403,7 +445,8 @@ function finish(result) {
   const job = state.job;
   if (!job || job.ended) return;
   job.ended = true;
-  if (result) showResult(result);
+  if (job.graded) panel.finish(result, Boolean(job.stopped));
+  else if (result) showResult(result);
   setRunning(false);
 }
 
@@ -440,7 +483,7 @@ function connect(job) {
     if (job.retries < 5) {
       job.retries += 1;
       const delay = 300 * 2 ** job.retries;
-      note(`[connection lost (${close.code}); reconnecting]`);
+      job.note(`[connection lost (${close.code}); reconnecting]`);
       setTimeout(() => state.job === job && !job.ended && connect(job), delay);
     } else {
       showError("The live output stream could not be (re)opened; the job may still be running on the server.");
@@ -450,6 +493,12 @@ function connect(job) {
 }
 
 function handle(job, event) {
+  if (job.graded) {
+    if (event.type === "exit") finish(event.result);
+    else if (event.type === "error") panel.say("error", `server: ${event.message}`);
+    else panel.event(event);
+    return;
+  }
   switch (event.type) {
     case "status":
       if (event.status === "queued" || event.status === "running") setVerdict(event.status);
@@ -515,6 +564,7 @@ async function run() {
   setRunning(true);
   setVerdict("submitting");
   ui.jobId.textContent = "";
+  showTab("terminal");
   let accepted;
   try {
     accepted = shared
@@ -532,18 +582,64 @@ async function run() {
   }
   ui.jobId.textContent = `job ${accepted.id}`;
   setVerdict("queued");
-  state.job = { id: accepted.id, token: accepted.token, ws: null, lastSeq: 0, ended: false, retries: 0 };
+  state.job = { id: accepted.id, token: accepted.token, ws: null, lastSeq: 0, ended: false, retries: 0, note };
   connect(state.job);
   terminal.focus();
+}
+
+/** "Run tests": the program with the Tests panel's tests, not interactive;
+ * the panel follows the job's stream. */
+async function grade() {
+  if (!state.current || (state.job && !state.job.ended) || panel.count === 0) return;
+  showError("");
+  showTab("tests");
+  const shared = Boolean(state.config.shared_key);
+  const key = keys.get();
+  if (!shared && !key) {
+    keys.ask("Enter an API key to run code (ask the operator of this server for one).");
+    return;
+  }
+  const start = template(state.current);
+  const body = {
+    language: state.current.id,
+    files: [{ name: start.file, content: code() }],
+    ...panel.job(),
+    user: tabUser,
+  };
+  setRunning(true, true);
+  panel.begin();
+  ui.jobId.textContent = "";
+  let accepted;
+  try {
+    accepted = shared
+      ? await api("/v1/playground/jobs", { method: "POST", body })
+      : await api("/v1/jobs", { method: "POST", key, body });
+  } catch (error) {
+    setRunning(false);
+    panel.refused(error);
+    if (error instanceof ApiFailure && error.code === "unauthorized" && !shared) {
+      keys.ask(error.message);
+    } else {
+      showError(error.message);
+    }
+    return;
+  }
+  ui.jobId.textContent = `job ${accepted.id}`;
+  const job = { id: accepted.id, token: accepted.token, ws: null, lastSeq: 0, ended: false, retries: 0, graded: true };
+  job.note = (text) => panel.say("running", text.replace(/^\[|\]$/g, ""));
+  state.job = job;
+  connect(job);
 }
 
 function stop() {
   if (!state.job || state.job.ended) return;
   send({ type: "signal", signal: "kill" });
-  note("[stop: killing the program]");
+  state.job.stopped = true;
+  state.job.note(state.job.graded ? "[stop: killing the test that is running]" : "[stop: killing the program]");
 }
 
 ui.run.addEventListener("click", run);
+ui.grade.addEventListener("click", grade);
 ui.stop.addEventListener("click", stop);
 window.addEventListener("beforeunload", () => {
   if (state.job && state.job.ws) state.job.ws.close(1000);
