@@ -420,3 +420,66 @@ async fn a_checker_program_judges_with_partial_scores_and_a_crashing_checker_is_
         harness.assert_clean().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_stops_the_grading_the_test_running_is_killed_and_the_rest_are_skipped() {
+    use code_runner::protocol::SignalKind;
+    use code_runner::sandbox::{JobInput, JobIo};
+    let harness = Harness::new().await;
+    let spec = graded(
+        "python",
+        "main.py",
+        "import time\nif input() == 'slow':\n    time.sleep(30)\nprint('ok')\n",
+        json!({"tests": [
+            {"stdin": "quick\n", "expected_stdout": "ok"},
+            {"stdin": "slow\n", "expected_stdout": "ok"},
+            {"stdin": "quick\n", "expected_stdout": "ok"},
+        ]}),
+    );
+    let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(16);
+    let (input_tx, input_rx) = tokio::sync::mpsc::channel(4);
+    let io = JobIo {
+        events: Some(events_tx),
+        input: Some(input_rx),
+        ..Default::default()
+    };
+    let killer = async move {
+        while let Some(event) = events_rx.recv().await {
+            if matches!(event, SandboxEvent::TestStart { index: 1, .. }) {
+                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                input_tx
+                    .send(JobInput::Signal(SignalKind::Kill))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
+    let started = std::time::Instant::now();
+    let (result, ()) = tokio::join!(harness.run_io(&spec, io), killer);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the kill did not end the grading"
+    );
+    assert_eq!(result.status, Status::Failed, "{result:#?}");
+    let tests = &result.grading.as_ref().unwrap().tests;
+    let summary: Vec<(Verdict, Option<&str>)> = tests
+        .iter()
+        .map(|t| (t.outcome.verdict, t.outcome.message.as_deref()))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (Verdict::Accepted, None),
+            (
+                Verdict::RuntimeError,
+                Some("killed on request (a kill signal)")
+            ),
+            (
+                Verdict::Skipped,
+                Some("not run: the job was killed (a kill signal)")
+            ),
+        ],
+        "{result:#?}"
+    );
+    harness.assert_clean().await;
+}

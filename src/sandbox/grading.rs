@@ -38,6 +38,8 @@ pub(super) struct Grader {
     stopped: Option<String>,
     /// When each test started (its `stage_start` came), in order.
     starts: Vec<std::time::Instant>,
+    /// A client's kill stopped the grading.
+    killed: bool,
 }
 
 impl Grader {
@@ -59,6 +61,7 @@ impl Grader {
             checker,
             stopped: None,
             starts: Vec::new(),
+            killed: false,
         })
     }
 
@@ -111,6 +114,13 @@ impl Grader {
             frames.push(HostMessage::RunsEnd);
         }
         frames
+    }
+
+    /// A client's kill: the test running is killed (the supervisor ends the
+    /// runs), and the tests not run yet are skipped.
+    pub(super) fn kill(&mut self) {
+        self.killed = true;
+        self.stopped = Some("not run: the job was killed (a kill signal)".to_string());
     }
 
     /// Notes that test `index` started now (its `stage_start` came).
@@ -182,10 +192,16 @@ impl Grader {
             }
         };
         let mut result = result;
+        if self.killed && run.reason == Reason::Killed {
+            result.outcome.message = Some("killed on request (a kill signal)".into());
+        }
         result.outcome.started_ms = self.started_ms(index);
+
         self.results.push(result.clone());
         let mut frames = Vec::new();
-        if self.tests.stop_on_failure {
+        if self.killed {
+            frames.push(HostMessage::RunsEnd);
+        } else if self.tests.stop_on_failure {
             if !result.passed() {
                 self.stopped = Some(format!(
                     "not run: test {} was not accepted (stop_on_failure)",

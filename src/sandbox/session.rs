@@ -319,8 +319,14 @@ impl Session<'_> {
                     Some(JobInput::StdinClose) => self.send(HostMessage::StdinClose).await,
                     Some(JobInput::Signal(signal)) => {
                         self.kill_sent |= signal == SignalKind::Kill;
+                        if signal == SignalKind::Kill && let Some(grader) = &mut self.grader {
+                            // A kill stops the grading: the test running is
+                            // killed and the rest are not run.
+                            grader.kill();
+                        }
                         self.send(HostMessage::Signal(signal)).await;
                     }
+
                 },
                 item = output.next() => match item {
                     None => return Ok(Ending::StreamEnded),

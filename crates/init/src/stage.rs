@@ -186,7 +186,15 @@ impl Run {
                         Control::None => {}
                         Control::Input => self.last_activity = Instant::now(),
                         Control::Interrupt => self.signal_group(ctx, Signal::SIGINT),
-                        Control::Kill => self.kill(ctx, Reason::Killed),
+                        Control::Kill => {
+                            // In a run plan a kill ends the runs too: the
+                            // host stopped the job, not just this test.
+                            if ctx.run_filter.is_some() {
+                                ctx.kill_requested = true;
+                            }
+                            self.kill(ctx, Reason::Killed)
+                        }
+
                     }
                     self.feed_stdin(ctx);
                 }
