@@ -671,17 +671,20 @@ class Playground(Page):
                          "not run: test 2 was not accepted (stop_on_failure)")
         self.assertEqual(self.text("tests-summary"), "1/3 passed · score 1/3 · WRONG ANSWER")
         self.shot("07h-tests-float")
-        # Stop kills the test that is running: it ends killed, and the
-        # summary says Stop did it.
+        # Stop stops the grading: the test that is running ends killed, the
+        # rest are skipped, and the summary says Stop did it.
         self.el("grade").click()
         self.wait(lambda d: rows[0].get_attribute("data-state") == "running", "the first test does not run again")
         self.assertEqual(self.el("stop").get_attribute("title"),
-                         "Kill the test that is running (the next ones still run)")
+                         "Stop the grading: kill the test that is running and skip the rest")
         self.el("stop").click()
         self.wait(lambda d: d.find_elements(By.ID, "tests-verdict"), "the tests did not end after Stop")
         self.assertEqual(self.badge(rows[0]), ("runtime_error", "runtime error"))
-        self.assertEqual(rows[0].find_element(By.CSS_SELECTOR, ".test-detail").text, "killed (SIGKILL)")
-        self.assertEqual(self.text("tests-summary").splitlines()[1:], ["Stop killed the test that was running"])
+        self.assertEqual(rows[0].find_element(By.CSS_SELECTOR, ".test-detail").text, "killed on request (a kill signal)")
+        self.assertEqual([self.badge(r)[0] for r in rows[1:]], ["skipped", "skipped"])
+        self.assertEqual(self.text("tests-summary").splitlines()[1:],
+                         ["Stopped: the test that was running was killed, the rest were skipped"])
+
         self.shot("07i-tests-stopped")
 
 

@@ -385,6 +385,29 @@ impl Daemon {
         self.post_raw(key, body, wait, None).await
     }
 
+    /// `POST /v1/jobs` with key `a`, as a client that honours a 503's
+    /// `Retry-After` (the API sheds load that way when Redis is slow): up to
+    /// 10 attempts, with one `Idempotency-Key`, so a retry never submits twice.
+    pub async fn submit_retrying(&self, job: &Value) -> Answer {
+        let body = serde_json::to_vec(job).unwrap();
+        let key = uuid::Uuid::new_v4().to_string();
+        for _ in 1..10 {
+            let answer = self
+                .post_raw(Some(KEY_A), body.clone(), false, Some(&key))
+                .await;
+            if answer.status != StatusCode::SERVICE_UNAVAILABLE {
+                return answer;
+            }
+            let after = answer
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(after)).await;
+        }
+        self.post_raw(Some(KEY_A), body, false, Some(&key)).await
+    }
+
     /// `POST /v1/jobs` with any body and an optional `Idempotency-Key`.
     pub async fn post_raw(
         &self,

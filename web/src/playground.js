@@ -426,7 +426,7 @@ function setRunning(running, graded = false) {
   ui.run.disabled = running;
   ui.stop.disabled = !running;
   // A kill reaches the program that runs: in a graded run, that test's.
-  ui.stop.title = graded ? "Kill the test that is running (the next ones still run)" : "Kill the running program";
+  ui.stop.title = graded ? "Stop the grading: kill the test that is running and skip the rest" : "Kill the running program";
   ui.language.disabled = running;
   ui.grade.disabled = running || panel.count === 0;
   panel.lock(running);

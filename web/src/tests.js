@@ -465,7 +465,7 @@ export class TestsPanel {
       badge,
     );
     this.summary.append(line);
-    if (stopped) this.summary.append(element("div", "test-message", "Stop killed the test that was running"));
+    if (stopped) this.summary.append(element("div", "test-message", "Stopped: the test that was running was killed, the rest were skipped"));
     if (result.error) this.summary.append(element("div", "test-message", result.error));
     if (compileFailed && result.compile) {
       const out = [text(result.compile.stdout, result.compile.stdout_encoding), text(result.compile.stderr, result.compile.stderr_encoding)]
