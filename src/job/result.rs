@@ -316,6 +316,13 @@ impl JobResult {
     }
 }
 
+/// Number of a signal name (`SIGSEGV` → 11), the inverse of [`signal_name`].
+pub fn signal_number(name: &str) -> Option<i32> {
+    name.parse::<nix::sys::signal::Signal>()
+        .ok()
+        .map(|s| s as i32)
+}
+
 /// Name of a signal number (`9` → `SIGKILL`), or `SIG<n>` for unknown ones.
 pub fn signal_name(signal: i32) -> String {
     nix::sys::signal::Signal::try_from(signal)

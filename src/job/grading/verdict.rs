@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::compare::{Check, Difference, preview};
-use crate::job::result::StageResult;
+use crate::job::result::{StageResult, signal_number};
 use crate::protocol::Reason;
 
 /// How much of a test's stdout and stderr its result shows, in characters.
@@ -67,12 +67,6 @@ pub struct RunFailure {
     pub signal: Option<i32>,
     pub exit_code: Option<i32>,
     pub message: String,
-}
-
-fn signal_number(name: &str) -> Option<i32> {
-    name.parse::<nix::sys::signal::Signal>()
-        .ok()
-        .map(|s| s as i32)
 }
 
 /// The verdict a run's end gives before its output is looked at; `None`

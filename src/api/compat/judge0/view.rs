@@ -14,6 +14,7 @@ use super::languages::judge0_name;
 use super::request::Judge0Record;
 use crate::job::grading::verdict::run_failure;
 use crate::job::grading::{Check, TimeLimit, Verdict as TestVerdict};
+use crate::job::result::signal_number;
 use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 use crate::protocol::Reason;
@@ -135,12 +136,6 @@ pub(super) fn encode64(bytes: &[u8]) -> String {
 }
 
 /// Judge0's `strip`: every line right-trimmed, then the whole right-trimmed.
-/// Signal number of a signal name (`SIGSEGV` → 11).
-fn signal_number(name: &str) -> Option<i32> {
-    name.parse::<nix::sys::signal::Signal>()
-        .ok()
-        .map(|s| s as i32)
-}
 
 /// The verdict of a finished job.
 pub(super) struct Verdict {
