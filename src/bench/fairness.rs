@@ -500,11 +500,7 @@ pub(super) async fn run(
         alone,
         contended,
         drain_ratio,
-        host: Host {
-            cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            load_before,
-            load_after: report::load_average(),
-        },
+        host: Host::after(load_before),
     })
 }
 

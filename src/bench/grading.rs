@@ -190,11 +190,7 @@ pub(super) async fn run(api: &Api, plan: Plan) -> Result<Report, ClientError> {
         ratio,
         overhead_per_test_ms: Summary::of(overhead),
         problems,
-        host: Host {
-            cpus: std::thread::available_parallelism().map_or(0, usize::from),
-            load_before,
-            load_after: report::load_average(),
-        },
+        host: Host::after(load_before),
     })
 }
 

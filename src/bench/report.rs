@@ -181,6 +181,15 @@ pub(super) struct Host {
 }
 
 impl Host {
+    /// This machine now, after a run that began with `load_before`.
+    pub(super) fn after(load_before: Option<[f64; 3]>) -> Self {
+        Self {
+            cpus: std::thread::available_parallelism().map_or(0, usize::from),
+            load_before,
+            load_after: load_average(),
+        }
+    }
+
     /// `N CPUs; load average a b c before, a b c after`, for the text reports.
     pub(super) fn describe(&self) -> String {
         let load = |l: &Option<[f64; 3]>| {
@@ -341,11 +350,7 @@ impl Report {
                 ms: Summary::of(trips),
             }),
             errors,
-            host: Host {
-                cpus: std::thread::available_parallelism().map_or(0, usize::from),
-                load_before,
-                load_after: load_average(),
-            },
+            host: Host::after(load_before),
         }
     }
 

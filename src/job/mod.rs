@@ -305,26 +305,22 @@ pub fn prepare(
         &limits,
         compile_limits.as_ref(),
     );
-    let mut run_stage = None;
-    let mut runs = None;
-    let tests = if spec.tests.is_some() || spec.check.is_some() || spec.stop_on_failure.is_some() {
-        let run = stages.last().cloned().expect("every job has a run stage");
-        let run_argv = &run.argv[..run.argv.len() - spec.args.len()];
-        let tests = grading::prepare_tests(spec, &limits, run_argv, catalog, policy)?;
-        if tests.is_some() {
-            stages.pop();
-            run_stage = Some(run);
-            runs = Some(RunPlan {
+    let run = stages.last().expect("every job has a run stage");
+    let run_argv = &run.argv[..run.argv.len() - spec.args.len()];
+    let tests = grading::prepare_tests(spec, &limits, run_argv, catalog, policy)?;
+    // A graded job's run stage is what each test runs, through a run plan.
+    let (run_stage, runs) = match &tests {
+        Some(_) => (
+            stages.pop(),
+            Some(RunPlan {
                 // The engine gives the runs a uid of their own.
                 uid: SANDBOX_UID,
                 gid: SANDBOX_GID,
                 scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
                 files_dir: RUN_FILES_DIR.to_string(),
-            });
-        }
-        tests
-    } else {
-        None
+            }),
+        ),
+        None => (None, None),
     };
     Ok(PreparedJob {
         language: language.clone(),

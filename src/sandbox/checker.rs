@@ -16,7 +16,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::SandboxConfig;
 use super::connection::{Connection, StartFailure, start};
-use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name};
+use super::run::{add_gvisor_limits, gvisor_limits};
 use super::session::unix_ms;
 use super::uids::{UidRange, runs_uid};
 use crate::job::{PreparedJob, RUN_FILES_DIR, SCRATCH_MOUNTS};
@@ -184,11 +185,9 @@ async fn session(
         scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
         files_dir: RUN_FILES_DIR.to_string(),
     });
-    let gvisor =
-        is_gvisor(config).then(|| (checker.limits.pids, (config.cpus * 1000.0).round() as u64));
+    let gvisor = gvisor_limits(config, checker.limits.pids);
     for stage in &mut bundle.stages {
-        stage.limits.nproc = gvisor.map(|g| g.0);
-        stage.limits.cpu_quota_millis = gvisor.map(|g| g.1);
+        add_gvisor_limits(&mut stage.limits, gvisor);
     }
     let has_compile = !bundle.stages.is_empty();
     send(&connection.frames, HostMessage::Bundle(Box::new(bundle))).await?;
@@ -202,25 +201,26 @@ async fn session(
             ));
         }
     }
+    // Every check runs the same command, with the three files appended.
+    let files = ["input", "output", "answer"];
+    let mut check = StageSpec {
+        name: "check".into(),
+        argv: run
+            .argv
+            .iter()
+            .cloned()
+            .chain(files.iter().map(|f| format!("{RUN_FILES_DIR}/{f}")))
+            .collect(),
+        stdin: true,
+        limits: crate::protocol::StageLimits {
+            output_bytes: CHECKER_OUTPUT_BYTES,
+            ..run.limits
+        },
+        ..run
+    };
+    add_gvisor_limits(&mut check.limits, gvisor);
     while let Some(request) = requests.recv().await {
-        let files = ["input", "output", "answer"];
-        let stage = StageSpec {
-            name: "check".into(),
-            argv: run
-                .argv
-                .iter()
-                .cloned()
-                .chain(files.iter().map(|f| format!("{RUN_FILES_DIR}/{f}")))
-                .collect(),
-            stdin: true,
-            limits: crate::protocol::StageLimits {
-                output_bytes: CHECKER_OUTPUT_BYTES,
-                nproc: gvisor.map(|g| g.0),
-                cpu_quota_millis: gvisor.map(|g| g.1),
-                ..run.limits
-            },
-            ..run.clone()
-        };
+        let stage = check.clone();
         let contents = [request.input, request.output, request.answer];
         let run_spec = RunSpec {
             stage,

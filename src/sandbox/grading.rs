@@ -8,6 +8,7 @@
 //! after the previous was accepted.
 
 use super::checker::{CheckAnswer, Checker};
+use super::run::add_gvisor_limits;
 use crate::job::grading::compare::preview;
 use crate::job::grading::verdict::{MESSAGE_CHARS, run_failure};
 use crate::job::grading::{Grading, PreparedCheck, PreparedTests, TestResult, Verdict};
@@ -75,7 +76,7 @@ impl Grader {
 
     fn run_frame(&self, index: usize) -> HostMessage {
         let test = &self.tests.tests[index];
-        let stage = StageSpec {
+        let mut stage = StageSpec {
             name: stage_name(index),
             argv: test.argv.clone(),
             stdin: true,
@@ -84,12 +85,11 @@ impl Grader {
                 idle_ms: None,
                 cpu_ms: test.cpu_ms,
                 output_bytes: test.output_bytes,
-                nproc: self.gvisor.map(|g| g.0),
-                cpu_quota_millis: self.gvisor.map(|g| g.1),
                 ..self.stage.limits
             },
             ..self.stage.clone()
         };
+        add_gvisor_limits(&mut stage.limits, self.gvisor);
         HostMessage::Run(Box::new(RunSpec {
             stage,
             input: test.input.clone(),

@@ -17,7 +17,7 @@ use super::session::{Failure, drive, unix_ms};
 use super::uids::UidRange;
 use super::{JobIo, SandboxConfig};
 use crate::job::{JobResult, PreparedJob, StageResult, StartKind, Status, Timings};
-use crate::protocol::Reason;
+use crate::protocol::{Reason, StageLimits};
 
 /// Most times a graded job's sandbox is started again after one died
 /// during a test (gVisor's whole sandbox dies when a test exceeds the
@@ -25,8 +25,22 @@ use crate::protocol::Reason;
 const MAX_RESTARTS: usize = 3;
 
 /// gVisor's per-stage additions: the process limit and the CPU quota.
-pub(super) fn gvisor_limits(config: &SandboxConfig, job: &PreparedJob) -> Option<(u64, u64)> {
-    is_gvisor(config).then(|| (job.limits.pids, (config.cpus * 1000.0).round() as u64))
+/// (`pids` of the sandbox; `None` under runc).
+pub(super) fn gvisor_limits(config: &SandboxConfig, pids: u64) -> Option<(u64, u64)> {
+    is_gvisor(config).then(|| (pids, (config.cpus * 1000.0).round() as u64))
+}
+
+/// Gives a stage of the sandbox what [`gvisor_limits`] says (nothing under runc).
+pub(super) fn add_gvisor_limits(limits: &mut StageLimits, gvisor: Option<(u64, u64)>) {
+    limits.nproc = gvisor.map(|g| g.0);
+    limits.cpu_quota_millis = gvisor.map(|g| g.1);
+}
+
+/// The job's deadline: the stored one, else its budget from now (a run
+/// outside the daemon).
+fn deadline_ms(io: &JobIo, config: &SandboxConfig, job: &PreparedJob) -> u64 {
+    io.deadline_ms
+        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)))
 }
 
 /// Creates and starts a new container for `job`.
@@ -74,9 +88,7 @@ pub(super) async fn run_cold(
     io: JobIo,
 ) -> RunOutcome {
     let started = Instant::now();
-    let deadline_ms = io
-        .deadline_ms
-        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
+    let deadline_ms = deadline_ms(&io, config, job);
     match start_cold(docker, config, uids, job_id, job, deadline_ms).await {
         Ok((guard, connection)) => {
             let sandbox = Started {
@@ -132,12 +144,10 @@ pub(super) async fn run_in(
         mut connection,
         kind,
     } = sandbox;
-    let deadline_ms = io
-        .deadline_ms
-        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)));
+    let deadline_ms = deadline_ms(&io, config, job);
     let checker = Grader::checker_job(job)
         .map(|checker| Checker::start(docker, config, uids, job_id, checker, deadline_ms));
-    let mut grader = Grader::new(job, gvisor_limits(config, job), checker);
+    let mut grader = Grader::new(job, gvisor_limits(config, job.limits.pids), checker);
     let mut io = Some(io);
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
     let mut restarts = 0;

@@ -24,7 +24,7 @@ use super::container::ContainerGuard;
 use super::grading::{Grader, test_index};
 use super::outcome::StageOutput;
 pub use super::outcome::{Cleanup, RunOutcome};
-use super::run::gvisor_limits;
+use super::run::{add_gvisor_limits, gvisor_limits};
 use super::uids::runs_uid;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
 use crate::job::{PreparedJob, StageResult};
@@ -112,7 +112,7 @@ pub(super) async fn drive(
         ready_at,
     } = connection;
 
-    let gvisor = gvisor_limits(config, job);
+    let gvisor = gvisor_limits(config, job.limits.pids);
     let mut session = Session {
         job,
         io,
@@ -137,11 +137,8 @@ pub(super) async fn drive(
         runs.uid = runs_uid(bundle.uid);
         runs.gid = runs_uid(bundle.gid);
     }
-    if let Some((nproc, quota)) = gvisor {
-        for stage in &mut bundle.stages {
-            stage.limits.nproc = Some(nproc);
-            stage.limits.cpu_quota_millis = Some(quota);
-        }
+    for stage in &mut bundle.stages {
+        add_gvisor_limits(&mut stage.limits, gvisor);
     }
     session.send_initial_frames(bundle).await;
     let ending = session.frame_loop(output, decoder, config).await;

@@ -25,6 +25,7 @@ use std::ffi::{OsStr, OsString};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use nix::dir::Dir;
 use nix::errno::Errno;
@@ -47,7 +48,8 @@ const STICKY: u32 = 0o1000;
 /// when the runs began.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    dirs: Vec<(PathBuf, HashSet<OsString>)>,
+    /// Shared with each wipe's thread, not copied for it.
+    dirs: Arc<Vec<(PathBuf, HashSet<OsString>)>>,
     plan_uid: u32,
     plan_gid: u32,
     stage_uid: u32,
@@ -110,7 +112,7 @@ impl Scratch {
             Ok(walk.dirs)
         })?;
         Ok(Self {
-            dirs,
+            dirs: Arc::new(dirs),
             plan_uid: plan.uid,
             plan_gid: plan.gid,
             stage_uid,
@@ -161,13 +163,13 @@ impl Scratch {
 
     /// Removes every entry added to a recorded directory since the start.
     pub(crate) fn wipe(&self) -> Result<(), InitError> {
-        let dirs: Vec<(PathBuf, HashSet<OsString>)> = self.dirs.clone();
+        let dirs = Arc::clone(&self.dirs);
         let plan_uid = self.plan_uid;
         // The runs' own entries go as the runs' uid; what it cannot remove
         // (a hard link to a stage's file) comes back for the stages' uid.
         let others = as_ids("runs-wipe", self.plan_uid, self.plan_gid, move || {
             let mut others: HashMap<PathBuf, Vec<OsString>> = HashMap::new();
-            for (path, names) in &dirs {
+            for (path, names) in dirs.iter() {
                 let fd = match open(
                     path,
                     OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,

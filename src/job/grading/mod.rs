@@ -123,13 +123,7 @@ impl PreparedTests {
         match &self.check {
             PreparedCheck::Builtin(_) => 0,
             PreparedCheck::Program(checker) => {
-                let compile: u64 = checker
-                    .bundle
-                    .stages
-                    .iter()
-                    .filter(|s| s.name == "compile")
-                    .map(|s| s.limits.wall_ms)
-                    .sum();
+                let compile = checker.compile_limits.map_or(0, |c| c.wall_ms);
                 compile + checker.limits.wall_ms * self.tests.len() as u64
             }
         }

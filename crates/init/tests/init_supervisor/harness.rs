@@ -187,13 +187,22 @@ impl Sandbox {
     }
 
     pub fn bundle(&self, files: Vec<BundleFile>, stages: Vec<StageSpec>) -> HostMessage {
+        self.bundle_of(files, stages, None)
+    }
+
+    fn bundle_of(
+        &self,
+        files: Vec<BundleFile>,
+        stages: Vec<StageSpec>,
+        runs: Option<code_runner_protocol::RunPlan>,
+    ) -> HostMessage {
         HostMessage::Bundle(Box::new(Bundle {
             workspace: self.workspace().to_string_lossy().into_owned(),
             uid: self.uid,
             gid: self.uid,
             files,
             stages,
-            runs: None,
+            runs,
         }))
     }
 
@@ -212,19 +221,13 @@ impl Sandbox {
         scratch: Vec<String>,
         files_dir: &str,
     ) -> HostMessage {
-        HostMessage::Bundle(Box::new(Bundle {
-            workspace: self.workspace().to_string_lossy().into_owned(),
-            uid: self.uid,
-            gid: self.uid,
-            files,
-            stages,
-            runs: Some(code_runner_protocol::RunPlan {
-                uid: self.runs_uid(),
-                gid: self.runs_uid(),
-                scratch,
-                files_dir: files_dir.to_string(),
-            }),
-        }))
+        let plan = code_runner_protocol::RunPlan {
+            uid: self.runs_uid(),
+            gid: self.runs_uid(),
+            scratch,
+            files_dir: files_dir.to_string(),
+        };
+        self.bundle_of(files, stages, Some(plan))
     }
 
     pub fn send(&mut self, message: HostMessage) {

@@ -135,8 +135,6 @@ pub(super) fn encode64(bytes: &[u8]) -> String {
     out
 }
 
-/// Judge0's `strip`: every line right-trimmed, then the whole right-trimmed.
-
 /// The verdict of a finished job.
 pub(super) struct Verdict {
     pub status: u32,
