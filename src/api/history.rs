@@ -152,24 +152,18 @@ fn parse_params(
 }
 
 fn parse_status(text: &str) -> Result<Status, ApiError> {
-    const ALL: [Status; 7] = [
-        Status::Queued,
-        Status::Running,
-        Status::Succeeded,
-        Status::Failed,
-        Status::TimedOut,
-        Status::Cancelled,
-        Status::Error,
-    ];
-    ALL.into_iter().find(|s| s.as_str() == text).ok_or_else(|| {
-        invalid(
-            "status",
-            format!(
-                "{text:?} is not a status; the statuses are {}",
-                ALL.map(Status::as_str).join(", ")
-            ),
-        )
-    })
+    Status::ALL
+        .into_iter()
+        .find(|s| s.as_str() == text)
+        .ok_or_else(|| {
+            invalid(
+                "status",
+                format!(
+                    "{text:?} is not a status; the statuses are {}",
+                    Status::ALL.map(Status::as_str).join(", ")
+                ),
+            )
+        })
 }
 
 /// `since`: Unix milliseconds (digits only) or RFC 3339 in UTC.

@@ -109,14 +109,9 @@ pub async fn run(args: CapacityArgs) -> u8 {
     if matches!(args.command, CapacityCommand::Clear { .. }) {
         return 0;
     }
-    let value: serde_json::Value = match serde_json::from_str(&text) {
+    let value = match super::answer_json(&text) {
         Ok(value) => value,
-        Err(error) => {
-            return fail(
-                exit::PLATFORM_ERROR,
-                format!("the API's answer does not parse: {error}"),
-            );
-        }
+        Err(message) => return fail(exit::PLATFORM_ERROR, message),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&value).unwrap_or(text));

@@ -631,6 +631,11 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
     current.to_string()
 }
 
+/// A successful API answer's body as JSON, or why not (the platform's fault).
+pub(crate) fn answer_json(text: &str) -> Result<serde_json::Value, String> {
+    serde_json::from_str(text).map_err(|error| format!("the API's answer does not parse: {error}"))
+}
+
 /// The exit code and the one-line message for an API answer that is not a
 /// success: the error's field and message when the body has them; 503 is
 /// "unavailable", another 4xx a usage error, anything else the platform's.

@@ -296,6 +296,11 @@ mod tests {
         let loose = Check::float(Some(0.01), Some(0.0));
         assert!(accepted(loose, "3.14159", "3.14"));
         assert!(!accepted(loose, "3.14159", "3.13"));
+        // A 1e-7 difference: within float's default tolerance, never
+        // equal as tokens or exactly.
+        assert!(accepted(check, "2.0000000\n", "2.0000001\n"));
+        assert!(!accepted(Check::Tokens, "2.0000000\n", "2.0000001\n"));
+        assert!(!accepted(Check::Exact, "2.0000000\n", "2.0000001\n"));
         let strict = Check::float(Some(0.0), Some(0.0));
         assert!(
             accepted(strict, "1e-7", "0.0000001"),
