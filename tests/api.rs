@@ -12,7 +12,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use code_runner::api::{ApiConfig, ApiKeys, ApiState, Scope, TokenSigner};
-use code_runner::job::limits::LimitPolicy;
 use code_runner::job::{JobResult, Status};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
@@ -74,19 +73,13 @@ impl Api {
             .await
             .unwrap();
         let state = ApiState::new(ApiConfig {
-            store: store.clone(),
             catalog: options.catalog,
-            policy: LimitPolicy::default(),
-            keys,
-            metrics: Metrics::new().unwrap(),
             max_queue_depth: options.max_queue_depth,
             max_body_bytes: options.max_body_bytes,
             max_wait: options.max_wait,
-            tokens,
             engine: options.engine,
-            draining: CancellationToken::new(),
-            carried: None,
             limits: options.limits,
+            ..common::api_config(store.clone(), keys, tokens)
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -14,12 +14,9 @@ mod common;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use code_runner::api::{ApiConfig, ApiKeys, ApiState, PlaygroundKey, TokenSigner, WebUi};
-use code_runner::job::limits::LimitPolicy;
+use code_runner::api::{ApiKeys, ApiState, PlaygroundKey, TokenSigner, WebUi};
 use code_runner::job::result::ErrorReason;
 use code_runner::job::{JobResult, Output, StageResult, Status};
-use code_runner::languages::LanguageCatalog;
-use code_runner::metrics::Metrics;
 use code_runner::protocol::Reason;
 use code_runner::store::{Keys, LostResults, ReapOutcome, ReapPolicy, Retry, StartOutcome, Store};
 use common::redis_server::RedisServer;
@@ -59,26 +56,9 @@ impl Api {
         let tokens = TokenSigner::from_config(None, &keys, &store, Duration::from_secs(600))
             .await
             .unwrap();
-        let state = ApiState::new(ApiConfig {
-            store: store.clone(),
-            catalog: LanguageCatalog::embedded().unwrap(),
-            policy: LimitPolicy::default(),
-            keys,
-            metrics: Metrics::new().unwrap(),
-            max_queue_depth: 1000,
-            max_body_bytes: 64 << 10,
-            max_wait: Duration::from_secs(10),
-            tokens,
-            engine: None,
-            draining: CancellationToken::new(),
-            carried: None,
-            limits: code_runner::api::ApiLimits::default(),
-        })
-        .with_web_ui(WebUi::new(
-            Some("/playground".into()),
-            None,
-            Some(playground),
-        ));
+        let state = ApiState::new(common::api_config(store.clone(), keys, tokens)).with_web_ui(
+            WebUi::new(Some("/playground".into()), None, Some(playground)),
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let shutdown = CancellationToken::new();

@@ -14,10 +14,7 @@ mod common;
 use std::time::Duration;
 
 use code_runner::api::{ApiConfig, ApiKeys, ApiState, TokenSigner};
-use code_runner::job::limits::LimitPolicy;
 use code_runner::job::{JobResult, JobSpec, Output, StageResult, Status};
-use code_runner::languages::LanguageCatalog;
-use code_runner::metrics::Metrics;
 use code_runner::protocol::Reason;
 use code_runner::store::{
     Admission, Day, Figures, FinishOutcome, LostResults, NewJob, Quota, Quotas, ReapOutcome,
@@ -471,19 +468,8 @@ impl Api {
             .await
             .unwrap();
         let state = ApiState::new(ApiConfig {
-            store: store.clone(),
-            catalog: LanguageCatalog::embedded().unwrap(),
-            policy: LimitPolicy::default(),
-            keys,
-            metrics: Metrics::new().unwrap(),
             max_queue_depth: 100,
-            max_body_bytes: 64 << 10,
-            max_wait: Duration::from_secs(10),
-            tokens,
-            engine: None,
-            draining: CancellationToken::new(),
-            carried: None,
-            limits: code_runner::api::ApiLimits::default(),
+            ..common::api_config(store.clone(), keys, tokens)
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());

@@ -491,3 +491,28 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The API's configuration for an in-process test server on `store`:
+/// the embedded catalog, the default limits, no engine; a test sets what it
+/// needs otherwise (`ApiConfig { max_queue_depth: 10, ..api_config(…) }`).
+pub fn api_config(
+    store: code_runner::store::Store,
+    keys: code_runner::api::ApiKeys,
+    tokens: code_runner::api::TokenSigner,
+) -> code_runner::api::ApiConfig {
+    code_runner::api::ApiConfig {
+        store,
+        catalog: LanguageCatalog::embedded().unwrap(),
+        policy: LimitPolicy::default(),
+        keys,
+        metrics: code_runner::metrics::Metrics::new().unwrap(),
+        max_queue_depth: 1000,
+        max_body_bytes: 64 << 10,
+        max_wait: Duration::from_secs(10),
+        tokens,
+        engine: None,
+        draining: tokio_util::sync::CancellationToken::new(),
+        carried: None,
+        limits: code_runner::api::ApiLimits::default(),
+    }
+}
