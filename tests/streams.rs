@@ -155,6 +155,15 @@ impl Ws {
         }
     }
 
+    /// Reads into `frames` until their stdout together ends with `text`: a
+    /// program's one `print` may reach the stream as more than one chunk.
+    async fn until_stdout_ends_with(&mut self, frames: &mut Vec<Value>, text: &str) {
+        while !stdout_of(frames).ends_with(text) {
+            let more = self.until(|f| f["type"] == "stdout").await;
+            frames.extend(more);
+        }
+    }
+
     /// Every frame until the server closes.
     async fn rest(&mut self) -> Vec<Value> {
         let mut frames = Vec::new();
@@ -400,11 +409,12 @@ async fn interrupt_is_a_keyboard_interrupt_and_kill_ends_the_program() {
     let daemon = serve(&redis).await;
     let id = daemon.submit(&interactive(SIGNALS)).await.id();
     let mut ws = Ws::open(&daemon, &id, None).await;
-    let mut frames = ws.until(|f| f["type"] == "stdout").await;
+    let mut frames = Vec::new();
+    ws.until_stdout_ends_with(&mut frames, "ready\n").await;
     assert_eq!(stdout_of(&frames), "ready\n");
     ws.send(json!({"type": "signal", "signal": "interrupt"}))
         .await;
-    frames.extend(ws.until(|f| f["type"] == "stdout").await);
+    ws.until_stdout_ends_with(&mut frames, "caught\n").await;
     assert_eq!(stdout_of(&frames), "ready\ncaught\n");
     ws.send(json!({"type": "signal", "signal": "kill"})).await;
     frames.extend(ws.rest().await);

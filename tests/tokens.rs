@@ -109,8 +109,13 @@ async fn read_tokens_follow_and_control_tokens_type() {
     // The read token follows the events; its stdin is refused on this
     // connection, which stays open.
     let mut reader = connect(&daemon, &id, &read).await.unwrap();
+    // One `print` may reach the stream as more than one chunk.
+    let mut seen = String::new();
     frames_until(&mut reader, |f| {
-        f["type"] == "stdout" && f["data"] == "ready\n"
+        if f["type"] == "stdout" {
+            seen.push_str(f["data"].as_str().unwrap());
+        }
+        seen.ends_with("ready\n")
     })
     .await;
     send(
