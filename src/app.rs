@@ -187,6 +187,7 @@ pub async fn run(
             warm_floors,
             warm_max: settings.warm_max,
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
+            warm_runtimes: settings.warm_runtimes == "on",
             max_requeues,
         };
         let worker = Worker::new(config, services(engine));

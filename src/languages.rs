@@ -26,6 +26,11 @@ pub struct Language {
     #[serde(default)]
     pub compile: Option<Vec<String>>,
     pub run: Vec<String>,
+    /// How a warm sandbox starts this language's runtime ahead of the job
+    /// (see docs/warm-runtimes.md): the run command as it is started
+    /// before the job, without the job's args; `None`: no warm runtime.
+    #[serde(default)]
+    pub warm_runtime: Option<Vec<String>>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -98,6 +103,18 @@ impl LanguageCatalog {
             if language.run.is_empty() {
                 return Err(CatalogError::Invalid(format!(
                     "language {} has an empty run command",
+                    language.id
+                )));
+            }
+            if language.warm_runtime.is_some() && language.compile.is_some() {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} has a compile stage and a warm runtime; a warm runtime runs the job's first stage, which must be its run stage",
+                    language.id
+                )));
+            }
+            if language.warm_runtime.as_ref().is_some_and(Vec::is_empty) {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} has an empty warm_runtime command",
                     language.id
                 )));
             }

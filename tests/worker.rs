@@ -110,6 +110,7 @@ impl World {
             warm_floors: Default::default(),
             warm_max: 0,
             warm_lifetime: Duration::from_secs(600),
+            warm_runtimes: true,
             max_requeues: 3,
         };
         adjust(&mut config);

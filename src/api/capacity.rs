@@ -40,6 +40,9 @@ pub(super) struct CapacityRequest {
     #[serde(default)]
     from: Option<String>,
     until: String,
+    /// Ask for warm runtimes (or plain warm sandboxes) in this window.
+    #[serde(default)]
+    warm_runtime: Option<bool>,
 }
 
 /// An entry as the API shows it.
@@ -53,6 +56,8 @@ struct EntryView {
     active: bool,
     created_by: String,
     created_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warm_runtime: Option<bool>,
 }
 
 impl EntryView {
@@ -66,6 +71,7 @@ impl EntryView {
             language: entry.language,
             warm: entry.warm,
             created_by: entry.created_by,
+            warm_runtime: entry.warm_runtime,
         }
     }
 }
@@ -164,6 +170,24 @@ pub(super) async fn put(
                     state.inner.catalog.ids().join(", ")
                 ),
             })?;
+    if request.warm_runtime == Some(true) && language.warm_runtime.is_none() {
+        let offered: Vec<&str> = state
+            .inner
+            .catalog
+            .all()
+            .iter()
+            .filter(|l| l.warm_runtime.is_some())
+            .map(|l| l.id.as_str())
+            .collect();
+        return Err(ApiError::InvalidRequest {
+            field: "warm_runtime",
+            message: format!(
+                "{} has no warm runtime; languages with one: {}",
+                language.id,
+                offered.join(", ")
+            ),
+        });
+    }
     if !(1..=MAX_WARM).contains(&request.warm) {
         return Err(ApiError::InvalidRequest {
             field: "warm",
@@ -205,6 +229,7 @@ pub(super) async fn put(
         until_ms,
         created_by: caller.name.clone(),
         created_ms: now,
+        warm_runtime: request.warm_runtime,
     };
     match state.inner.store.capacity().put(&entry).await? {
         PutOutcome::Stored => {

@@ -53,6 +53,17 @@ pub struct WorkerSettings {
     /// seconds.
     #[arg(long, env = "CODE_RUNNER_WARM_LIFETIME_SECS", default_value_t = 600)]
     pub warm_lifetime_secs: u64,
+
+    /// Whether warm sandboxes of the languages that have one hold their
+    /// runtime already started (docs/warm-runtimes.md): `on` or `off`. A
+    /// capacity schedule entry may say otherwise for its window.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_WARM_RUNTIMES",
+        default_value = "on",
+        value_parser = ["on", "off"]
+    )]
+    pub warm_runtimes: String,
 }
 
 impl WorkerSettings {

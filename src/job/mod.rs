@@ -25,6 +25,7 @@ use grading::{PreparedTests, TestSpec};
 use limits::{CompileLimits, CompileLimitsRequest, LimitPolicy, Limits, LimitsRequest};
 pub use result::{Encoding, JobResult, Output, StageResult, StartKind, Status, Timings};
 use stages::{build_stages, source_files};
+pub use stages::{runs_on, warm_runtime};
 pub use validate::check_file_name;
 use validate::{check_args, check_env, choose_entry, decode_files, decode_stdin};
 

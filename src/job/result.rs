@@ -182,10 +182,13 @@ pub struct JobResult {
 
 /// How a job got its sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum StartKind {
     /// A sandbox started before the job came (a warm pool member).
     Warm,
+    /// A warm sandbox whose language runtime was started and initialised
+    /// before the job came, and ran it (docs/warm-runtimes.md).
+    WarmRuntime,
     /// A sandbox created and started for the job.
     Cold,
 }
@@ -194,6 +197,7 @@ impl StartKind {
     pub fn as_str(self) -> &'static str {
         match self {
             StartKind::Warm => "warm",
+            StartKind::WarmRuntime => "warm_runtime",
             StartKind::Cold => "cold",
         }
     }

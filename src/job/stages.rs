@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::limits::{CompileLimits, Limits};
 use super::{JobSpec, WORKSPACE};
 use crate::languages::Language;
-use crate::protocol::{BundleFile, StageLimits, StageSpec};
+use crate::protocol::{BundleFile, Prestart, StageLimits, StageSpec};
 
 /// The catalog's argv with its placeholders filled in (see
 /// `runner-images/languages.toml`): `{entry}`, `{entry_stem}`,
@@ -55,14 +55,9 @@ pub(super) fn source_files(language: &Language, entry: &str, files: &[BundleFile
         .collect()
 }
 
-pub(super) fn build_stages(
-    spec: &JobSpec,
-    language: &Language,
-    entry: &str,
-    sources: &[String],
-    limits: &Limits,
-    compile_limits: Option<&CompileLimits>,
-) -> Vec<StageSpec> {
+/// The environment of every stage of a job: a fixed base, the language's,
+/// then the job's own.
+fn stage_env(language: &Language, job_env: &BTreeMap<String, String>) -> Vec<(String, String)> {
     let mut env: BTreeMap<String, String> = BTreeMap::from([
         (
             "PATH".to_string(),
@@ -73,8 +68,51 @@ pub(super) fn build_stages(
         ("TMPDIR".to_string(), "/tmp".to_string()),
     ]);
     env.extend(language.env.clone());
-    env.extend(spec.env.clone());
-    let env: Vec<(String, String)> = env.into_iter().collect();
+    env.extend(job_env.clone());
+    env.into_iter().collect()
+}
+
+/// The runtime a warm sandbox of `language` starts ahead of its job, as
+/// `uid` (see [`Prestart`]): the language's `warm_runtime` command for its
+/// default entry file, standing for its run command, with the environment
+/// of a job that sets none. `None` when the language has no warm runtime.
+///
+/// A job's run stage then runs on it exactly when [`runs_on`] says so.
+pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
+    let argv = language.warm_runtime.as_ref()?;
+    let entry = language.source_file.as_str();
+    let sources = [entry.to_string()];
+    Some(Prestart {
+        uid,
+        gid: uid,
+        argv: expand(argv, entry, &sources),
+        stage_argv: expand(&language.run, entry, &sources),
+        env: stage_env(language, &BTreeMap::new()),
+        cwd: WORKSPACE.into(),
+    })
+}
+
+/// Whether the supervisor runs `stage` (the job's first) on the runtime
+/// `prestart` started: the same command before the job's args, the same
+/// environment and directory, stdin from the job. The supervisor decides
+/// by the same rule (`crates/init/src/runtime.rs`); this is the host's
+/// copy of it, for what it predicts and reports.
+pub fn runs_on(prestart: &Prestart, stage: &StageSpec) -> bool {
+    stage.stdin
+        && stage.cwd == prestart.cwd
+        && stage.env == prestart.env
+        && stage.argv.starts_with(&prestart.stage_argv)
+}
+
+pub(super) fn build_stages(
+    spec: &JobSpec,
+    language: &Language,
+    entry: &str,
+    sources: &[String],
+    limits: &Limits,
+    compile_limits: Option<&CompileLimits>,
+) -> Vec<StageSpec> {
+    let env = stage_env(language, &spec.env);
     let fsize_bytes = limits.disk_mb * 1024 * 1024;
     let nofile = 256;
 

@@ -151,6 +151,7 @@ pub(super) async fn run_in(
     let mut io = Some(io);
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
     let mut restarts = 0;
+    let mut on_runtime = false;
     let (compile, run, ready_at, cancelled, mut error, grader) = loop {
         let uid = guard.uid();
         let session_io = io.take().unwrap_or_default();
@@ -171,6 +172,7 @@ pub(super) async fn run_in(
             Ok(session) => session,
             Err(Failure(message)) => break (None, None, None, false, Some(message), None),
         };
+        on_runtime |= session.warm_runtime;
         let (compile, ready_at) = first
             .get_or_insert_with(|| (session.compile.clone(), session.ready_at))
             .clone();
@@ -233,9 +235,14 @@ pub(super) async fn run_in(
     let error = error.or_else(|| {
         (status == Status::Error).then(|| "the sandbox ended without running the program".into())
     });
+    let kind = if on_runtime {
+        StartKind::WarmRuntime
+    } else {
+        kind
+    };
     let container_start_ms = match kind {
         // Ready before the job came: nothing of the start was on its path.
-        StartKind::Warm => 0,
+        StartKind::Warm | StartKind::WarmRuntime => 0,
         StartKind::Cold => ready_at.map_or(0, |t| (t - started).as_millis() as u64),
     };
     RunOutcome {

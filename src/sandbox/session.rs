@@ -68,6 +68,8 @@ struct Session<'a> {
     /// A graded job's sandbox started again after the last one died in a
     /// test: it says nothing but the tests.
     restarted: bool,
+    /// A stage started on the warm runtime.
+    warm_runtime: bool,
 }
 
 /// What the session produced; `error` is set when the platform failed after
@@ -83,6 +85,8 @@ pub(super) struct SessionOutcome {
     pub(super) io: JobIo,
     /// The sandbox died in a graded job's test and tests remain.
     pub(super) restart: bool,
+    /// The first stage ran on a runtime started ahead (the supervisor said so).
+    pub(super) warm_runtime: bool,
 }
 
 pub(super) fn unix_ms(at: SystemTime) -> u64 {
@@ -126,6 +130,7 @@ pub(super) async fn drive(
         supervisor_log,
         grader,
         restarted,
+        warm_runtime: false,
     };
     let mut bundle = job.bundle.clone();
     if let Some(uid) = uid {
@@ -209,6 +214,7 @@ pub(super) async fn drive(
         grader: session.grader,
         io: session.io,
         restart,
+        warm_runtime: session.warm_runtime,
     })
 }
 
@@ -435,6 +441,7 @@ impl Session<'_> {
                     truncated: false,
                     started: Instant::now(),
                 });
+                self.warm_runtime |= start.warm_runtime;
                 self.emit(SandboxEvent::StageStart { stage: start.stage })
                     .await;
             }

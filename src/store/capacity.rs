@@ -29,6 +29,10 @@ pub struct CapacityEntry {
     /// The API key that made it.
     pub created_by: String,
     pub created_ms: u64,
+    /// Whether the sandboxes hold the language's runtime started ahead
+    /// while the entry is active (`None`: the workers' own setting).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_runtime: Option<bool>,
 }
 
 impl CapacityEntry {
@@ -47,6 +51,7 @@ impl CapacityEntry {
             until_ms,
             created_by: "ops".into(),
             created_ms: 0,
+            warm_runtime: None,
         }
     }
 }

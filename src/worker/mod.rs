@@ -88,6 +88,9 @@ pub struct WorkerConfig {
     pub warm_max: usize,
     /// A warm sandbox older than this is replaced.
     pub warm_lifetime: Duration,
+    /// Whether warm sandboxes hold their language's runtime started ahead
+    /// (`CODE_RUNNER_WARM_RUNTIMES`; a schedule entry may say otherwise).
+    pub warm_runtimes: bool,
     /// Times a job claimed but never started is put back in the queue when
     /// its worker is lost (here: when this worker recovers its own list).
     pub max_requeues: u32,

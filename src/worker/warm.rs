@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use super::backoff::sleep_unless_cancelled;
-use crate::job::default_limits;
+use crate::job::{default_limits, warm_runtime};
 use crate::sandbox::{SandboxClass, WarmPool, WarmSpec};
 use crate::store::{CapacityEntry, now_ms};
 
@@ -61,14 +61,37 @@ pub fn targets(
     targets
 }
 
+/// Whether `language`'s warm sandboxes hold a started runtime at `now_ms`:
+/// what an active schedule entry for it asks (one asking for runtimes
+/// wins), else the worker's own setting.
+pub fn runtime_wanted(
+    language: &str,
+    schedule: &[CapacityEntry],
+    default: bool,
+    now_ms: u64,
+) -> bool {
+    let asked: Vec<bool> = schedule
+        .iter()
+        .filter(|e| e.language == language && e.active_at(now_ms))
+        .filter_map(|e| e.warm_runtime)
+        .collect();
+    if asked.is_empty() {
+        default
+    } else {
+        asked.contains(&true)
+    }
+}
+
 impl Shared {
-    /// The pool's spec for a language: the language's default limits.
-    fn warm_spec(&self, language: &str) -> Option<WarmSpec> {
+    /// The pool's spec for a language: the language's default limits, and
+    /// its runtime started ahead when `runtime` and it has one.
+    fn warm_spec(&self, language: &str, runtime: bool) -> Option<WarmSpec> {
         let language = self.catalog.find(language)?;
         Some(WarmSpec {
             language: language.id.clone(),
             image: language.image_ref(),
             class: SandboxClass::of(&default_limits(language, &self.policy)),
+            runtime: runtime.then(|| warm_runtime(language, 0)).flatten(),
         })
     }
 
@@ -95,9 +118,13 @@ impl Shared {
                 .with_label_values(&[&language.id])
                 .set(wanted.get(&language.id).copied().unwrap_or(0) as i64);
         }
+        let now = now_ms();
         let specs = wanted
             .into_iter()
-            .filter_map(|(language, count)| Some((self.warm_spec(&language)?, count)))
+            .filter_map(|(language, count)| {
+                let runtime = runtime_wanted(&language, &schedule, self.config.warm_runtimes, now);
+                Some((self.warm_spec(&language, runtime)?, count))
+            })
             .collect();
         pool.set_targets(specs);
     }
@@ -148,6 +175,49 @@ mod tests {
 
     fn ids(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn an_active_entry_decides_whether_runtimes_are_started() {
+        let with = |runtime: Option<bool>, from_ms: u64| CapacityEntry {
+            warm_runtime: runtime,
+            ..entry("python", 4, from_ms, 2000)
+        };
+        // No entry, or one that does not say: the worker's setting.
+        assert!(runtime_wanted("python", &[], true, 1000));
+        assert!(!runtime_wanted("python", &[with(None, 0)], false, 1000));
+        // An active entry says, either way; asking for runtimes wins.
+        assert!(runtime_wanted(
+            "python",
+            &[with(Some(true), 0)],
+            false,
+            1000
+        ));
+        assert!(!runtime_wanted(
+            "python",
+            &[with(Some(false), 0)],
+            true,
+            1000
+        ));
+        assert!(runtime_wanted(
+            "python",
+            &[with(Some(false), 0), with(Some(true), 0)],
+            false,
+            1000
+        ));
+        // Not yet active, or another language's: the setting again.
+        assert!(!runtime_wanted(
+            "python",
+            &[with(Some(true), 1500)],
+            false,
+            1000
+        ));
+        assert!(!runtime_wanted(
+            "javascript",
+            &[with(Some(true), 0)],
+            false,
+            1000
+        ));
     }
 
     #[test]

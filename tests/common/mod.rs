@@ -20,7 +20,9 @@ use code_runner::config::SandboxSettings;
 use code_runner::job::StartKind;
 use code_runner::job::limits::LimitPolicy;
 use code_runner::job::limits::LimitsRequest;
-use code_runner::job::{Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prepare};
+use code_runner::job::{
+    Encoding, FileSpec, JobResult, JobSpec, PreparedJob, prepare, runs_on, warm_runtime,
+};
 use code_runner::languages::LanguageCatalog;
 use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxClass, SandboxEngine, WarmPool, WarmSpec};
@@ -107,7 +109,10 @@ impl Harness {
 
     /// Runs a job with `io` to its end, on the harness's start path: in
     /// warm mode through a warm pool holding one sandbox of the job's spec,
-    /// ready before the job is given to it (and the result must say `warm`).
+    /// ready before the job is given to it (and the result must say `warm`);
+    /// in warm-runtime mode the same with the language's runtime started
+    /// ahead (the result must say `warm_runtime` when the job runs on it:
+    /// its language has one and its first stage fits, see `runs_on`).
     pub async fn run_io(&self, spec: &JobSpec, io: JobIo) -> JobResult {
         let job = self.prepare(spec);
         let job_id = uuid::Uuid::new_v4().to_string();
@@ -119,21 +124,40 @@ impl Harness {
         let outcome = self.engine.run_job(&job_id, &job, io, Some(warm)).await;
         pool.shutdown(Duration::from_secs(30)).await;
         outcome.cleanup.remove().await;
+        let expected = match self.warm_spec(&job).runtime {
+            Some(prestart)
+                if job.tests.is_none()
+                    && job
+                        .bundle
+                        .stages
+                        .first()
+                        .is_some_and(|stage| runs_on(&prestart, stage)) =>
+            {
+                StartKind::WarmRuntime
+            }
+            _ => StartKind::Warm,
+        };
         assert_eq!(
             outcome.result.start,
-            Some(StartKind::Warm),
+            Some(expected),
             "{:#?}",
             outcome.result
         );
         outcome.result
     }
 
-    /// The spec a warm pool needs to serve `job`.
+    /// The spec a warm pool needs to serve `job` (on this harness's path:
+    /// with the language's runtime started ahead in warm-runtime mode).
     pub fn warm_spec(&self, job: &PreparedJob) -> WarmSpec {
         WarmSpec {
             language: job.language.id.clone(),
             image: job.language.image_ref(),
             class: SandboxClass::of(&job.limits),
+            runtime: if self.start == StartKind::WarmRuntime {
+                warm_runtime(&job.language, 0)
+            } else {
+                None
+            },
         }
     }
 

@@ -193,5 +193,6 @@ pub(crate) fn host_message_name(message: &HostMessage) -> &'static str {
         HostMessage::Signal(_) => "signal",
         HostMessage::Run(_) => "run",
         HostMessage::RunsEnd => "runs_end",
+        HostMessage::Prestart(_) => "prestart",
     }
 }

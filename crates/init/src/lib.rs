@@ -31,6 +31,8 @@
 //! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
 //! - `runs`: the runs after the stages (a graded job's tests): what each
 //!   run finds, and removing what the last one added.
+//! - `runtime`: a warm runtime, started before the bundle and released
+//!   into the first stage when it fits.
 //! - `runs_filter`: the seccomp filter that keeps a run from creating IPC
 //!   objects and keys, which would outlive it.
 
@@ -48,6 +50,7 @@ mod reap;
 mod report;
 mod runs;
 mod runs_filter;
+mod runtime;
 mod spawn;
 mod stage;
 mod stdin;

@@ -1,5 +1,6 @@
 //! Starting one stage: the command, its credentials, rlimits and pipes.
 
+use std::os::fd::RawFd;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -55,6 +56,39 @@ impl StageRlimits {
     }
 }
 
+impl StageRlimits {
+    /// Sets these limits on another process (a warm runtime), soft and
+    /// hard, with `prlimit(2)`. The caller must have that process's real
+    /// ids; only lowering a hard limit is allowed then, which is all this
+    /// does to a process started with the supervisor's own limits.
+    #[allow(unsafe_code)]
+    pub(crate) fn apply_to(&self, pid: i32) -> std::io::Result<()> {
+        use nix::libc;
+        let mut limits = vec![
+            (libc::RLIMIT_CPU, self.cpu),
+            (libc::RLIMIT_FSIZE, self.fsize),
+            (libc::RLIMIT_NOFILE, self.nofile),
+            (libc::RLIMIT_CORE, (0, 0)),
+        ];
+        if let Some(nproc) = self.nproc {
+            limits.push((libc::RLIMIT_NPROC, nproc));
+        }
+        for (resource, (soft, hard)) in limits {
+            let new = libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: prlimit reads the one struct `new` points to (a live
+            // local) and writes nothing, the old-limit pointer being null.
+            let result = unsafe { libc::prlimit(pid, resource, &new, std::ptr::null_mut()) };
+            if result != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+}
+
 fn clamp(resource: Resource, soft: u64, hard: u64) -> (u64, u64) {
     let current_hard = getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard);
     let hard = hard.min(current_hard);
@@ -83,31 +117,70 @@ pub(crate) enum SpawnError {
 /// stage's environment (whose `PATH` is used to find `argv[0]`), stdin from
 /// a pipe or `/dev/null`, stdout and stderr to pipes, each pipe served by a
 /// thread of [`super::pipes`].
-#[allow(unsafe_code)]
 pub(crate) fn spawn_stage(
     spec: &StageSpec,
     uid: u32,
     gid: u32,
     filter: Option<&RunFilter>,
 ) -> Result<SpawnedStage, SpawnError> {
-    let Some((program, args)) = spec.argv.split_first() else {
+    spawn(&Launch {
+        argv: &spec.argv,
+        env: &spec.env,
+        cwd: &spec.cwd,
+        uid,
+        gid,
+        stdin: spec.stdin,
+        rlimits: Some(StageRlimits::for_limits(&spec.limits)),
+        filter,
+        control: None,
+    })
+}
+
+/// What to start, for [`spawn`].
+pub(crate) struct Launch<'a> {
+    pub argv: &'a [String],
+    pub env: &'a [(String, String)],
+    pub cwd: &'a str,
+    pub uid: u32,
+    pub gid: u32,
+    /// stdin from a pipe (else `/dev/null`).
+    pub stdin: bool,
+    /// `None`: the supervisor's own rlimits stay (a warm runtime's are set
+    /// when its job comes), except that no core is dumped.
+    pub rlimits: Option<StageRlimits>,
+    pub filter: Option<&'a RunFilter>,
+    /// Becomes descriptor [`CONTROL_FD`] of the child (a warm runtime's control pipe).
+    pub control: Option<RawFd>,
+}
+
+/// The descriptor a warm runtime reads its job's args from: high, so that
+/// the runtime's own start-up opens the same descriptor numbers as a cold
+/// start does (3 and up), and below any `RLIMIT_NOFILE` a sandbox starts
+/// with.
+pub(crate) const CONTROL_FD: RawFd = 200;
+
+/// Starts a process: its own session, credentials, rlimits, pipes.
+#[allow(unsafe_code)]
+pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
+    let Some((program, args)) = launch.argv.split_first() else {
         return Err(SpawnError::Start(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "the stage has an empty argv",
         )));
     };
-    let rlimits = StageRlimits::for_limits(&spec.limits);
+    let rlimits = launch.rlimits;
+    let control = launch.control;
     let mut command = Command::new(program);
     command
         .args(args)
         .env_clear()
-        .envs(spec.env.iter().map(|(key, value)| (key, value)))
-        .current_dir(&spec.cwd)
+        .envs(launch.env.iter().map(|(key, value)| (key, value)))
+        .current_dir(launch.cwd)
         // std applies gid, then (being root) clears the supplementary
         // groups with setgroups(0), then uid, all in the child before exec.
-        .gid(gid)
-        .uid(uid)
-        .stdin(if spec.stdin {
+        .gid(launch.gid)
+        .uid(launch.uid)
+        .stdin(if launch.stdin {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -116,17 +189,26 @@ pub(crate) fn spawn_stage(
         .stderr(Stdio::piped());
     // SAFETY: the closure runs in the forked child between fork and exec,
     // where only async-signal-safe functions may be called. It calls
-    // setsid(2) and setrlimit(2) through nix's thin wrappers — direct system
-    // calls that neither allocate nor take locks — with plain integers
-    // computed before the fork, and builds its error (if any) from an errno
-    // without allocating. std's own pre-exec steps (dup2, setgid, setgroups,
-    // setuid, chdir) have run by then.
+    // setsid(2), setrlimit(2), dup2(2) and fcntl(2) through nix's thin
+    // wrappers — direct system calls that neither allocate nor take locks —
+    // with plain integers computed before the fork, and builds its error
+    // (if any) from an errno without allocating. std's own pre-exec steps
+    // (dup2, setgid, setgroups, setuid, chdir) have run by then.
     // The run filter (a graded job's tests) is built here too, and only
     // installed by two prctl(2) calls in the child.
-    let filter = filter.cloned();
+    let filter = launch.filter.cloned();
     unsafe {
         command.pre_exec(move || {
-            rlimits.apply()?;
+            match &rlimits {
+                Some(rlimits) => rlimits.apply()?,
+                None => {
+                    nix::unistd::setsid()?;
+                    setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
+                }
+            }
+            if let Some(fd) = control {
+                inherit_as_control(fd)?;
+            }
             match &filter {
                 Some(filter) => filter.install(),
                 None => Ok(()),
@@ -134,7 +216,7 @@ pub(crate) fn spawn_stage(
         });
     }
     // Every pipe std creates is close-on-exec in the supervisor, so the
-    // child inherits only its own three descriptors.
+    // child inherits only its own three descriptors (and a control pipe).
     let mut child = command.spawn().map_err(SpawnError::Start)?;
     let pid = i32::try_from(child.id()).map_err(|e| SpawnError::Pipes(std::io::Error::other(e)))?;
     let stdin = child.stdin.take();
@@ -155,6 +237,27 @@ pub(crate) fn spawn_stage(
         stdout: OutputPipe::start("stage-stdout", stdout).map_err(SpawnError::Pipes)?,
         stderr: OutputPipe::start("stage-stderr", stderr).map_err(SpawnError::Pipes)?,
     })
+}
+
+/// In the forked child: `fd` becomes [`CONTROL_FD`], inherited across exec.
+#[allow(unsafe_code)]
+fn inherit_as_control(fd: RawFd) -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: dup2 and fcntl(F_SETFD) only change the descriptor table;
+    // both are async-signal-safe. dup2 onto the same descriptor would keep
+    // close-on-exec, so that case clears the flag instead.
+    let result = unsafe {
+        if fd == CONTROL_FD {
+            libc::fcntl(fd, libc::F_SETFD, 0)
+        } else {
+            libc::dup2(fd, CONTROL_FD)
+        }
+    };
+    if result < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -47,18 +47,35 @@ pub(crate) async fn run_stage(
     ctx: &mut Context<'_>,
     spec: &StageSpec,
 ) -> Result<StageReport, InitError> {
+    // The warm runtime, if this stage runs on it (only the first stage can:
+    // see `keep_if_fits`).
+    let mut runtime = None;
+    if let Some(warm) = ctx.runtime.take() {
+        match warm.args_for(spec, ctx.uid, ctx.gid) {
+            Some(args) => runtime = Some((warm, args)),
+            None => warm.discard(&mut ctx.killer, ctx.uid).await,
+        }
+    }
     ctx.sink
         .send(&SandboxMessage::StageStart(StageStart {
             stage: spec.name.clone(),
+            warm_runtime: runtime.is_some(),
         }))
         .await?;
     ctx.apply_waiting_host_events()?;
     if ctx.kill_requested {
+        if let Some((warm, _)) = runtime {
+            warm.discard(&mut ctx.killer, ctx.uid).await;
+        }
         return Ok(not_started(spec, Reason::Killed));
     }
     let memory_before = ctx.memory.read();
     let started = Instant::now();
-    let spawned = match spawn_stage(spec, ctx.uid, ctx.gid, ctx.run_filter.as_ref()) {
+    let spawned = match runtime {
+        Some((warm, args)) => warm.release(spec, args).map_err(SpawnError::Pipes),
+        None => spawn_stage(spec, ctx.uid, ctx.gid, ctx.run_filter.as_ref()),
+    };
+    let spawned = match spawned {
         Ok(spawned) => spawned,
         Err(SpawnError::Start(error)) => {
             let program = spec.argv.first().map_or("", String::as_str);

@@ -21,6 +21,7 @@ use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
 use super::kill::{Killer, Signaller, Target};
 use super::runs::Scratch;
 use super::runs_filter::RunFilter;
+use super::runtime::WarmRuntime;
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, InitError};
@@ -140,6 +141,8 @@ pub(crate) struct Context<'a> {
     pub runs_planned: bool,
     /// Installed in every process of a run (see [`RunFilter`]).
     pub run_filter: Option<RunFilter>,
+    /// A warm runtime that fits the first stage, until that stage takes it.
+    pub runtime: Option<WarmRuntime>,
 }
 
 impl Context<'_> {
@@ -179,7 +182,10 @@ impl Context<'_> {
                     self.runs_ended = true;
                     Ok(Control::None)
                 }
-                other @ (HostMessage::Bundle(_) | HostMessage::Run(_) | HostMessage::RunsEnd) => {
+                other @ (HostMessage::Bundle(_)
+                | HostMessage::Run(_)
+                | HostMessage::RunsEnd
+                | HostMessage::Prestart(_)) => {
                     Err(InitError::UnexpectedFrame(host_message_name(&other)))
                 }
             },
@@ -223,8 +229,10 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     }))
     .await?;
     let mut host = spawn_host_reader()?;
-    let mut bundle = await_bundle(&mut host, &mut signals).await?;
+    let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
     check_bundle(&bundle)?;
+    let mut killer = Killer::new(bundle.uid, signaller);
+    let runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
     write_bundle_files(&bundle.workspace, bundle.uid, bundle.gid, files)?;
 
@@ -234,7 +242,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         host_open: true,
         signals,
         stdin: StdinQueue::default(),
-        killer: Killer::new(bundle.uid, signaller),
+        killer,
         memory: MemoryProbe::discover(),
         uid: bundle.uid,
         gid: bundle.gid,
@@ -243,6 +251,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         runs_ended: false,
         runs_planned: bundle.runs.is_some(),
         run_filter: None,
+        runtime,
     };
     let mut stages_succeeded = true;
     for spec in &bundle.stages {
@@ -267,6 +276,10 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         && stages_succeeded
     {
         run_plan(&mut context, plan).await?;
+    }
+    if let Some(runtime) = context.runtime.take() {
+        // No stage ran (a kill came first).
+        runtime.discard(&mut context.killer, context.uid).await;
     }
     sink.send(&SandboxMessage::Done).await
 }
@@ -347,18 +360,32 @@ async fn next_run(context: &mut Context<'_>) -> Result<Option<RunSpec>, InitErro
     }
 }
 
-/// Waits for the first frame, which must be the bundle.
+/// Waits for the bundle; before it, one `prestart` may start a warm
+/// runtime (one that cannot start is reported on stderr and the job then
+/// starts cold: not the job's failure).
 async fn await_bundle(
     host: &mut mpsc::UnboundedReceiver<HostEvent>,
     signals: &mut Signals,
-) -> Result<Box<Bundle>, InitError> {
-    let event = tokio::select! {
-        event = host.recv() => event,
-        _ = signals.terminate.recv() => return Err(InitError::TerminatedBeforeBundle),
-        _ = signals.interrupt.recv() => return Err(InitError::TerminatedBeforeBundle),
+) -> Result<(Box<Bundle>, Option<WarmRuntime>), InitError> {
+    let mut runtime = None;
+    let event = loop {
+        let event = tokio::select! {
+            event = host.recv() => event,
+            _ = signals.terminate.recv() => return Err(InitError::TerminatedBeforeBundle),
+            _ = signals.interrupt.recv() => return Err(InitError::TerminatedBeforeBundle),
+        };
+        match event {
+            Some(HostEvent::Message(HostMessage::Prestart(prestart))) if runtime.is_none() => {
+                match WarmRuntime::start(*prestart) {
+                    Ok(started) => runtime = Some(started),
+                    Err(error) => eprintln!("code-runner-init: no warm runtime: {error}"),
+                }
+            }
+            event => break event,
+        }
     };
     match event {
-        Some(HostEvent::Message(HostMessage::Bundle(bundle))) => Ok(bundle),
+        Some(HostEvent::Message(HostMessage::Bundle(bundle))) => Ok((bundle, runtime)),
         Some(HostEvent::Message(other)) => Err(InitError::NotBundle(host_message_name(&other))),
         Some(HostEvent::Malformed(error)) => Err(InitError::MalformedFrame(error)),
         Some(HostEvent::ReadError(error)) => Err(InitError::InvalidBundle(format!(
@@ -366,6 +393,34 @@ async fn await_bundle(
         ))),
         Some(HostEvent::Eof) | None => Err(InitError::EofBeforeBundle),
     }
+}
+
+/// The warm runtime, if it is alive and the bundle's first stage runs on
+/// it (a graded job's runs never do: each needs a fresh process); anything
+/// else is killed and reaped here, before the first stage starts.
+async fn keep_if_fits(
+    runtime: Option<WarmRuntime>,
+    bundle: &Bundle,
+    killer: &mut Killer,
+) -> Option<WarmRuntime> {
+    let mut runtime = runtime?;
+    let alive = runtime.check_alive();
+    let fits = bundle.runs.is_none()
+        && bundle
+            .stages
+            .first()
+            .is_some_and(|stage| runtime.args_for(stage, bundle.uid, bundle.gid).is_some());
+    if alive && fits {
+        return Some(runtime);
+    }
+    if !alive {
+        eprintln!(
+            "code-runner-init: the warm runtime (pid {}) ended before its job; starting the stage afresh",
+            runtime.pid()
+        );
+    }
+    runtime.discard(killer, bundle.uid).await;
+    None
 }
 
 /// What the supervisor checks in the bundle itself (paths are checked when

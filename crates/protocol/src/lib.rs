@@ -27,6 +27,7 @@
 //! | 0x04 | signal      | one byte: 1 = interrupt, 2 = kill           |
 //! | 0x05 | run         | JSON [`RunSpec`]: one more run of the plan  |
 //! | 0x06 | runs_end    | empty: no more runs                         |
+//! | 0x07 | prestart    | JSON [`Prestart`]: start a warm runtime (before the bundle only) |
 //!
 //! Sandbox → host kinds:
 //!
@@ -39,6 +40,10 @@
 //! | 0x85 | stage_end   | JSON [`StageReport`]                        |
 //! | 0x86 | fatal       | JSON [`Fatal`]: the supervisor itself failed |
 //! | 0x87 | done        | empty: every stage has been reported        |
+//!
+//! A warm sandbox may get one `prestart` before its bundle: the supervisor
+//! starts the runtime it names, and the bundle's first stage runs on it if it
+//! fits (`stage_start` then says `warm_runtime`); see [`Prestart`].
 //!
 //! The sandbox sends `ready` first, then for each stage it runs `stage_start`,
 //! any number of `stdout`/`stderr`, and `stage_end`; finally `done`, after which
@@ -60,7 +65,7 @@ pub use messages::*;
 
 /// Version of this protocol; images carry it as the label `code-runner.protocol`
 /// so the worker refuses an image whose supervisor speaks another version.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame the sandbox accepts from the host (the bundle carries files).
 pub const MAX_HOST_FRAME: usize = 96 * 1024 * 1024;

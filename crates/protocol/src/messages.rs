@@ -11,6 +11,7 @@ pub mod kind {
     pub const SIGNAL: u8 = 0x04;
     pub const RUN: u8 = 0x05;
     pub const RUNS_END: u8 = 0x06;
+    pub const PRESTART: u8 = 0x07;
 
     pub const READY: u8 = 0x81;
     pub const STAGE_START: u8 = 0x82;
@@ -60,6 +61,35 @@ pub struct RunPlan {
     /// Where a run's `files` are written (created fresh for each run as the
     /// runs' uid, inside one of `scratch`, so removed after it).
     pub files_dir: String,
+}
+
+/// A warm runtime (kind `prestart`, only before the bundle): the language's
+/// runtime started ahead of the job, waiting for it.
+///
+/// The supervisor starts `argv` as `uid`/`gid` with `env` in `cwd`, in a
+/// session of its own, with pipes for its stdin, stdout and stderr and a
+/// descriptor 200, the read end of a control pipe. The runtime is
+/// expected to start up and then block reading descriptor 200 (a hook of the
+/// runtime's own: see `runner-images/*/warm-runtime*`); it must not run any
+/// of the job's code before that read returns.
+///
+/// The bundle's first stage runs on it when that stage's argv starts with
+/// `stage_argv` and its env, cwd and ids are those here; the rest of its
+/// argv (the job's args) is then written to descriptor 200, each argument
+/// followed by a NUL byte, and the pipe closed. Before that the
+/// supervisor sets the runtime's rlimits to the stage's. Otherwise the
+/// runtime is killed before the first stage and the stages start as
+/// always.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prestart {
+    pub uid: u32,
+    pub gid: u32,
+    /// What is started (may hold the hook, e.g. node's `--require`).
+    pub argv: Vec<String>,
+    /// The stage's command this runtime stands for (without the job's args).
+    pub stage_argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
 }
 
 /// One run (kind `run`): a stage, the bytes its stdin reads before EOF, and
@@ -177,6 +207,9 @@ pub struct Ready {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageStart {
     pub stage: String,
+    /// The stage runs on the runtime started ahead (see [`Prestart`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub warm_runtime: bool,
 }
 
 /// What the supervisor measured about one stage.
@@ -208,6 +241,7 @@ pub enum HostMessage {
     Signal(SignalKind),
     Run(Box<RunSpec>),
     RunsEnd,
+    Prestart(Box<Prestart>),
 }
 
 /// A message from the supervisor to the worker.
@@ -261,6 +295,7 @@ impl HostMessage {
             ),
             HostMessage::Run(run) => encode_frame(kind::RUN, &json(run)),
             HostMessage::RunsEnd => encode_frame(kind::RUNS_END, &[]),
+            HostMessage::Prestart(prestart) => encode_frame(kind::PRESTART, &json(prestart)),
         }
     }
 
@@ -272,6 +307,7 @@ impl HostMessage {
             kind::STDIN_CLOSE => expect_empty(kind, &payload).map(|()| HostMessage::StdinClose),
             kind::RUN => Ok(HostMessage::Run(Box::new(parse_json(kind, &payload)?))),
             kind::RUNS_END => expect_empty(kind, &payload).map(|()| HostMessage::RunsEnd),
+            kind::PRESTART => Ok(HostMessage::Prestart(Box::new(parse_json(kind, &payload)?))),
             kind::SIGNAL => match payload.as_slice() {
                 [1] => Ok(HostMessage::Signal(SignalKind::Interrupt)),
                 [2] => Ok(HostMessage::Signal(SignalKind::Kill)),
@@ -413,9 +449,23 @@ mod tests {
             input: vec![1, 2, 255],
             files: vec![],
         }));
+        let prestart = HostMessage::Prestart(Box::new(Prestart {
+            uid: 65534,
+            gid: 65534,
+            argv: vec![
+                "node".into(),
+                "--require".into(),
+                "/hook.js".into(),
+                "main.js".into(),
+            ],
+            stage_argv: vec!["node".into(), "main.js".into()],
+            env: vec![("HOME".into(), "/tmp".into())],
+            cwd: "/workspace".into(),
+        }));
         for message in [
             bundle,
             run,
+            prestart,
             HostMessage::RunsEnd,
             HostMessage::Stdin(vec![0, 1, 2, 255]),
             HostMessage::StdinClose,

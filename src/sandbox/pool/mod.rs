@@ -46,6 +46,7 @@ use super::container::{ContainerGuard, SandboxClass, SandboxShape, warm_containe
 use super::outcome::Started;
 use super::session::unix_ms;
 use crate::job::{PreparedJob, StartKind};
+use crate::protocol::{HostMessage, Prestart};
 
 /// Longest wait for a member's task to hand its sandbox over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -62,6 +63,10 @@ pub struct WarmSpec {
     /// The image, with its tag.
     pub image: String,
     pub class: SandboxClass,
+    /// The language's runtime each member starts ahead of its job (its
+    /// uid is the member's, filled in when it starts); `None`: plain warm
+    /// sandboxes.
+    pub runtime: Option<Prestart>,
 }
 
 impl WarmSpec {
@@ -416,7 +421,7 @@ impl Inner {
         };
         // Not raced with `discard`: a create call in flight may still make
         // the container, and only its end says there is one to remove.
-        let started = self.start_ready(&guard, &shape).await;
+        let started = self.start_ready(&guard, &shape, &spec).await;
         let mut connection = match started {
             Ok(connection) => connection,
             Err(StartFailure(message)) => {
@@ -473,6 +478,7 @@ impl Inner {
         &self,
         guard: &ContainerGuard,
         shape: &SandboxShape,
+        spec: &WarmSpec,
     ) -> Result<Connection, StartFailure> {
         let engine = &self.engine;
         let mut connection = match start(engine.docker(), engine.config(), guard, shape).await {
@@ -486,6 +492,19 @@ impl Inner {
         connection
             .await_ready(engine.config().start_timeout)
             .await?;
+        if let Some(template) = &spec.runtime {
+            let prestart = Prestart {
+                uid: shape.uid,
+                gid: shape.uid,
+                ..template.clone()
+            };
+            let frame = HostMessage::Prestart(Box::new(prestart)).encode();
+            if connection.frames.send(frame).await.is_err() {
+                return Err(StartFailure(
+                    "the sandbox's stdin closed before its runtime could start".into(),
+                ));
+            }
+        }
         Ok(connection)
     }
 

@@ -167,6 +167,7 @@ mod tests {
                 pids: 64,
                 disk_mb: 64,
             },
+            runtime: None,
         }
     }
 

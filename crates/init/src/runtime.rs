@@ -1,0 +1,176 @@
+//! A warm runtime: the language's runtime started before the job came
+//! (see [`Prestart`]), blocked reading its control pipe, and released into
+//! the job's first stage when the bundle arrives.
+//!
+//! It is an ordinary process of the job's uid, in a session of its own, with
+//! the same pipes a stage gets, so once released the stage's event loop
+//! watches it exactly as it watches a process it spawned. What differs:
+//! - it was started with the supervisor's rlimits (no core dumps); the
+//!   stage's are set on it by `prlimit(2)` just before the release, from a
+//!   thread that takes the job's ids for that (the kernel lets a process
+//!   change another's limits only with the same real ids, and only lower a
+//!   hard limit), so the stage ends up with exactly a spawned stage's limits;
+//! - its descriptor 200 is the control pipe: the job's args, each followed by
+//!   a NUL byte, then EOF. The runtime's hook closes it before the program
+//!   starts.
+//!
+//! A runtime that did not fit the bundle, or died while waiting, is killed
+//! and reaped before the first stage, which then starts as always.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::creds::drop_thread_to;
+use super::kill::{Killer, Target};
+use super::reap::reap_one;
+use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
+use code_runner_protocol::{Prestart, StageSpec};
+
+/// How long a killed runtime may take to be reaped.
+const KILL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A started runtime waiting for its job.
+pub(crate) struct WarmRuntime {
+    prestart: Prestart,
+    process: SpawnedStage,
+    /// The write end of the control pipe.
+    control: OwnedFd,
+    /// Set once [`WarmRuntime::check_alive`] saw it end.
+    ended: bool,
+}
+
+impl WarmRuntime {
+    /// Starts the runtime `prestart` names.
+    pub(crate) fn start(prestart: Prestart) -> Result<Self, String> {
+        if prestart.uid == 0 || prestart.gid == 0 {
+            return Err("a warm runtime must run as a non-root uid and gid".into());
+        }
+        if prestart.stage_argv.is_empty() {
+            return Err("a warm runtime must name the stage command it stands for".into());
+        }
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+            .map_err(|errno| format!("cannot create the control pipe: {errno}"))?;
+        let launched = spawn(&Launch {
+            argv: &prestart.argv,
+            env: &prestart.env,
+            cwd: &prestart.cwd,
+            uid: prestart.uid,
+            gid: prestart.gid,
+            stdin: true,
+            rlimits: None,
+            filter: None,
+            control: Some(read.as_raw_fd()),
+        });
+        // The child has its copy; ours would keep the pipe open forever.
+        drop(read);
+        let process = launched.map_err(|error| match error {
+            SpawnError::Start(error) | SpawnError::Pipes(error) => {
+                format!("cannot start {:?}: {error}", prestart.argv)
+            }
+        })?;
+        Ok(Self {
+            prestart,
+            process,
+            control: write,
+            ended: false,
+        })
+    }
+
+    pub(crate) fn pid(&self) -> i32 {
+        self.process.pid
+    }
+
+    /// The job's args when `spec`, run as `uid`/`gid`, is the command this
+    /// runtime stands for: same command before the args, same environment,
+    /// working directory and ids, stdin from the job. `None`: start it cold.
+    pub(crate) fn args_for(&self, spec: &StageSpec, uid: u32, gid: u32) -> Option<Vec<String>> {
+        let prestart = &self.prestart;
+        let fits = !self.ended
+            && spec.stdin
+            && uid == prestart.uid
+            && gid == prestart.gid
+            && spec.cwd == prestart.cwd
+            && spec.env == prestart.env
+            && spec.argv.starts_with(&prestart.stage_argv);
+        fits.then(|| spec.argv[prestart.stage_argv.len()..].to_vec())
+    }
+
+    /// Notes whether the runtime ended while waiting: reaps whatever child
+    /// ended (before the first stage the runtime is the only child).
+    pub(crate) fn check_alive(&mut self) -> bool {
+        while let Some(reaped) = reap_one() {
+            if reaped.pid == self.process.pid {
+                self.ended = true;
+            }
+        }
+        !self.ended
+    }
+
+    /// Kills the runtime's session and waits until it is reaped.
+    pub(crate) async fn discard(self, killer: &mut Killer, job_uid: u32) {
+        if !self.ended {
+            killer.set_uid(self.prestart.uid);
+            killer.signal(Target::Group(self.process.pid), Signal::SIGKILL);
+            killer.set_uid(job_uid);
+            let deadline = Instant::now() + KILL_TIMEOUT;
+            let mut gone = false;
+            while !gone && Instant::now() < deadline {
+                while let Some(reaped) = reap_one() {
+                    gone |= reaped.pid == self.process.pid;
+                }
+                if !gone {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            if !gone {
+                eprintln!(
+                    "code-runner-init: the unused warm runtime (pid {}) was not reaped in {} s",
+                    self.process.pid,
+                    KILL_TIMEOUT.as_secs()
+                );
+            }
+        }
+    }
+
+    /// Gives the runtime the stage's rlimits and the job's args: from here
+    /// on it is the stage's main process.
+    pub(crate) fn release(
+        self,
+        spec: &StageSpec,
+        args: Vec<String>,
+    ) -> Result<SpawnedStage, std::io::Error> {
+        let rlimits = StageRlimits::for_limits(&spec.limits);
+        let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
+        std::thread::Builder::new()
+            .name("runtime-limits".into())
+            .spawn(move || {
+                drop_thread_to(uid, gid)?;
+                rlimits.apply_to(pid)
+            })?
+            .join()
+            .map_err(|_| std::io::Error::other("the rlimit thread panicked"))??;
+        let mut message = Vec::new();
+        for arg in args {
+            message.extend_from_slice(arg.as_bytes());
+            message.push(0);
+        }
+        // A thread of its own: the runtime reads the pipe as it likes, and a
+        // runtime that died meanwhile only makes this write fail (its end
+        // shows in the stage's report).
+        let control = std::fs::File::from(self.control);
+        std::thread::Builder::new()
+            .name("runtime-args".into())
+            .spawn(move || {
+                let mut control = control;
+                if let Err(error) = control.write_all(&message) {
+                    eprintln!(
+                        "code-runner-init: cannot hand the args to the warm runtime: {error}"
+                    );
+                }
+            })?;
+        Ok(self.process)
+    }
+}

@@ -1,0 +1,539 @@
+//! Warm runtimes conform: every program of these suites gives byte for byte
+//! the same stdout, stderr, exit code, signal, reason and status when it
+//! runs cold and when it runs on a runtime started ahead in a warm sandbox
+//! (docs/warm-runtimes.md), under runc and under runsc.
+//!
+//! The programs cover what a runtime started before its program could get
+//! wrong: argv, `__main__`/`__file__`/`require.main`, the working directory,
+//! the module search path and the loaded modules, the environment, stdio
+//! buffering and encodings, exit codes and exit hooks, uncaught exceptions
+//! and their tracebacks, signals, resource limits, ids, descriptors, child
+//! processes and threads. Nothing here may print what differs between two
+//! sandboxes by design (their uid, pid or host name).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use code_runner::job::{FileSpec, JobSpec, StartKind, Status};
+use code_runner::protocol::Reason;
+use code_runner::sandbox::pool::PoolSettings;
+use code_runner::sandbox::{JobIo, WarmPool};
+use common::*;
+
+/// One program of a suite.
+struct Case {
+    name: &'static str,
+    source: &'static str,
+    stdin: &'static str,
+    args: &'static [&'static str],
+    /// Other files beside the entry.
+    files: &'static [(&'static str, &'static str)],
+}
+
+const fn case(name: &'static str, source: &'static str) -> Case {
+    Case {
+        name,
+        source,
+        stdin: "",
+        args: &[],
+        files: &[],
+    }
+}
+
+const PYTHON: &[Case] = &[
+    case("hello", "print('hello')\n"),
+    Case {
+        args: &["a", "b c", "ünï", "--flag", ""],
+        ..case(
+            "argv",
+            "import sys\nprint(sys.argv)\nprint(sys.orig_argv)\n",
+        )
+    },
+    case(
+        "main_module",
+        "print(__name__, __file__, __spec__, __package__, __cached__, __doc__)\n\
+         print(type(__loader__).__name__, __loader__.name, __loader__.path)\n\
+         print(sorted(globals()), type(__builtins__))\n",
+    ),
+    case(
+        "search_path",
+        "import sys\nprint(sys.path)\nprint(sorted(sys.path_importer_cache))\n",
+    ),
+    case("loaded_modules", "import sys\nprint(sorted(sys.modules))\n"),
+    case(
+        "cwd_and_workspace",
+        "import os\nprint(os.getcwd(), sorted(os.listdir('.')), sorted(os.listdir('/tmp')))\n",
+    ),
+    case(
+        "environment",
+        "import os, json\nprint(json.dumps(dict(os.environ), sort_keys=True))\n",
+    ),
+    case(
+        "flags_and_encodings",
+        "import sys\nprint(sys.flags)\n\
+         print(sys.stdout.line_buffering, sys.stdout.write_through, sys.stdout.encoding,\n\
+               sys.stdout.errors, sys.stdin.encoding, sys.stderr.errors)\n\
+         print(sys.getfilesystemencoding(), sys.getdefaultencoding(), sys.getrecursionlimit())\n\
+         print(sys.stdin.isatty(), sys.stdout.isatty(), sys.executable, sys.prefix, sys.platlibdir)\n",
+    ),
+    case(
+        "site_and_locale",
+        "import site, locale, time\n\
+         print(site.ENABLE_USER_SITE, site.getsitepackages(), site.getusersitepackages())\n\
+         print(locale.getlocale(), locale.getpreferredencoding(False), time.tzname, time.timezone)\n",
+    ),
+    Case {
+        stdin: "one\ntwo\nthree",
+        ..case(
+            "stdin_lines",
+            "import sys\nfor line in sys.stdin:\n    print(line.upper(), end='')\nprint('|')\n",
+        )
+    },
+    Case {
+        stdin: "Ada\n7\n",
+        ..case(
+            "input_prompts",
+            "name = input('name? ')\nn = int(input('n? '))\nprint('hi', name, n * 6)\n",
+        )
+    },
+    case("input_at_eof", "print('waiting')\ninput('> ')\n"),
+    case("exit_code", "import sys\nprint('out')\nsys.exit(3)\n"),
+    case("exit_message", "import sys\nsys.exit('bye now')\n"),
+    case("system_exit_none", "raise SystemExit\n"),
+    case(
+        "os_exit_skips_flushing_hooks",
+        "import os, atexit\natexit.register(print, 'never')\nprint('x', end='')\nos._exit(7)\n",
+    ),
+    case(
+        "uncaught_exception",
+        "def inner():\n    return 1 / 0\n\ndef outer():\n    inner()\n\nouter()\n",
+    ),
+    case(
+        "chained_exceptions",
+        "try:\n    {}['key']\nexcept KeyError as error:\n    raise ValueError('bad value') from error\n",
+    ),
+    case("syntax_error", "print('never')\ndef f(:\n    pass\n"),
+    case(
+        "recursion_error",
+        "def down(n):\n    return down(n + 1)\n\ndown(0)\n",
+    ),
+    Case {
+        files: &[(
+            "helper.py",
+            "VALUE = 42\nprint('helper loaded', __name__)\n",
+        )],
+        ..case(
+            "import_from_workspace",
+            "import helper\nprint(helper.__file__, helper.VALUE)\n",
+        )
+    },
+    case("import_missing", "import not_a_module_anywhere\n"),
+    case(
+        "atexit_hooks",
+        "import atexit\natexit.register(print, 'second')\natexit.register(print, 'first')\nprint('main')\n",
+    ),
+    case(
+        "atexit_after_an_exception",
+        "import atexit\natexit.register(print, 'cleanup ran')\nraise RuntimeError('failed')\n",
+    ),
+    case(
+        "stdout_and_stderr",
+        "import sys\nprint('to out')\nprint('to err', file=sys.stderr)\nsys.stdout.write('raw out\\n')\n",
+    ),
+    case(
+        "warnings",
+        "import warnings\nwarnings.warn('careful')\nwarnings.warn('old', DeprecationWarning)\nprint('done')\n",
+    ),
+    case(
+        "resource_limits",
+        "import resource as r\n\
+         for name in ('RLIMIT_CPU', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_CORE', 'RLIMIT_NPROC',\n\
+                      'RLIMIT_AS', 'RLIMIT_STACK', 'RLIMIT_DATA', 'RLIMIT_MEMLOCK'):\n\
+             print(name, r.getrlimit(getattr(r, name)))\n",
+    ),
+    case(
+        "ids_and_session",
+        "import os\n\
+         uid = os.getuid()\n\
+         print(uid != 0, uid == os.geteuid() == os.getgid() == os.getegid(), os.getgroups())\n\
+         print(os.getppid(), os.getpgrp() == os.getpid(), os.getsid(0) == os.getpid(), os.umask(0o22))\n",
+    ),
+    case(
+        "descriptors",
+        "import os\nprint(sorted(os.listdir('/proc/self/fd')))\n\
+         print([os.get_inheritable(fd) for fd in (0, 1, 2)])\n\
+         print(os.path.basename(os.readlink('/proc/self/fd/0')).split(':')[0])\n",
+    ),
+    case(
+        "signal_handlers",
+        "import signal\n\
+         print([str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE,\n\
+                                                  signal.SIGCHLD, signal.SIGHUP)])\n",
+    ),
+    case(
+        "killed_by_its_own_signal",
+        "import os, signal\nprint('before', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)\nprint('after')\n",
+    ),
+    case(
+        "keyboard_interrupt",
+        "print('start')\nraise KeyboardInterrupt\n",
+    ),
+    case(
+        "child_python",
+        "import subprocess, sys\n\
+         r = subprocess.run([sys.executable, '-u', '-c', 'import sys; print(sys.argv, sys.orig_argv)'],\n\
+                            capture_output=True, text=True)\n\
+         print(repr(r.stdout), repr(r.stderr), r.returncode)\n",
+    ),
+    case(
+        "fork",
+        "import os\npid = os.fork()\nif pid == 0:\n    print('child')\n    os._exit(5)\n\
+         _, status = os.waitpid(pid, 0)\nprint('parent', os.waitstatus_to_exitcode(status))\n",
+    ),
+    case(
+        "threads",
+        "import threading\nout = []\n\
+         threads = [threading.Thread(target=out.append, args=(i,)) for i in range(4)]\n\
+         for t in threads:\n    t.start()\nfor t in threads:\n    t.join()\n\
+         print(sorted(out), threading.active_count(), threading.current_thread().name)\n",
+    ),
+    case(
+        "unicode_and_bytes",
+        "import sys\nprint('héllo ✓ 😀')\nsys.stdout.flush()\nsys.stdout.buffer.write(b'\\xff\\xfe raw\\n')\n",
+    ),
+    case("large_output", "print('x' * 200000)\nprint('end')\n"),
+    case("no_trailing_newline", "print('partial', end='')\n"),
+    case(
+        "files_in_tmp",
+        "import os\nopen('/tmp/note.txt', 'w').write('kept')\nprint(open('/tmp/note.txt').read(), os.listdir('/tmp'))\n",
+    ),
+    case(
+        "compiled_code_tracebacks",
+        "src = 'def f():\\n    raise LookupError(\"inside\")\\nf()\\n'\nexec(compile(src, 'virtual.py', 'exec'))\n",
+    ),
+    case(
+        "garbage_collector_settings",
+        "import gc, sys\nprint(gc.get_threshold(), gc.isenabled(), sys.getswitchinterval())\n",
+    ),
+];
+
+const JAVASCRIPT: &[Case] = &[
+    case("hello", "console.log('hello');\n"),
+    Case {
+        args: &["a", "b c", "ünï", "--flag", ""],
+        ..case(
+            "argv",
+            "console.log(JSON.stringify({argv: process.argv, argv0: process.argv0,\n\
+             execArgv: process.execArgv, execPath: process.execPath}));\n",
+        )
+    },
+    case(
+        "main_module",
+        "console.log(require.main === module, __filename, __dirname, module.id, module.filename,\n\
+         module.loaded, module.children.length, JSON.stringify(module.paths));\n",
+    ),
+    case(
+        "module_cache",
+        "console.log(Object.keys(require.cache), require.resolve.paths('x'));\n",
+    ),
+    case(
+        "environment",
+        "const env = {...process.env};\nconsole.log(JSON.stringify(Object.keys(env).sort().map(k => [k, env[k]])));\n",
+    ),
+    case(
+        "cwd_and_workspace",
+        "const fs = require('fs');\nconsole.log(process.cwd(), fs.readdirSync('.'), fs.readdirSync('/tmp'));\n",
+    ),
+    Case {
+        stdin: "one\ntwo\n",
+        ..case(
+            "stdin_read_whole",
+            "const fs = require('fs');\nprocess.stdout.write(fs.readFileSync(0, 'utf8').toUpperCase());\n",
+        )
+    },
+    Case {
+        stdin: "Ada\n",
+        ..case(
+            "readline_question",
+            "const rl = require('readline').createInterface({input: process.stdin, output: process.stdout});\n\
+             rl.question('name? ', (name) => { console.log('hi ' + name); rl.close(); });\n",
+        )
+    },
+    case("exit_code", "console.log('out');\nprocess.exit(3);\n"),
+    case(
+        "exit_code_property",
+        "process.exitCode = 4;\nconsole.log('set');\n",
+    ),
+    case(
+        "uncaught_exception",
+        "function inner() { throw new Error('boom'); }\nfunction outer() { inner(); }\nouter();\n",
+    ),
+    case(
+        "unhandled_rejection",
+        "Promise.reject(new TypeError('nope'));\nsetTimeout(() => console.log('never'), 10);\n",
+    ),
+    case("syntax_error", "console.log('never');\nlet x = ;\n"),
+    case(
+        "import_in_commonjs",
+        "import fs from 'fs';\nconsole.log(fs);\n",
+    ),
+    Case {
+        files: &[(
+            "helper.js",
+            "console.log('helper', require.main === module);\nmodule.exports = 42;\n",
+        )],
+        ..case(
+            "require_from_workspace",
+            "const v = require('./helper');\nconsole.log(v, Object.keys(require.cache));\n",
+        )
+    },
+    case("require_missing", "require('not-a-module-anywhere');\n"),
+    case(
+        "exit_hooks_and_timers",
+        "process.on('beforeExit', () => { if (!globalThis.done) { globalThis.done = 1; console.log('beforeExit'); } });\n\
+         process.on('exit', (code) => console.log('exit', code));\n\
+         setTimeout(() => console.log('timer'), 5);\nsetImmediate(() => console.log('immediate'));\n\
+         process.nextTick(() => console.log('tick'));\nconsole.log('main');\n",
+    ),
+    case(
+        "stdout_and_stderr",
+        "console.log('to out');\nconsole.error('to err');\nconsole.warn('warned');\nprocess.stdout.write('raw\\n');\n",
+    ),
+    case(
+        "killed_by_its_own_signal",
+        "console.log('before');\nprocess.kill(process.pid, 'SIGTERM');\nsetTimeout(() => console.log('after'), 1000);\n",
+    ),
+    case(
+        "worker_thread",
+        "const { Worker } = require('worker_threads');\n\
+         const w = new Worker(\"require('worker_threads').parentPort.postMessage([process.argv.length, process.execArgv])\", {eval: true});\n\
+         w.on('message', (m) => console.log('worker says', JSON.stringify(m)));\n",
+    ),
+    Case {
+        files: &[(
+            "child.js",
+            "console.log('child', JSON.stringify(process.execArgv), process.argv.slice(2));\n",
+        )],
+        ..case(
+            "forked_child",
+            "const { fork } = require('child_process');\n\
+             fork('./child.js', ['x']).on('exit', (code) => console.log('child exited', code));\n",
+        )
+    },
+    case(
+        "spawned_node",
+        "const { spawnSync } = require('child_process');\n\
+         const r = spawnSync('node', ['-e', 'console.log(process.execArgv.length, process.argv.length)']);\n\
+         console.log(JSON.stringify(r.stdout.toString()), r.status);\n",
+    ),
+    case(
+        "descriptors",
+        "console.log(require('fs').readdirSync('/proc/self/fd'));\n",
+    ),
+    case(
+        "process_facts",
+        "console.log(process.title, process.release.name, process.versions.node, process.ppid,\n\
+         process.getuid() === process.geteuid(), process.getuid() !== 0,\n\
+         process.stdout.isTTY, process.stdin.isTTY, process.stdout.constructor.name, process.stdin.constructor.name);\n",
+    ),
+    case(
+        "error_stack",
+        "function a() { return new Error('where').stack; }\nconsole.log(a());\n",
+    ),
+    case(
+        "large_output",
+        "console.log('x'.repeat(200000));\nconsole.log('end');\n",
+    ),
+    case("no_trailing_newline", "process.stdout.write('partial');\n"),
+];
+
+/// Text with the pids Node prints in its warnings (`(node:11)`) replaced:
+/// a pid differs between any two sandboxes by design.
+fn without_pids(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("(node:") {
+        let (head, tail) = rest.split_at(at + "(node:".len());
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        out.push_str(if digits > 0 { "PID" } else { "" });
+        rest = &tail[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a run gave, timings aside.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    status: Status,
+    stdout: String,
+    stderr: String,
+    exit_code: Option<i32>,
+    signal: Option<String>,
+    reason: Option<Reason>,
+    truncated: bool,
+}
+
+fn seen(result: &code_runner::job::JobResult) -> Seen {
+    let run = result.run.as_ref();
+    Seen {
+        status: result.status,
+        stdout: run.map_or_else(String::new, |r| {
+            String::from_utf8_lossy(r.stdout.as_bytes()).into_owned()
+        }),
+        stderr: run.map_or_else(String::new, |r| {
+            without_pids(&String::from_utf8_lossy(r.stderr.as_bytes()))
+        }),
+        exit_code: run.and_then(|r| r.exit_code),
+        signal: run.and_then(|r| r.signal.clone()),
+        reason: run.map(|r| r.reason),
+        truncated: run.is_some_and(|r| r.truncated),
+    }
+}
+
+fn spec_of(language: &str, entry: &str, case: &Case) -> JobSpec {
+    let mut spec = job(language, entry, case.source);
+    spec.stdin = case.stdin.to_string();
+    spec.args = case.args.iter().map(|a| a.to_string()).collect();
+    for (name, content) in case.files {
+        spec.files.push(FileSpec {
+            name: name.to_string(),
+            content: content.to_string(),
+            encoding: code_runner::job::Encoding::Utf8,
+        });
+    }
+    spec
+}
+
+/// A ready member of `pool` for `job`, waiting (up to 60 s) for one.
+async fn claim(
+    pool: &WarmPool,
+    job: &code_runner::job::PreparedJob,
+) -> code_runner::sandbox::WarmSandbox {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(warm) = pool.claim(job).await {
+            return warm;
+        }
+        assert!(Instant::now() < until, "no warm sandbox within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs every case cold and on a warm runtime with `harness` and fails
+/// naming each case whose runs differ.
+async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) {
+    let harness = harness.on(StartKind::WarmRuntime);
+    let first = harness.prepare(&spec_of(language, entry, &cases[0]));
+    let spec = harness.warm_spec(&first);
+    assert!(spec.runtime.is_some(), "{language} has a warm runtime");
+    let pool = WarmPool::start(
+        &harness.engine,
+        PoolSettings {
+            max: 3,
+            lifetime: Duration::from_secs(600),
+            longest_job: Duration::from_secs(600),
+            parallel_starts: 2,
+        },
+    );
+    pool.set_targets(vec![(spec, 2)]);
+    let mut differ = Vec::new();
+    for case in cases {
+        let job = harness.prepare(&spec_of(language, entry, case));
+        let cold_id = uuid::Uuid::new_v4().to_string();
+        let cold = harness.engine.run(&cold_id, &job, JobIo::default());
+        let warm = async {
+            let sandbox = claim(&pool, &job).await;
+            let outcome = harness
+                .engine
+                .run_job(
+                    &uuid::Uuid::new_v4().to_string(),
+                    &job,
+                    JobIo::default(),
+                    Some(sandbox),
+                )
+                .await;
+            outcome.cleanup.remove().await;
+            outcome.result
+        };
+        let (cold, warm) = tokio::join!(cold, warm);
+        assert_eq!(
+            cold.start,
+            Some(StartKind::Cold),
+            "{}: {cold:#?}",
+            case.name
+        );
+        assert_eq!(
+            warm.start,
+            Some(StartKind::WarmRuntime),
+            "{}: {warm:#?}",
+            case.name
+        );
+        let (cold, warm) = (seen(&cold), seen(&warm));
+        if cold != warm {
+            differ.push(format!(
+                "{}:\n  cold: {cold:?}\n  warm: {warm:?}",
+                case.name
+            ));
+        }
+    }
+    pool.shutdown(Duration::from_secs(30)).await;
+    assert!(
+        differ.is_empty(),
+        "{} of {} {language} programs differ on a warm runtime:\n{}",
+        differ.len(),
+        cases.len(),
+        differ.join("\n")
+    );
+    harness.assert_clean().await;
+}
+
+#[test]
+fn pids_in_node_warnings_are_masked() {
+    assert_eq!(
+        without_pids("(node:11) Warning: x\n(node:) y (node:7"),
+        "(node:PID) Warning: x\n(node:) y (node:PID"
+    );
+}
+
+#[test]
+fn the_suites_are_as_large_as_promised() {
+    assert!(PYTHON.len() >= 30, "{}", PYTHON.len());
+    assert!(JAVASCRIPT.len() >= 20, "{}", JAVASCRIPT.len());
+    for suite in [PYTHON, JAVASCRIPT] {
+        let mut names: Vec<&str> = suite.iter().map(|c| c.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), suite.len(), "case names are unique");
+    }
+}
+
+#[tokio::test]
+async fn python_programs_conform_on_a_warm_runtime_under_runc() {
+    conform(Harness::new().await, "python", "main.py", PYTHON).await;
+}
+
+#[tokio::test]
+async fn javascript_programs_conform_on_a_warm_runtime_under_runc() {
+    conform(Harness::new().await, "javascript", "main.js", JAVASCRIPT).await;
+}
+
+#[tokio::test]
+async fn python_programs_conform_on_a_warm_runtime_under_runsc() {
+    if let Some(harness) =
+        runsc_harness("python_programs_conform_on_a_warm_runtime_under_runsc").await
+    {
+        conform(harness, "python", "main.py", PYTHON).await;
+    }
+}
+
+#[tokio::test]
+async fn javascript_programs_conform_on_a_warm_runtime_under_runsc() {
+    if let Some(harness) =
+        runsc_harness("javascript_programs_conform_on_a_warm_runtime_under_runsc").await
+    {
+        conform(harness, "javascript", "main.js", JAVASCRIPT).await;
+    }
+}
