@@ -318,6 +318,14 @@ macro_rules! on_both_paths {
                 super::$name(Harness::new().await.on(StartKind::Warm)).await;
             })+
         }
+        /// With the language's runtime started ahead (docs/warm-runtimes.md).
+        mod warm_runtime {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(Harness::new().await.on(StartKind::WarmRuntime)).await;
+            })+
+        }
     };
 }
 

@@ -174,6 +174,16 @@ macro_rules! on_both_paths {
                 }
             })+
         }
+        /// With the language's runtime started ahead (docs/warm-runtimes.md).
+        mod warm_runtime {
+            use super::*;
+            $(#[tokio::test]
+            async fn $name() {
+                if let Some(harness) = runsc_harness(stringify!($name)).await {
+                    super::$name(harness.on(StartKind::WarmRuntime)).await;
+                }
+            })+
+        }
     };
 }
 

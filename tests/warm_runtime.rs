@@ -537,3 +537,58 @@ async fn javascript_programs_conform_on_a_warm_runtime_under_runsc() {
         conform(harness, "javascript", "main.js", JAVASCRIPT).await;
     }
 }
+
+/// Runs `spec` on a warm sandbox whose runtime was started ahead.
+async fn on_runtime_pool(harness: &Harness, spec: &JobSpec) -> code_runner::job::JobResult {
+    let job = harness.prepare(spec);
+    let pool = harness.warm_pool(&job, 1).await;
+    let sandbox = claim(&pool, &job).await;
+    let outcome = harness
+        .engine
+        .run_job(
+            &uuid::Uuid::new_v4().to_string(),
+            &job,
+            JobIo::default(),
+            Some(sandbox),
+        )
+        .await;
+    pool.shutdown(Duration::from_secs(30)).await;
+    outcome.cleanup.remove().await;
+    outcome.result
+}
+
+#[tokio::test]
+async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one() {
+    let harness = Harness::new().await.on(StartKind::WarmRuntime);
+    // An env var Python reads only at its start: the runtime started
+    // without it cannot honour it, so the program starts afresh (and sees it).
+    let mut seeded = python(
+        "import os, sys\nprint(os.environ['PYTHONHASHSEED'], sys.flags.hash_randomization)\n",
+    );
+    seeded.env.insert("PYTHONHASHSEED".into(), "0".into());
+    let result = on_runtime_pool(&harness, &seeded).await;
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(stdout(&result), "0 0\n");
+    // Another entry file than the one the runtime was started for.
+    let other_entry = job("python", "app.py", "print(__file__)\n");
+    let result = on_runtime_pool(&harness, &other_entry).await;
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(stdout(&result), "/workspace/app.py\n");
+    // Node's options are read at its start too.
+    let mut node = job(
+        "javascript",
+        "main.js",
+        "console.log(process.env.NODE_OPTIONS);\n",
+    );
+    node.env
+        .insert("NODE_OPTIONS".into(), "--max-old-space-size=64".into());
+    let result = on_runtime_pool(&harness, &node).await;
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(stdout(&result), "--max-old-space-size=64\n");
+    // The same job without them runs on the runtime.
+    let plain = python("print('on the runtime')\n");
+    let result = on_runtime_pool(&harness, &plain).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(stdout(&result), "on the runtime\n");
+    harness.assert_clean().await;
+}

@@ -16,6 +16,9 @@ mod limits;
 /// The runs after the stages (a graded job's tests).
 #[path = "init_supervisor/runs.rs"]
 mod runs;
+/// Warm runtimes started before the bundle.
+#[path = "init_supervisor/runtime.rs"]
+mod runtime;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
