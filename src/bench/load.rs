@@ -51,6 +51,8 @@ pub(super) enum Target<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Start {
     Warm,
+    /// A warm sandbox whose runtime was started ahead ran the job.
+    WarmRuntime,
     Cold,
     Unknown,
 }
@@ -59,6 +61,7 @@ impl Start {
     fn of(result: Option<&Value>) -> Self {
         match result.and_then(|r| r.get("start")).and_then(Value::as_str) {
             Some("warm") => Start::Warm,
+            Some("warm_runtime") => Start::WarmRuntime,
             Some("cold") => Start::Cold,
             _ => Start::Unknown,
         }
@@ -445,6 +448,7 @@ mod tests {
         let result = |start: &str| serde_json::json!({"status": "succeeded", "start": start});
         assert_eq!(Start::of(Some(&result("warm"))), Start::Warm);
         assert_eq!(Start::of(Some(&result("cold"))), Start::Cold);
+        assert_eq!(Start::of(Some(&result("warm_runtime"))), Start::WarmRuntime);
         assert_eq!(Start::of(Some(&result("lukewarm"))), Start::Unknown);
         assert_eq!(
             Start::of(Some(&serde_json::json!({"status": "succeeded"}))),

@@ -127,6 +127,7 @@ pub(super) struct Report {
 #[derive(Debug, Default, Serialize)]
 pub(super) struct ResultByStart {
     pub(super) warm: Option<Summary>,
+    pub(super) warm_runtime: Option<Summary>,
     pub(super) cold: Option<Summary>,
 }
 
@@ -143,10 +144,12 @@ pub(super) struct Counts {
     pub(super) busy_retries: u32,
 }
 
-/// `warm` + `cold` + `unknown` = the jobs that ran (`succeeded` + `failed`).
+/// `warm` + `warm_runtime` + `cold` + `unknown` = the jobs that ran
+/// (`succeeded` + `failed`).
 #[derive(Debug, Default, Serialize)]
 pub(super) struct StartCounts {
     pub(super) warm: u32,
+    pub(super) warm_runtime: u32,
     pub(super) cold: u32,
     pub(super) unknown: u32,
 }
@@ -262,6 +265,7 @@ impl Report {
         let mut first_output = Vec::new();
         let mut result = Vec::new();
         let (mut warm_result, mut cold_result) = (Vec::new(), Vec::new());
+        let mut runtime_result = Vec::new();
         let mut trips = Vec::new();
         let mut sent = 0;
         let mut last = started;
@@ -284,11 +288,13 @@ impl Report {
                     *statuses.entry(status.as_str()).or_insert(0) += 1;
                     *match how {
                         Start::Warm => &mut start.warm,
+                        Start::WarmRuntime => &mut start.warm_runtime,
                         Start::Cold => &mut start.cold,
                         Start::Unknown => &mut start.unknown,
                     } += 1;
                     match how {
                         Start::Warm => warm_result.extend(sample.result),
+                        Start::WarmRuntime => runtime_result.extend(sample.result),
                         Start::Cold => cold_result.extend(sample.result),
                         Start::Unknown => {}
                     }
@@ -341,6 +347,7 @@ impl Report {
             result_ms: Summary::of(result),
             result_by_start_ms: ResultByStart {
                 warm: Summary::of(warm_result),
+                warm_runtime: Summary::of(runtime_result),
                 cold: Summary::of(cold_result),
             },
             round_trips: per_job.map(|per_job| RoundTrips {
@@ -424,8 +431,8 @@ impl Report {
         };
         let _ = writeln!(
             out,
-            "start        {} warm, {} cold, {} unknown{unknown}",
-            s.warm, s.cold, s.unknown
+            "start        {} warm, {} on a warm runtime, {} cold, {} unknown{unknown}",
+            s.warm, s.warm_runtime, s.cold, s.unknown
         );
         let _ = writeln!(
             out,
@@ -457,9 +464,10 @@ impl Report {
         row(&mut out, "result", &self.result_ms, "     no results");
         for (name, summary) in [
             ("  warm start", &self.result_by_start_ms.warm),
+            ("  warm runtime", &self.result_by_start_ms.warm_runtime),
             ("  cold start", &self.result_by_start_ms.cold),
         ] {
-            if summary.is_some() && self.start.warm > 0 {
+            if summary.is_some() && self.start.warm + self.start.warm_runtime > 0 {
                 row(&mut out, name, summary, "");
             }
         }
