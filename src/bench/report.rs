@@ -464,7 +464,7 @@ impl Report {
         row(&mut out, "result", &self.result_ms, "     no results");
         for (name, summary) in [
             ("  warm start", &self.result_by_start_ms.warm),
-            ("  warm runtime", &self.result_by_start_ms.warm_runtime),
+            ("  on runtime", &self.result_by_start_ms.warm_runtime),
             ("  cold start", &self.result_by_start_ms.cold),
         ] {
             if summary.is_some() && self.start.warm + self.start.warm_runtime > 0 {
