@@ -188,6 +188,7 @@ pub async fn run(
             warm_max: settings.warm_max,
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
             warm_runtimes: settings.warm_runtimes == "on",
+            yield_while_busy: settings.yield_while_busy == "on",
             max_requeues,
         };
         let worker = Worker::new(config, services(engine));

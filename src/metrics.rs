@@ -16,6 +16,8 @@ pub struct Metrics {
     pub slots_used: IntGauge,
     /// Sandboxes this worker may run at once.
     pub slots_max: IntGauge,
+    /// Containers of ended jobs waiting to be removed (not holding a slot).
+    pub removals_queued: IntGauge,
     /// `LLEN jobs:queue`, read when /metrics is scraped.
     pub queue_depth: IntGauge,
     /// API keys with jobs queued (in the fair turns' ring).
@@ -101,6 +103,10 @@ impl Metrics {
             slots_max: gauge(
                 "code_runner_slots_max",
                 "Sandboxes this worker may run at once.",
+            )?,
+            removals_queued: gauge(
+                "code_runner_removals_queued",
+                "Containers of jobs that ended by themselves, waiting to be removed (they hold no slot and no process).",
             )?,
             queue_depth: gauge(
                 "code_runner_queue_depth",
@@ -204,6 +210,7 @@ mod tests {
         for line in [
             "code_runner_slots_max 3",
             "code_runner_slots_used 0",
+            "code_runner_removals_queued 0",
             "code_runner_queue_depth 0",
             "code_runner_queue_tenants 0",
             "code_runner_jobs_total{language=\"python\",status=\"succeeded\"} 1",

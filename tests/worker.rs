@@ -111,6 +111,7 @@ impl World {
             warm_max: 0,
             warm_lifetime: Duration::from_secs(600),
             warm_runtimes: true,
+            yield_while_busy: true,
             max_requeues: 3,
         };
         adjust(&mut config);

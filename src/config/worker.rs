@@ -64,6 +64,19 @@ pub struct WorkerSettings {
         value_parser = ["on", "off"]
     )]
     pub warm_runtimes: String,
+
+    /// Whether background work yields to the running jobs while at least
+    /// half the slots are busy (`on` or `off`): the warm pool starts one
+    /// sandbox at a time, and the containers of jobs that ended by
+    /// themselves wait (up to as many as there are slots) to be removed one
+    /// at a time.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_YIELD_WHILE_BUSY",
+        default_value = "on",
+        value_parser = ["on", "off"]
+    )]
+    pub yield_while_busy: String,
 }
 
 impl WorkerSettings {

@@ -80,9 +80,18 @@ pub struct RunOutcome {
 /// What is left to do once a job's result is known.
 pub struct Cleanup {
     pub(super) guard: Option<ContainerGuard>,
+    /// The sandbox's supervisor said `done` and nothing failed: the
+    /// container is stopping by itself, so its removal may wait (it holds
+    /// no process and no memory, only Docker's record and layer).
+    pub(super) stopping: bool,
 }
 
 impl Cleanup {
+    /// Whether the removal may wait (see `stopping`).
+    pub fn can_wait(&self) -> bool {
+        self.stopping
+    }
+
     /// Removes the job's container; `false` when Docker did not answer (the
     /// removal goes on in the background).
     pub async fn remove(mut self) -> bool {

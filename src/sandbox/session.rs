@@ -87,6 +87,8 @@ pub(super) struct SessionOutcome {
     pub(super) restart: bool,
     /// The first stage ran on a runtime started ahead (the supervisor said so).
     pub(super) warm_runtime: bool,
+    /// The supervisor said `done`: the container is ending by itself.
+    pub(super) done: bool,
 }
 
 pub(super) fn unix_ms(at: SystemTime) -> u64 {
@@ -150,6 +152,7 @@ pub(super) async fn drive(
     writer.abort();
     let mut error = None;
     let mut restart = false;
+    let done = matches!(ending, Ok(Ending::Done));
     match ending {
         Ok(Ending::Done) => {
             if let Some(stage) = session.killed_from_outside() {
@@ -215,6 +218,7 @@ pub(super) async fn drive(
         io: session.io,
         restart,
         warm_runtime: session.warm_runtime,
+        done,
     })
 }
 

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
+use super::removals;
 use super::stream::{EVENT_BUFFER, EventStream};
 use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, prepare};
 use crate::sandbox::{Cleanup, JobIo};
@@ -122,10 +123,12 @@ impl Shared {
             .await;
         self.conclude(id, attempts, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
-        // still within the job's slot. A removal Docker did not answer means
-        // it is down: the claim loop then asks it before claiming again.
-        if !cleanup.remove().await {
-            self.engine.docker_failed();
+        // still within the job's slot, unless it is stopping by itself and
+        // may wait its turn in the removal queue (`removals`). A removal
+        // Docker did not answer means it is down: the claim loop then asks
+        // it before claiming again.
+        if let Some(cleanup) = self.removals.defer(cleanup) {
+            removals::remove(&self.engine, cleanup).await;
         }
     }
 

@@ -29,6 +29,7 @@ mod control;
 mod heartbeat;
 mod job;
 mod recover;
+mod removals;
 mod stream;
 pub mod warm;
 
@@ -51,6 +52,7 @@ use crate::sandbox::pool::PoolSettings;
 use crate::sandbox::{SandboxEngine, WarmPool};
 use crate::store::{Store, now_ms};
 use backoff::{Backoff, sleep_unless_cancelled};
+use removals::Removals;
 
 /// After the drain kill: how long killed jobs get to be finished (the engine
 /// removes the container, the result is written) before the worker gives up
@@ -91,6 +93,10 @@ pub struct WorkerConfig {
     /// Whether warm sandboxes hold their language's runtime started ahead
     /// (`CODE_RUNNER_WARM_RUNTIMES`; a schedule entry may say otherwise).
     pub warm_runtimes: bool,
+    /// While at least half the slots are busy, the pool starts one sandbox
+    /// at a time and finished containers wait to be removed
+    /// (`CODE_RUNNER_YIELD_WHILE_BUSY`; see `removals`).
+    pub yield_while_busy: bool,
     /// Times a job claimed but never started is put back in the queue when
     /// its worker is lost (here: when this worker recovers its own list).
     pub max_requeues: u32,
@@ -125,6 +131,8 @@ struct Shared {
     carried: Option<CarriedJobs>,
     /// The warm pool, when `warm_max` > 0.
     pool: Option<WarmPool>,
+    /// Finished jobs' containers waiting to be removed.
+    removals: Removals,
     started_ms: u64,
     /// Cancelled when shutdown begins (SIGTERM).
     shutdown: CancellationToken,
@@ -199,6 +207,11 @@ impl Worker {
                 },
             )
         });
+        let removals = Removals::new(
+            self.config.max_sandboxes,
+            self.config.yield_while_busy,
+            metrics.clone(),
+        );
         let shared = Arc::new(Shared {
             config: self.config,
             store,
@@ -208,6 +221,7 @@ impl Worker {
             metrics,
             carried,
             pool,
+            removals,
             started_ms: now_ms(),
             shutdown,
             drain_kill: CancellationToken::new(),
@@ -262,11 +276,17 @@ impl Worker {
             shared.drain(jobs).await;
             heartbeat_stop.cancel();
         };
+        let removals = shared
+            .removals
+            .run(&shared.engine, || shared.busy(), &heartbeat_stop);
         tokio::join!(
             shared.heartbeat_loop(heartbeat_stop.clone(), first_delay),
             work,
-            warm
+            warm,
+            removals
         );
+        // Every job has ended: what is left to remove goes now.
+        shared.removals.drain(&shared.engine).await;
 
         if shared.abandoned.load(Ordering::SeqCst) {
             tracing::error!(
@@ -285,6 +305,20 @@ impl Shared {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         change(&mut running);
         self.metrics.slots_used.set(running.len() as i64);
+        let busy = self.config.yield_while_busy && self.is_busy(running.len());
+        drop(running);
+        if let Some(pool) = &self.pool {
+            pool.set_busy(busy);
+        }
+    }
+
+    /// At least half the slots are taken: background work yields.
+    fn is_busy(&self, used: usize) -> bool {
+        used * 2 >= self.config.max_sandboxes.max(1)
+    }
+
+    fn busy(&self) -> bool {
+        self.is_busy(self.slots_used())
     }
 
     fn running_ids(&self) -> Vec<String> {

@@ -238,6 +238,23 @@ impl WarmPool {
         self.inner.wake.notify_one();
     }
 
+    /// Says whether the worker's slots are busy. While they are, the pool
+    /// starts one sandbox at a time instead of `parallel_starts`: the
+    /// containers it starts, and the runtimes in them, take CPU from the
+    /// jobs running (a burst that emptied the pool refills after it, not
+    /// against it).
+    pub fn set_busy(&self, busy: bool) {
+        let mut state = self.inner.lock();
+        if state.busy == busy {
+            return;
+        }
+        state.busy = busy;
+        drop(state);
+        if !busy {
+            self.inner.wake.notify_one();
+        }
+    }
+
     /// A ready sandbox for `job`, if the pool has one of its spec; `None`
     /// sends the job down the cold path.
     pub async fn claim(&self, job: &PreparedJob) -> Option<WarmSandbox> {
@@ -330,11 +347,16 @@ impl WarmPool {
     /// Spawns a member task for each missing sandbox, within the bounds.
     fn start_missing(&self, state: &mut State) {
         let settings = &self.inner.settings;
+        let parallel = if state.busy {
+            1
+        } else {
+            settings.parallel_starts
+        };
         let specs: Vec<(WarmSpec, usize)> = state.targets.values().cloned().collect();
         for (spec, target) in specs {
             while state.live(&spec) < target
                 && state.members.len() < settings.max
-                && state.creating() < settings.parallel_starts
+                && state.creating() < parallel
             {
                 let id = state.next_id;
                 state.next_id += 1;

@@ -64,6 +64,9 @@ pub(super) struct State {
     failures: u32,
     pub(super) retry_at: Option<tokio::time::Instant>,
     pub(super) stopping: bool,
+    /// The worker's slots are busy (see `WarmPool::set_busy`): one start
+    /// at a time.
+    pub(super) busy: bool,
 }
 
 impl State {
