@@ -1,13 +1,16 @@
 //! Capacity: a worker never runs more sandboxes than `WORKER_MAX_SANDBOXES`,
-//! however many jobs arrive at once. In a test binary of its own, so nothing
-//! else competes for the machine while it samples.
+//! however many jobs arrive at once, and never keeps more than as many again
+//! of ended jobs' stopped containers waiting to be removed (the removal
+//! queue). In a test binary of its own, so nothing else competes for the
+//! machine while it samples.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::containers::docker;
+use code_runner::sandbox::LABEL_WORKER;
+use common::containers::{docker, list_labelled};
 use common::daemon;
 use common::redis_server::RedisServer;
 use daemon::{DaemonBuilder, Role, metric, python, run_stdout};
@@ -28,17 +31,31 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
     let done = AtomicBool::new(false);
     let started = Instant::now();
 
-    // Every ~50 ms: how many containers with this worker's label exist (in
-    // any state: created, running or exited but not yet removed).
+    // Every ~50 ms: how many containers with this worker's label are not
+    // exited (created or running: a sandbox), and how many exist at all
+    // (with the stopped ones waiting in the removal queue).
+    let label = format!("{LABEL_WORKER}={}", daemon.worker_id);
     let containers = async {
-        let (mut max, mut samples) = (0, 0);
+        let (mut max, mut max_all, mut samples) = (0, 0, 0);
         while !done.load(Ordering::Relaxed) {
-            let count = daemon.containers(&docker).await.len();
-            max = max.max(count);
+            let listed = list_labelled(&docker, &label).await.expect("docker lists");
+            let live = listed
+                .iter()
+                .filter(|c| {
+                    // A sandbox: created or running ("exited", "removing"
+                    // and "dead" ones hold no process).
+                    matches!(
+                        c.state.as_ref().map(|s| s.to_string()).as_deref(),
+                        Some("created" | "running" | "restarting" | "paused")
+                    )
+                })
+                .count();
+            max = max.max(live);
+            max_all = max_all.max(listed.len());
             samples += 1;
             tokio::time::sleep(SAMPLE_EVERY).await;
         }
-        (max, samples)
+        (max, max_all, samples)
     };
     // Every ~50 ms: the worker's own view of its slots.
     let slots = async {
@@ -84,17 +101,22 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
         done.store(true, Ordering::Relaxed);
         submitted
     };
-    let (submitted, (max_containers, container_samples), (max_used, slot_samples)) =
+    let (submitted, (max_containers, max_all, container_samples), (max_used, slot_samples)) =
         tokio::join!(jobs, containers, slots);
     let elapsed = started.elapsed();
     eprintln!(
         "{JOBS} jobs on {SLOTS} slots: submitted in {submitted:?}, all done in {elapsed:?}; \
-         {container_samples} container samples (max {max_containers}), \
+         {container_samples} container samples (max {max_containers} not exited, {max_all} in all), \
          {slot_samples} metric samples (max slots_used {max_used})"
     );
     assert!(
         max_containers <= SLOTS,
-        "{max_containers} containers existed at once"
+        "{max_containers} sandboxes (created or running) at once"
+    );
+    assert!(
+        max_all <= 2 * SLOTS,
+        "{max_all} containers existed at once (slots plus the removal queue's bound: {})",
+        2 * SLOTS
     );
     assert!(max_used <= SLOTS as f64, "slots_used reached {max_used}");
     // The samplers did see the work, and the worker used its slots.

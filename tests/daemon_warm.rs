@@ -115,10 +115,13 @@ async fn a_killed_workers_warm_sandboxes_are_reaped_and_a_live_ones_are_not() {
     // The live worker's pool was never touched.
     assert_eq!(warm_containers(&alive.worker_id).await, alive_ids);
 
-    // A job on the live worker starts warm.
+    // A job on the live worker starts warm, on the runtime started ahead.
     let answer = alive.submit_wait(&daemon::python("print('warm')")).await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:#?}");
-    assert_eq!(answer.body["result"]["start"], "warm", "{answer:#?}");
+    assert_eq!(
+        answer.body["result"]["start"], "warm_runtime",
+        "{answer:#?}"
+    );
     assert_eq!(daemon::run_stdout(&answer.body), "warm\n");
 }
 
@@ -205,7 +208,10 @@ async fn a_schedule_entry_raises_the_pool_in_its_window_and_lets_it_fall_after()
         .wait_metric("code_runner_warm_target{language=\"python\"}", 3.0, WITHIN)
         .await;
     let answer = serve.submit_wait(&daemon::python("print(7)")).await;
-    assert_eq!(answer.body["result"]["start"], "warm", "{answer:#?}");
+    assert_eq!(
+        answer.body["result"]["start"], "warm_runtime",
+        "{answer:#?}"
+    );
 
     // After `until`, it falls back to the worker's own floor (none).
     let fall = until.duration_since(SystemTime::now()).unwrap_or_default() + WITHIN;

@@ -571,7 +571,10 @@ mod tests {
         let text = report.text();
         assert!(text.contains("2 succeeded, 1 failed, 2 errors"), "{text}");
         assert!(text.contains("error        2 × cannot reach it"), "{text}");
-        assert!(text.contains("1 warm, 1 cold, 1 unknown"), "{text}");
+        assert!(
+            text.contains("1 warm, 0 on a warm runtime, 1 cold, 1 unknown"),
+            "{text}"
+        );
         assert!(text.contains("  warm start      10.0"), "{text}");
         assert!(text.contains("  cold start      30.0"), "{text}");
         assert!(

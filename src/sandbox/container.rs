@@ -230,6 +230,18 @@ impl ContainerGuard {
         }
     }
 
+    /// Waits until Docker says the container is not running (its own view,
+    /// which lags the process's exit a little); `false` when Docker could
+    /// not say.
+    pub(super) async fn wait_stopped(&self) -> bool {
+        use futures_util::StreamExt;
+        let mut wait = self.docker.wait_container(&self.name, None);
+        matches!(
+            wait.next().await,
+            Some(Ok(_) | Err(bollard::errors::Error::DockerContainerWaitError { .. }))
+        )
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -2,9 +2,11 @@
 //! started sandbox a job is given, and the job's end ([`RunOutcome`]) with
 //! the container still to remove ([`Cleanup`]).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::connection::Connection;
+use futures_util::StreamExt;
+
+use super::connection::{Connection, OutputStream};
 use super::container::ContainerGuard;
 use crate::job::result::signal_name;
 use crate::job::{JobResult, Output, StageResult, StartKind};
@@ -80,16 +82,32 @@ pub struct RunOutcome {
 /// What is left to do once a job's result is known.
 pub struct Cleanup {
     pub(super) guard: Option<ContainerGuard>,
-    /// The sandbox's supervisor said `done` and nothing failed: the
-    /// container is stopping by itself, so its removal may wait (it holds
-    /// no process and no memory, only Docker's record and layer).
-    pub(super) stopping: bool,
+    /// Set when the sandbox's supervisor said `done` and nothing failed:
+    /// the container is stopping by itself, and this attach stream ends
+    /// once its process has exited. Then its removal may wait: it holds no
+    /// process and no memory, only Docker's record and layer.
+    pub(super) stopping: Option<OutputStream>,
 }
 
 impl Cleanup {
-    /// Whether the removal may wait (see `stopping`).
-    pub fn can_wait(&self) -> bool {
-        self.stopping
+    /// Whether the container ended by itself within `within` (its attach
+    /// stream ended): its removal may then wait. `false` when it was not
+    /// stopping by itself or did not end in time (remove it now).
+    pub async fn exited_within(&mut self, within: Duration) -> bool {
+        let (Some(stream), Some(guard)) = (self.stopping.as_mut(), self.guard.as_ref()) else {
+            return false;
+        };
+        // The stream ends when the process has exited; then Docker's own
+        // view is awaited too, so that nothing counting containers (the
+        // capacity a slot stands for) sees it running past its slot.
+        let ended = tokio::time::timeout(within, async {
+            while stream.next().await.is_some() {}
+            guard.wait_stopped().await
+        })
+        .await
+        .unwrap_or(false);
+        self.stopping = None;
+        ended
     }
 
     /// Removes the job's container; `false` when Docker did not answer (the

@@ -123,7 +123,7 @@ fn failed(
         },
         cleanup: Cleanup {
             guard: Some(guard),
-            stopping: false,
+            stopping: None,
         },
         container,
     }
@@ -155,7 +155,7 @@ pub(super) async fn run_in(
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
     let mut restarts = 0;
     let mut on_runtime = false;
-    let mut stopping = false;
+    let mut stopping = None;
     let (compile, run, ready_at, cancelled, mut error, grader) = loop {
         let uid = guard.uid();
         let session_io = io.take().unwrap_or_default();
@@ -177,7 +177,7 @@ pub(super) async fn run_in(
             Err(Failure(message)) => break (None, None, None, false, Some(message), None),
         };
         on_runtime |= session.warm_runtime;
-        stopping = session.done && session.error.is_none();
+        stopping = session.exiting.filter(|_| session.error.is_none());
         let (compile, ready_at) = first
             .get_or_insert_with(|| (session.compile.clone(), session.ready_at))
             .clone();
@@ -237,7 +237,7 @@ pub(super) async fn run_in(
         Some(_) if compile_failed => JobResult::status_from_stages(compile.as_ref(), None),
         Some(grading) => grading.status(&mut error),
     };
-    let stopping = stopping && error.is_none() && status != Status::Error;
+    let stopping = stopping.filter(|_| error.is_none() && status != Status::Error);
     let error = error.or_else(|| {
         (status == Status::Error).then(|| "the sandbox ended without running the program".into())
     });

@@ -87,8 +87,9 @@ pub(super) struct SessionOutcome {
     pub(super) restart: bool,
     /// The first stage ran on a runtime started ahead (the supervisor said so).
     pub(super) warm_runtime: bool,
-    /// The supervisor said `done`: the container is ending by itself.
-    pub(super) done: bool,
+    /// After the supervisor said `done`: the attach stream, which ends
+    /// when the container's process has exited (see `Cleanup::stopping`).
+    pub(super) exiting: Option<OutputStream>,
 }
 
 pub(super) fn unix_ms(at: SystemTime) -> u64 {
@@ -148,7 +149,8 @@ pub(super) async fn drive(
         add_gvisor_limits(&mut stage.limits, gvisor);
     }
     session.send_initial_frames(bundle).await;
-    let ending = session.frame_loop(output, decoder, config).await;
+    let mut output = output;
+    let ending = session.frame_loop(&mut output, decoder, config).await;
     writer.abort();
     let mut error = None;
     let mut restart = false;
@@ -218,7 +220,7 @@ pub(super) async fn drive(
         io: session.io,
         restart,
         warm_runtime: session.warm_runtime,
-        done,
+        exiting: done.then_some(output),
     })
 }
 
@@ -279,7 +281,7 @@ impl Session<'_> {
 
     async fn frame_loop(
         &mut self,
-        mut output: OutputStream,
+        output: &mut OutputStream,
         mut decoder: FrameDecoder,
         config: &SandboxConfig,
     ) -> Result<Ending, Failure> {

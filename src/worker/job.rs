@@ -127,7 +127,7 @@ impl Shared {
         // may wait its turn in the removal queue (`removals`). A removal
         // Docker did not answer means it is down: the claim loop then asks
         // it before claiming again.
-        if let Some(cleanup) = self.removals.defer(cleanup) {
+        if let Some(cleanup) = self.removals.defer(cleanup).await {
             removals::remove(&self.engine, cleanup).await;
         }
     }

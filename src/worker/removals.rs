@@ -4,9 +4,9 @@
 //! (dockerd and containerd tear down its mounts, cgroup and layer). When a
 //! burst ends, every job task removing its own container at once puts
 //! hundreds of removals on the CPUs the next jobs need. So a container whose
-//! supervisor said `done` (it is stopping by itself: no process, no memory
-//! left, only Docker's record and layer) is not removed in the job's slot:
-//! it is handed to this queue, which removes one at a time, and none while
+//! supervisor said `done` is not removed in the job's slot: once its process
+//! has exited (its attach stream ended: no process, no memory left, only
+//! Docker's record and layer) it is handed to this queue, which removes one at a time, and none while
 //! the worker's slots are busy — unless the queue is full, so it stays
 //! bounded. A container that did not end by itself (killed, timed out,
 //! failed) is still removed at once, in its slot.
@@ -26,6 +26,9 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::sandbox::{Cleanup, SandboxEngine};
 
+/// How long a container that is stopping by itself may take to exit before
+/// it is removed at once instead.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// While the slots are busy, how often the queue looks again.
 const BUSY_RECHECK: Duration = Duration::from_millis(200);
 
@@ -59,10 +62,15 @@ impl Removals {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cleanup` if its container may wait and there is room;
-    /// otherwise hands it back (`Some`) for the caller to remove now.
-    pub(super) fn defer(&self, cleanup: Cleanup) -> Option<Cleanup> {
-        if !self.enabled || !cleanup.can_wait() {
+    /// Queues `cleanup` if its container ended by itself (within
+    /// [`EXIT_WAIT`]: the caller still holds the job's slot meanwhile, so a
+    /// slot is never free while its container's process runs) and there is
+    /// room; otherwise hands it back (`Some`) for the caller to remove now.
+    pub(super) async fn defer(&self, mut cleanup: Cleanup) -> Option<Cleanup> {
+        if !self.enabled || self.lock().len() >= self.limit {
+            return Some(cleanup);
+        }
+        if !cleanup.exited_within(EXIT_WAIT).await {
             return Some(cleanup);
         }
         let mut queue = self.lock();

@@ -324,8 +324,9 @@ class Playground(Page):
         for figure in ("wall", "cpu"):
             self.assertRegex(verdict[figure], r"^\d+ ms$", verdict)
         self.assertRegex(verdict["memory"], r"^\d+(\.\d)? (MiB|KiB)$", verdict)
-        # The server keeps warm python sandboxes: the run starts in one.
-        self.assertEqual(verdict["start"], "warm", verdict)
+        # The server keeps warm python sandboxes, their interpreter started
+        # ahead: the run starts on one.
+        self.assertEqual(verdict["start"], "warm runtime", verdict)
         self.assertRegex(self.text("job-id"), r"^job [0-9a-f-]{36}$")
         self.assertEqual(driver.execute_script("return sessionStorage.getItem('code-runner.api-key')"), KEY)
         self.shot("02-hello-world")

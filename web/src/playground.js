@@ -410,7 +410,7 @@ function showResult(result) {
   if (stage && stage.truncated) details.push("output was cut at the output limit");
   if (stage && stage.reason === "killed" && result.status !== "error") details.push("stopped");
   if (result.error) details.push(result.error);
-  const start = result.start === "warm" || result.start === "cold" ? result.start : "—";
+  const start = { warm: "warm", warm_runtime: "warm runtime", cold: "cold" }[result.start] || "—";
   setVerdict(result.status, {
     reason: stage ? (compileFailed ? `compile: ${stage.reason}` : stage.reason) : "—",
     exit: stage && stage.exit_code !== null && stage.exit_code !== undefined ? String(stage.exit_code) : "—",
