@@ -185,7 +185,9 @@ async fn execute_runs_each_language_family() {
         let answer = piston.execute(
             language,
             code,
-            json!({"stdin": "ada", "compileTimeout": 60000}),
+            // Room for a JVM's start on a loaded machine: Piston's default
+            // run timeout (3 s) is not what this test is about.
+            json!({"stdin": "ada", "compileTimeout": 60000, "runTimeout": 20000}),
         );
         assert_eq!(answer["run"]["stdout"], expected, "{language}: {answer:#}");
         assert_eq!(answer["run"]["code"], 0, "{language}: {answer:#}");
