@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use code_runner::sandbox::LABEL_WORKER;
-use common::containers::{docker, list_labelled};
+use common::containers::{docker, holds_a_sandbox, list_labelled};
 use common::daemon;
 use common::redis_server::RedisServer;
 use daemon::{DaemonBuilder, Role, metric, python, run_stdout};
@@ -39,17 +39,7 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
         let (mut max, mut max_all, mut samples) = (0, 0, 0);
         while !done.load(Ordering::Relaxed) {
             let listed = list_labelled(&docker, &label).await.expect("docker lists");
-            let live = listed
-                .iter()
-                .filter(|c| {
-                    // A sandbox: created or running ("exited", "removing"
-                    // and "dead" ones hold no process).
-                    matches!(
-                        c.state.as_ref().map(|s| s.to_string()).as_deref(),
-                        Some("created" | "running" | "restarting" | "paused")
-                    )
-                })
-                .count();
+            let live = listed.iter().filter(|c| holds_a_sandbox(c)).count();
             max = max.max(live);
             max_all = max_all.max(listed.len());
             samples += 1;

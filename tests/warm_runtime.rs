@@ -422,6 +422,22 @@ async fn claim(
     }
 }
 
+/// Runs `job` in a ready member of `pool` and removes its container.
+async fn run_warm(
+    harness: &Harness,
+    pool: &WarmPool,
+    job: &code_runner::job::PreparedJob,
+) -> code_runner::job::JobResult {
+    let sandbox = claim(pool, job).await;
+    let id = uuid::Uuid::new_v4().to_string();
+    let outcome = harness
+        .engine
+        .run_job(&id, job, JobIo::default(), Some(sandbox))
+        .await;
+    outcome.cleanup.remove().await;
+    outcome.result
+}
+
 /// Runs every case cold and on a warm runtime with `harness` and fails
 /// naming each case whose runs differ.
 async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) {
@@ -444,20 +460,7 @@ async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) 
         let job = harness.prepare(&spec_of(language, entry, case));
         let cold_id = uuid::Uuid::new_v4().to_string();
         let cold = harness.engine.run(&cold_id, &job, JobIo::default());
-        let warm = async {
-            let sandbox = claim(&pool, &job).await;
-            let outcome = harness
-                .engine
-                .run_job(
-                    &uuid::Uuid::new_v4().to_string(),
-                    &job,
-                    JobIo::default(),
-                    Some(sandbox),
-                )
-                .await;
-            outcome.cleanup.remove().await;
-            outcome.result
-        };
+        let warm = run_warm(&harness, &pool, &job);
         let (cold, warm) = tokio::join!(cold, warm);
         assert_eq!(
             cold.start,
@@ -542,19 +545,9 @@ async fn javascript_programs_conform_on_a_warm_runtime_under_runsc() {
 async fn on_runtime_pool(harness: &Harness, spec: &JobSpec) -> code_runner::job::JobResult {
     let job = harness.prepare(spec);
     let pool = harness.warm_pool(&job, 1).await;
-    let sandbox = claim(&pool, &job).await;
-    let outcome = harness
-        .engine
-        .run_job(
-            &uuid::Uuid::new_v4().to_string(),
-            &job,
-            JobIo::default(),
-            Some(sandbox),
-        )
-        .await;
+    let result = run_warm(harness, &pool, &job).await;
     pool.shutdown(Duration::from_secs(30)).await;
-    outcome.cleanup.remove().await;
-    outcome.result
+    result
 }
 
 #[tokio::test]

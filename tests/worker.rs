@@ -20,7 +20,7 @@ use code_runner::store::{
     Admission, CancelOutcome, JobRecord, NewJob, Quotas, ReleaseOutcome, Store, SubmitOutcome,
 };
 use code_runner::worker::{Worker, WorkerConfig};
-use common::containers::list_labelled;
+use common::containers::{holds_a_sandbox, list_labelled};
 use common::redis_server::RedisServer;
 use common::{Harness, init_tracing, python, wait_for};
 use redis::AsyncCommands;
@@ -298,17 +298,7 @@ fn sample(world: &World, stop: CancellationToken) -> tokio::task::JoinHandle<Sam
             let list = list_labelled(harness_engine.docker(), &label)
                 .await
                 .expect("docker lists containers");
-            let live = list
-                .iter()
-                .filter(|c| {
-                    // A sandbox: created or running ("exited", "removing"
-                    // and "dead" ones hold no process).
-                    matches!(
-                        c.state.as_ref().map(|s| s.to_string()).as_deref(),
-                        Some("created" | "running" | "restarting" | "paused")
-                    )
-                })
-                .count();
+            let live = list.iter().filter(|c| holds_a_sandbox(c)).count();
             samples.max_containers = samples.max_containers.max(live);
             samples.max_all = samples.max_all.max(list.len());
             samples.max_slots_used = samples.max_slots_used.max(metrics.slots_used.get());

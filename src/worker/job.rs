@@ -127,7 +127,8 @@ impl Shared {
         // may wait its turn in the removal queue (`removals`). A removal
         // Docker did not answer means it is down: the claim loop then asks
         // it before claiming again.
-        if let Some(cleanup) = self.removals.defer(cleanup).await {
+        let others_busy = self.is_busy(self.slots_used().saturating_sub(1));
+        if let Some(cleanup) = self.removals.defer(cleanup, others_busy).await {
             removals::remove(&self.engine, cleanup).await;
         }
     }

@@ -316,7 +316,7 @@ impl Shared {
     }
 
     /// At least half the slots are taken: background work yields.
-    fn is_busy(&self, used: usize) -> bool {
+    pub(super) fn is_busy(&self, used: usize) -> bool {
         used * 2 >= self.config.max_sandboxes.max(1)
     }
 
@@ -329,7 +329,7 @@ impl Shared {
         running.iter().cloned().collect()
     }
 
-    fn slots_used(&self) -> usize {
+    pub(super) fn slots_used(&self) -> usize {
         self.running
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

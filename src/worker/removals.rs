@@ -62,12 +62,14 @@ impl Removals {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cleanup` if its container ended by itself (within
-    /// [`EXIT_WAIT`]: the caller still holds the job's slot meanwhile, so a
-    /// slot is never free while its container's process runs) and there is
-    /// room; otherwise hands it back (`Some`) for the caller to remove now.
-    pub(super) async fn defer(&self, mut cleanup: Cleanup) -> Option<Cleanup> {
-        if !self.enabled || self.lock().len() >= self.limit {
+    /// Queues `cleanup` if the other jobs keep the worker `busy`, its
+    /// container ended by itself (within [`EXIT_WAIT`]: the caller still
+    /// holds the job's slot meanwhile, so a slot is never free while its
+    /// container's process runs) and there is room; otherwise hands it back
+    /// (`Some`) for the caller to remove now — at once when not busy, with
+    /// no wait for the exit (the queue would remove it at once anyway).
+    pub(super) async fn defer(&self, mut cleanup: Cleanup, busy: bool) -> Option<Cleanup> {
+        if !self.enabled || !busy || self.lock().len() >= self.limit {
             return Some(cleanup);
         }
         if !cleanup.exited_within(EXIT_WAIT).await {

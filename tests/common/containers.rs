@@ -32,6 +32,15 @@ pub async fn list_labelled(
     docker.list_containers(Some(options)).await
 }
 
+/// Whether a listed container is a sandbox holding a process: created or
+/// running (an "exited", "removing" or "dead" one waits only for removal).
+pub fn holds_a_sandbox(container: &ContainerSummary) -> bool {
+    matches!(
+        container.state.as_ref().map(|s| s.to_string()).as_deref(),
+        Some("created" | "running" | "restarting" | "paused")
+    )
+}
+
 /// Ids of the containers (any state) with `label` (`key` or `key=value`).
 pub async fn containers_labelled(docker: &bollard::Docker, label: &str) -> Vec<String> {
     list_labelled(docker, label)
