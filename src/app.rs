@@ -187,8 +187,8 @@ pub async fn run(
             warm_floors,
             warm_max: settings.warm_max,
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
-            warm_runtimes: settings.warm_runtimes == "on",
-            yield_while_busy: settings.yield_while_busy == "on",
+            warm_runtimes: settings.warm_runtimes,
+            yield_while_busy: settings.yield_while_busy,
             max_requeues,
         };
         let worker = Worker::new(config, services(engine));

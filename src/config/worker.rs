@@ -1,6 +1,7 @@
 //! The worker role's settings: its id, slots, heartbeat, drain and warm pool.
 
-use clap::Args;
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args};
 
 use super::ConfigError;
 use crate::languages::LanguageCatalog;
@@ -61,9 +62,10 @@ pub struct WorkerSettings {
         long,
         env = "CODE_RUNNER_WARM_RUNTIMES",
         default_value = "on",
-        value_parser = ["on", "off"]
+        value_parser = BoolishValueParser::new(),
+        action = ArgAction::Set
     )]
-    pub warm_runtimes: String,
+    pub warm_runtimes: bool,
 
     /// Whether background work yields to the running jobs while at least
     /// half the slots are busy (`on` or `off`): the warm pool starts one
@@ -74,9 +76,10 @@ pub struct WorkerSettings {
         long,
         env = "CODE_RUNNER_YIELD_WHILE_BUSY",
         default_value = "on",
-        value_parser = ["on", "off"]
+        value_parser = BoolishValueParser::new(),
+        action = ArgAction::Set
     )]
-    pub yield_while_busy: String,
+    pub yield_while_busy: bool,
 }
 
 impl WorkerSettings {
