@@ -93,15 +93,10 @@ pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
 }
 
 /// Whether the supervisor runs `stage` (the job's first) on the runtime
-/// `prestart` started: the same command before the job's args, the same
-/// environment and directory, stdin from the job. The supervisor decides
-/// by the same rule (`crates/init/src/runtime.rs`); this is the host's
-/// copy of it, for what it predicts and reports.
+/// `prestart` started (the rule is [`Prestart::args_of`], which the
+/// supervisor applies too).
 pub fn runs_on(prestart: &Prestart, stage: &StageSpec) -> bool {
-    stage.stdin
-        && stage.cwd == prestart.cwd
-        && stage.env == prestart.env
-        && stage.argv.starts_with(&prestart.stage_argv)
+    prestart.args_of(stage).is_some()
 }
 
 pub(super) fn build_stages(

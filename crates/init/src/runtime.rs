@@ -88,14 +88,10 @@ impl WarmRuntime {
     /// working directory and ids, stdin from the job. `None`: start it cold.
     pub(crate) fn args_for(&self, spec: &StageSpec, uid: u32, gid: u32) -> Option<Vec<String>> {
         let prestart = &self.prestart;
-        let fits = !self.ended
-            && spec.stdin
-            && uid == prestart.uid
-            && gid == prestart.gid
-            && spec.cwd == prestart.cwd
-            && spec.env == prestart.env
-            && spec.argv.starts_with(&prestart.stage_argv);
-        fits.then(|| spec.argv[prestart.stage_argv.len()..].to_vec())
+        if self.ended || uid != prestart.uid || gid != prestart.gid {
+            return None;
+        }
+        prestart.args_of(spec).map(<[String]>::to_vec)
     }
 
     /// Notes whether the runtime ended while waiting: reaps whatever child

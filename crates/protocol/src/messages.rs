@@ -92,6 +92,21 @@ pub struct Prestart {
     pub cwd: String,
 }
 
+impl Prestart {
+    /// The job's args when `stage` is the command this runtime stands for:
+    /// its argv starts with `stage_argv`, with the same environment and
+    /// working directory, and stdin from the job. The one statement of the
+    /// rule: the supervisor decides by it (with the ids), the host predicts
+    /// and reports by it.
+    pub fn args_of<'a>(&self, stage: &'a StageSpec) -> Option<&'a [String]> {
+        let fits = stage.stdin
+            && stage.cwd == self.cwd
+            && stage.env == self.env
+            && stage.argv.starts_with(&self.stage_argv);
+        fits.then(|| &stage.argv[self.stage_argv.len()..])
+    }
+}
+
 /// One run (kind `run`): a stage, the bytes its stdin reads before EOF, and
 /// files written for it into the plan's `files_dir`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
