@@ -18,9 +18,10 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
 use super::connection::{
-    Connection, OutputStream, SUPERVISOR_LOG_TAIL, inspect_end, log_suffix, protocol_mismatch,
+    Connection, OutputStream, SUPERVISOR_LOG_TAIL, ended_out_of_memory, inspect_end, log_suffix,
+    protocol_mismatch,
 };
-use super::container::ContainerGuard;
+use super::container::{ContainerGuard, is_gvisor};
 use super::grading::{Grader, test_index};
 use super::outcome::StageOutput;
 pub use super::outcome::{Cleanup, RunOutcome};
@@ -193,7 +194,9 @@ pub(super) async fn drive(
         }
         Ok(Ending::StreamEnded) => {
             let inspect = inspect_end(docker, guard.name()).await;
-            let oom = inspect.as_ref().and_then(|s| s.oom_killed) == Some(true);
+            // A cancel's kill is the host's own, never the memory limit's.
+            let oom =
+                ended_out_of_memory(inspect.as_ref(), is_gvisor(config) && !session.cancelled);
             if oom && session.ready_at.is_some() {
                 restart = session.in_test() && !session.cancelled;
                 session.end_unreported_stage(Reason::MemoryLimit).await;
