@@ -20,6 +20,9 @@
 //!   loop sees the channel closed. Dropping the [`InputPipe`] closes the
 //!   stage's stdin once the chunks already handed over are written.
 //!
+//! Each thread is started before the stage is forked and handed its pipe
+//! after ([`HandOff`]): a fork bomb leaves no room for a thread once it runs.
+//!
 //! The threads are not joined. An output thread ends at the end of its
 //! stream (every writer gone), when its read fails, or at the first chunk
 //! after the loop dropped its [`OutputPipe`]; the stdin thread when its
@@ -49,22 +52,42 @@ pub(crate) enum Output {
     Failed(std::io::Error),
 }
 
+/// Where a pipe thread, started before its pipe exists, gets it from.
+///
+/// The threads are started before the stage is forked: once the stage runs,
+/// a fork bomb can fill the pids cgroup within a millisecond, and the
+/// supervisor could then start no thread at all. Dropped without
+/// [`HandOff::give`] (the stage did not start), the thread ends, and its
+/// pipe end reads as the end of the stream or as closed.
+pub(crate) struct HandOff<P>(std::sync::mpsc::SyncSender<P>);
+
+impl<P> HandOff<P> {
+    pub(crate) fn give(self, pipe: P) {
+        // Room for one, and the thread is waiting or gone: never blocks.
+        let _ = self.0.send(pipe);
+    }
+}
+
 /// The supervisor's end of a stage's stdout or stderr.
 pub(crate) struct OutputPipe {
     chunks: mpsc::Receiver<Output>,
 }
 
 impl OutputPipe {
-    /// Starts the thread `name` that reads `pipe`.
-    pub(crate) fn start(
+    /// Starts the thread `name`, which reads the pipe handed to it.
+    pub(crate) fn start<P: Read + Send + 'static>(
         name: &'static str,
-        pipe: impl Read + Send + 'static,
-    ) -> std::io::Result<Self> {
+    ) -> std::io::Result<(Self, HandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
+        let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || read_output(pipe, &tx))?;
-        Ok(Self { chunks })
+            .spawn(move || {
+                if let Ok(pipe) = pipe.recv() {
+                    read_output(pipe, &tx);
+                }
+            })?;
+        Ok((Self { chunks }, HandOff(hand_off)))
     }
 
     /// The next chunk, or the end of the stream.
@@ -110,16 +133,20 @@ pub(crate) struct InputPipe {
 }
 
 impl InputPipe {
-    /// Starts the thread `name` that writes to `pipe`.
-    pub(crate) fn start(
+    /// Starts the thread `name`, which writes to the pipe handed to it.
+    pub(crate) fn start<P: Write + Send + 'static>(
         name: &'static str,
-        pipe: impl Write + Send + 'static,
-    ) -> std::io::Result<Self> {
+    ) -> std::io::Result<(Self, HandOff<P>)> {
         let (chunks, rx) = mpsc::channel(1);
+        let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name(name.into())
-            .spawn(move || write_input(pipe, rx))?;
-        Ok(Self { chunks })
+            .spawn(move || {
+                if let Ok(pipe) = pipe.recv() {
+                    write_input(pipe, rx);
+                }
+            })?;
+        Ok((Self { chunks }, HandOff(hand_off)))
     }
 
     /// Hands the start of `bytes` (at most [`MAX_INPUT_CHUNK`]) to the
@@ -174,7 +201,8 @@ mod tests {
     fn output_comes_in_order_then_eof() {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
-            let mut pipe = OutputPipe::start("test-output", read).expect("start");
+            let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
+            hand_off.give(read);
             let writer = std::thread::spawn(move || {
                 for i in 0..100u32 {
                     write.write_all(&i.to_be_bytes()).expect("write");
@@ -209,7 +237,8 @@ mod tests {
                 read.read_to_end(&mut all).expect("read");
                 all
             });
-            let pipe = InputPipe::start("test-input", write).expect("start");
+            let (pipe, hand_off) = InputPipe::start("test-input").expect("start");
+            hand_off.give(write);
             let mut queued: Vec<u8> = (0..(3 * MAX_INPUT_CHUNK + 5))
                 .map(|i| u8::try_from(i % 251).expect("byte"))
                 .collect();
@@ -235,7 +264,8 @@ mod tests {
         runtime().block_on(async {
             let (read, write) = os_pipe();
             drop(read);
-            let pipe = InputPipe::start("test-input", write).expect("start");
+            let (pipe, hand_off) = InputPipe::start("test-input").expect("start");
+            hand_off.give(write);
             // The first chunk is taken; its write fails with EPIPE and the
             // thread ends, after which the pipe reports closed.
             assert_eq!(pipe.offer(b"lost"), Offer::Taken(4));

@@ -108,8 +108,8 @@ pub(crate) struct SpawnedStage {
 pub(crate) enum SpawnError {
     /// The stage did not start (command not found, bad cwd, ...).
     Start(std::io::Error),
-    /// The stage started but the threads serving its pipes could not be
-    /// started; the process is running and must be killed.
+    /// The threads serving the pipes could not be started (before the
+    /// fork), or the stage started without its pipes and must be killed.
     Pipes(std::io::Error),
 }
 
@@ -215,6 +215,17 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
             }
         });
     }
+    // The pipes' threads first (see `HandOff`): once the child runs, a fork
+    // bomb may leave no room for them.
+    let stdin_pipe = launch
+        .stdin
+        .then(|| InputPipe::start("stage-stdin"))
+        .transpose()
+        .map_err(SpawnError::Pipes)?;
+    let (stdout_pipe, stdout_hand_off) =
+        OutputPipe::start("stage-stdout").map_err(SpawnError::Pipes)?;
+    let (stderr_pipe, stderr_hand_off) =
+        OutputPipe::start("stage-stderr").map_err(SpawnError::Pipes)?;
     // Every pipe std creates is close-on-exec in the supervisor, so the
     // child inherits only its own three descriptors (and a control pipe).
     let mut child = command.spawn().map_err(SpawnError::Start)?;
@@ -226,16 +237,21 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // reaps the stage (see `reap`).
     drop(child);
     let missing = || SpawnError::Pipes(std::io::Error::other("a stage pipe is missing"));
-    let stdout = stdout.ok_or_else(missing)?;
-    let stderr = stderr.ok_or_else(missing)?;
+    stdout_hand_off.give(stdout.ok_or_else(missing)?);
+    stderr_hand_off.give(stderr.ok_or_else(missing)?);
+    let stdin = match (stdin_pipe, stdin) {
+        (Some((pipe, hand_off)), Some(stdin)) => {
+            hand_off.give(stdin);
+            Some(pipe)
+        }
+        (None, None) => None,
+        _ => return Err(missing()),
+    };
     Ok(SpawnedStage {
         pid,
-        stdin: stdin
-            .map(|stdin| InputPipe::start("stage-stdin", stdin))
-            .transpose()
-            .map_err(SpawnError::Pipes)?,
-        stdout: OutputPipe::start("stage-stdout", stdout).map_err(SpawnError::Pipes)?,
-        stderr: OutputPipe::start("stage-stderr", stderr).map_err(SpawnError::Pipes)?,
+        stdin,
+        stdout: stdout_pipe,
+        stderr: stderr_pipe,
     })
 }
 
