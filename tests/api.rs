@@ -597,6 +597,12 @@ async fn a_full_queue_refuses_with_429_until_it_drains() {
     let (status, headers, body) = answer(api.submit(BOB, &python("print(1)")).await).await;
     assert_error(status, &body, StatusCode::TOO_MANY_REQUESTS, "queue_full");
     assert_eq!(headers["retry-after"], "2");
+    common::assert_refusal_detail(
+        &body,
+        2,
+        "queue_full",
+        Some(("CODE_RUNNER_MAX_QUEUE_DEPTH", 3, 3)),
+    );
     assert_eq!(api.queued_ids().await.len(), 3);
 
     let metrics = api.metrics().await;
@@ -628,6 +634,8 @@ async fn one_keys_limit_does_not_affect_another_key() {
     let (status, headers, body) = answer(api.submit(ALICE, &python("print(1)")).await).await;
     assert_error(status, &body, StatusCode::TOO_MANY_REQUESTS, "key_limit");
     assert_eq!(headers["retry-after"], "1");
+    // Alice's entry sets max_active=2.
+    common::assert_refusal_detail(&body, 1, "key_limit", Some(("max_active", 2, 2)));
     for _ in 0..3 {
         submit_ok(&api, BOB).await;
     }
@@ -879,13 +887,15 @@ async fn metrics_languages_and_probes() {
     let response = api.http.get(api.url("/healthz")).send().await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
 
-    let (status, _, body) = answer(api.submit(BOB, &python("print(1)")).await).await;
+    let (status, headers, body) = answer(api.submit(BOB, &python("print(1)")).await).await;
     assert_error(
         status,
         &body,
         StatusCode::SERVICE_UNAVAILABLE,
         "unavailable",
     );
+    assert_eq!(headers["retry-after"], "1");
+    common::assert_refusal_detail(&body, 1, "store_unavailable", None);
     let (status, _, body) = answer(
         api.get(BOB, &format!("/v1/jobs/{}", uuid::Uuid::new_v4()))
             .await,

@@ -62,6 +62,7 @@ async fn a_running_job_finishes_inside_the_drain_window_and_the_process_exits_0(
         "{refused:#?}"
     );
     assert_eq!(refused.error().0, "shutting_down");
+    common::assert_refusal_detail(&refused.body, 1, "shutting_down", None);
     let view = daemon.job(&id).await;
     assert_eq!(view["status"], "running", "{view:#}");
     let status = daemon.wait_exit(Duration::from_secs(30)).await;

@@ -125,6 +125,13 @@ async fn a_key_over_its_rate_gets_429_and_other_keys_do_not() {
     assert_eq!(code, "rate_limited");
     assert!(message.contains("CODE_RUNNER_KEY_RATE"), "{message}");
     assert!(limited.retry_after() >= 1);
+    // 2 a second after a burst of 5.
+    common::assert_refusal_detail(
+        &limited.body,
+        limited.retry_after(),
+        "rate_limited",
+        Some(("CODE_RUNNER_KEY_RATE", 2, 5)),
+    );
     // Another key has its own bucket; the probes have none.
     assert_eq!(
         api.get(&path, Some(KEY_B)).await.status,
@@ -288,6 +295,13 @@ async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
             let body: serde_json::Value =
                 serde_json::from_slice(response.body().as_deref().unwrap_or_default()).unwrap();
             assert_eq!(body["error"]["code"], "too_many_streams", "{body:#}");
+            assert_eq!(response.headers()["retry-after"], "5");
+            common::assert_refusal_detail(
+                &body,
+                5,
+                "too_many_streams",
+                Some(("CODE_RUNNER_MAX_STREAMS_PER_JOB", 2, 2)),
+            );
             let message = body["error"]["message"].as_str().unwrap();
             assert!(
                 message.contains("this job has 2 open streams")

@@ -64,6 +64,16 @@ async fn a_flood_of_jobs_printing_their_most_output_stays_under_the_bound() {
                         message.contains("CODE_RUNNER_KEY_MAX_STORED_MB"),
                         "{message}"
                     );
+                    let named = &answer.body["error"]["limit"];
+                    assert_eq!(named["value"], BUDGET_MB << 20, "{answer:#?}");
+                    let counted = named["counted"].as_u64().unwrap();
+                    assert!(counted > BUDGET_MB << 20, "{answer:#?}");
+                    common::assert_refusal_detail(
+                        &answer.body,
+                        30,
+                        "key_storage",
+                        Some(("CODE_RUNNER_KEY_MAX_STORED_MB", BUDGET_MB << 20, counted)),
+                    );
                     refused += 1;
                 }
                 other => panic!("round {round}: {other}: {answer:#?}"),

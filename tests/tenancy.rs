@@ -56,6 +56,12 @@ async fn max_active_per_user_refuses_that_user_only_and_frees_up_as_jobs_end() {
         "this user already has 2 queued or running jobs, the key's max_active_per_user of 2; retry when one of them ends",
         "1",
     );
+    common::assert_refusal_detail(
+        &third.body,
+        1,
+        "user_active_limit",
+        Some(("max_active_per_user", 2, 2)),
+    );
     // Another user of the key, the key's anonymous user and another key
     // are not held back.
     for (key, job) in [
@@ -115,6 +121,12 @@ async fn user_rate_per_minute_refuses_past_the_burst_with_the_wait() {
             "this user submitted 3 jobs in the last minute, the key's user_rate_per_minute of 3; retry after {wait} s"
         ),
         &wait.to_string(),
+    );
+    common::assert_refusal_detail(
+        &refused.body,
+        wait,
+        "user_rate_limit",
+        Some(("user_rate_per_minute", 3, 3)),
     );
     // Another user has its own allowance.
     let other = api.submit(&for_user("student-2")).await;

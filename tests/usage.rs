@@ -558,7 +558,11 @@ fn reset() -> (String, u64) {
     )
 }
 
-fn assert_quota_refusal(answer: (StatusCode, Option<u64>, Value), message: &str) {
+fn assert_quota_refusal(
+    answer: (StatusCode, Option<u64>, Value),
+    message: &str,
+    limit: (&str, u64, u64),
+) {
     let (status, retry_after, body) = answer;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     assert_eq!(body["error"]["code"], "quota_exceeded", "{body}");
@@ -573,6 +577,7 @@ fn assert_quota_refusal(answer: (StatusCode, Option<u64>, Value), message: &str)
         retry_after.abs_diff(seconds) <= 2,
         "Retry-After {retry_after}, {seconds} s to midnight"
     );
+    common::assert_refusal_detail(&body, retry_after, "quota_exceeded", Some(limit));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -588,6 +593,7 @@ async fn each_quota_refuses_with_429_its_message_and_retry_after() {
     assert_quota_refusal(
         api.submit(TEACHER, "ann").await,
         "user \"ann\"'s quota of 2 jobs per day (user_jobs_per_day) is used up: 2 jobs submitted today (UTC)",
+        ("user_jobs_per_day", 2, 2),
     );
     // ann's two jobs use 1.25 s of CPU: ann's CPU quota refuses before
     // her jobs quota would; bo may still submit.
@@ -595,6 +601,7 @@ async fn each_quota_refuses_with_429_its_message_and_retry_after() {
     assert_quota_refusal(
         api.submit(TEACHER, "ann").await,
         "user \"ann\"'s quota of 1 cpu seconds per day (user_cpu_seconds_per_day) is used up: 1.250 s used today (UTC)",
+        ("user_cpu_seconds_per_day", 1000, 1250),
     );
     assert_eq!(api.submit(TEACHER, "bo").await.0, StatusCode::ACCEPTED);
     assert_eq!(api.submit(TEACHER, "bo").await.0, StatusCode::ACCEPTED);
@@ -603,6 +610,7 @@ async fn each_quota_refuses_with_429_its_message_and_retry_after() {
     assert_quota_refusal(
         api.submit(TEACHER, "cy").await,
         "this api key's quota of 3 cpu seconds per day (cpu_seconds_per_day) is used up: 3.050 s used today (UTC)",
+        ("cpu_seconds_per_day", 3000, 3050),
     );
     // Another key has its own ledger and no quotas.
     assert_eq!(api.submit(OTHER, "ann").await.0, StatusCode::ACCEPTED);

@@ -7,6 +7,9 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::job::{InvalidJob, Status};
 use crate::store::{Quota, StoreError};
@@ -43,10 +46,18 @@ pub enum ApiError {
     IdempotencyExpired,
     #[error("request body is larger than {limit} bytes")]
     TooLarge { limit: usize },
-    #[error("the queue is full ({depth} jobs waiting); retry later")]
-    QueueFull { depth: u64 },
-    #[error("this api key already has {active} queued or running jobs, its limit")]
-    KeyLimit { active: u64 },
+    #[error(
+        "the queue is full ({depth} jobs waiting, CODE_RUNNER_MAX_QUEUE_DEPTH is {limit}); retry later"
+    )]
+    QueueFull { depth: u64, limit: u64 },
+    #[error("this api key already has {active} queued or running jobs, its limit of {limit} ({})", key_limit_setting(*.from_entry))]
+    KeyLimit {
+        active: u64,
+        limit: u64,
+        /// The limit is the key entry's `max_active` (else the server's
+        /// `CODE_RUNNER_KEY_MAX_ACTIVE`).
+        from_entry: bool,
+    },
     #[error(
         "this user already has {active} queued or running jobs, the key's max_active_per_user of {limit}; retry when one of them ends"
     )]
@@ -74,16 +85,23 @@ pub enum ApiError {
         /// Seconds until `resets_ms` (at least 1), as of the refusal.
         retry_after_secs: u64,
     },
-    #[error("{scope} has {open} open streams, the most allowed ({setting}); close one first")]
+    #[error(
+        "{scope} has {open} open streams, the most allowed ({setting} is {limit}); close one first"
+    )]
     TooManyStreams {
         scope: &'static str,
         open: usize,
+        limit: usize,
         setting: &'static str,
     },
     #[error(
-        "this api key sends more than {rate} requests per second (CODE_RUNNER_KEY_RATE); retry after {wait_secs} s"
+        "this api key sent its burst of {burst} requests (CODE_RUNNER_KEY_BURST) and more than {rate} per second since (CODE_RUNNER_KEY_RATE); retry after {wait_secs} s"
     )]
-    RateLimited { rate: u64, wait_secs: u64 },
+    RateLimited {
+        rate: u64,
+        burst: u64,
+        wait_secs: u64,
+    },
     #[error("the capacity schedule holds {entries} current entries, its limit; delete one first")]
     ScheduleFull { entries: usize },
     /// The process is shutting down: it still answers reads while its worker
@@ -93,6 +111,14 @@ pub enum ApiError {
     /// Redis failed; the detail is logged, not sent.
     #[error("the job store is unavailable; retry later")]
     Unavailable(#[source] StoreError),
+}
+
+fn key_limit_setting(from_entry: bool) -> &'static str {
+    if from_entry {
+        "the key entry's max_active"
+    } else {
+        "CODE_RUNNER_KEY_MAX_ACTIVE"
+    }
 }
 
 /// What a quota refusal says: the quota (its option in the key entry),
@@ -186,7 +212,8 @@ impl ApiError {
     }
 
     /// The `reason` label of `code_runner_submissions_rejected_total` when
-    /// this error refuses a submission; `None` for failures of our own.
+    /// this error refuses a submission (also the `reason` of every 429 and
+    /// 503 body); `None` for answers that are not refusals.
     pub fn rejection_reason(&self) -> Option<&'static str> {
         match self {
             ApiError::Unauthorized(_) | ApiError::Forbidden(_) => Some("unauthorized"),
@@ -200,14 +227,24 @@ impl ApiError {
             ApiError::KeyStorage { .. } => Some("key_storage"),
             ApiError::QuotaExceeded { .. } => Some("quota_exceeded"),
             ApiError::RateLimited { .. } => Some("rate_limited"),
+            ApiError::TooManyStreams { .. } => Some("too_many_streams"),
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
+            ApiError::ShuttingDown => Some("shutting_down"),
+            ApiError::Unavailable(_) => Some("store_unavailable"),
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed
             | ApiError::ScheduleFull { .. }
-            | ApiError::TooManyStreams { .. }
-            | ApiError::AlreadyFinished { .. }
-            | ApiError::Unavailable(_)
-            | ApiError::ShuttingDown => None,
+            | ApiError::AlreadyFinished { .. } => None,
+        }
+    }
+
+    /// The `reason` of a 429 or 503 body.
+    fn refusal_reason(&self) -> Option<&'static str> {
+        let status = self.status();
+        if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            self.rejection_reason()
+        } else {
+            None
         }
     }
 
@@ -230,6 +267,89 @@ impl ApiError {
         }
     }
 
+    /// The limit a 429 names: where it is set, its value, and what
+    /// counted against it when the request came.
+    pub fn limit(&self) -> Option<LimitDetail> {
+        let detail = |setting: &'static str, unit: &'static str, value: u64, counted: u64| {
+            Some(LimitDetail {
+                setting,
+                unit,
+                value,
+                counted,
+            })
+        };
+        match self {
+            ApiError::QueueFull { depth, limit } => detail(
+                "CODE_RUNNER_MAX_QUEUE_DEPTH",
+                "jobs waiting in the queue",
+                *limit,
+                *depth,
+            ),
+            ApiError::KeyLimit {
+                active,
+                limit,
+                from_entry,
+            } => detail(
+                if *from_entry {
+                    "max_active"
+                } else {
+                    "CODE_RUNNER_KEY_MAX_ACTIVE"
+                },
+                "queued or running jobs of the api key",
+                *limit,
+                *active,
+            ),
+            ApiError::UserActiveLimit { active, limit } => detail(
+                "max_active_per_user",
+                "queued or running jobs of the user",
+                *limit,
+                *active,
+            ),
+            ApiError::UserRateLimit { limit, .. } => detail(
+                "user_rate_per_minute",
+                "submissions of the user in the last minute",
+                *limit,
+                *limit,
+            ),
+            ApiError::KeyStorage {
+                held,
+                needed,
+                budget,
+            } => detail(
+                "CODE_RUNNER_KEY_MAX_STORED_MB",
+                "bytes the api key's jobs hold in the job store (with this job's)",
+                *budget,
+                held + needed,
+            ),
+            ApiError::QuotaExceeded {
+                quota, limit, used, ..
+            } => match quota {
+                Quota::KeyCpuSeconds | Quota::UserCpuSeconds => detail(
+                    quota.option(),
+                    "cpu milliseconds used today (UTC)",
+                    limit.saturating_mul(1000),
+                    *used,
+                ),
+                Quota::UserJobs => {
+                    detail(quota.option(), "jobs submitted today (UTC)", *limit, *used)
+                }
+            },
+            ApiError::TooManyStreams {
+                open,
+                limit,
+                setting,
+                ..
+            } => detail(setting, "open streams", *limit as u64, *open as u64),
+            ApiError::RateLimited { rate, burst, .. } => detail(
+                "CODE_RUNNER_KEY_RATE",
+                "requests of the api key: a burst, then this many per second",
+                *rate,
+                *burst,
+            ),
+            _ => None,
+        }
+    }
+
     fn body(&self) -> ErrorBody {
         let (field, message) = match self {
             ApiError::InvalidJob(invalid) => (Some(invalid.field.clone()), invalid.message.clone()),
@@ -247,6 +367,9 @@ impl ApiError {
                     ApiError::AlreadyFinished { status } => Some(*status),
                     _ => None,
                 },
+                reason: self.refusal_reason(),
+                limit: self.limit(),
+                retry_after_secs: self.retry_after(),
             },
         }
     }
@@ -267,16 +390,53 @@ pub struct ErrorDetail {
     /// For `already_finished`: the status the job ended with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// For a 429 or 503: why, as the `reason` label of
+    /// `code_runner_submissions_rejected_total`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// For a 429 past a limit: the limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<LimitDetail>,
+    /// The `Retry-After` header's seconds, in the body too.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_secs: Option<u64>,
+}
+
+/// The limit a refusal names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitDetail {
+    /// Where it is set: a server setting (`CODE_RUNNER_…`) or an option of
+    /// the api key's entry (`max_active_per_user`, …).
+    pub setting: &'static str,
+    /// What `value` and `counted` count.
+    pub unit: &'static str,
+    /// The limit.
+    pub value: u64,
+    /// What counted against it when the request came.
+    pub counted: u64,
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        match &self {
-            ApiError::Unavailable(error) => {
-                tracing::warn!(error = %error, "Redis failed; answering 503");
+        match (&self, self.refusal_reason()) {
+            (ApiError::Unavailable(error), Some(reason)) => {
+                if let Some(refused) = REFUSAL_LOG.count(reason, Instant::now()) {
+                    tracing::warn!(error = %error, reason, refused, "Redis failed; answering 503.");
+                }
             }
-            other => tracing::debug!(
+            (other, Some(reason)) => {
+                if let Some(refused) = REFUSAL_LOG.count(reason, Instant::now()) {
+                    tracing::info!(
+                        status = status.as_u16(),
+                        reason,
+                        refused,
+                        message = %other,
+                        "Requests refused."
+                    );
+                }
+            }
+            (other, None) => tracing::debug!(
                 status = status.as_u16(),
                 code = other.code(),
                 message = %other,
@@ -295,9 +455,75 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// How often each kind of refusal (429 and 503, by reason) is logged at
+/// most: the first of a quiet spell at once, then one line per window with
+/// how many there were, so a burst of thousands is a few lines.
+const REFUSAL_LOG_WINDOW: Duration = Duration::from_secs(10);
+
+static REFUSAL_LOG: RefusalLog = RefusalLog::new(REFUSAL_LOG_WINDOW);
+
+/// Counts refusals by reason; [`RefusalLog::count`] says when to log.
+struct RefusalLog {
+    window: Duration,
+    /// By reason: when it was last logged and the refusals since.
+    seen: Mutex<BTreeMap<&'static str, (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    const fn new(window: Duration) -> Self {
+        Self {
+            window,
+            seen: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Counts one refusal for `reason`; `Some(n)` when it is to be logged
+    /// now, with the `n` refusals (this one included) since the last line.
+    fn count(&self, reason: &'static str, now: Instant) -> Option<u64> {
+        let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        match seen.get_mut(reason) {
+            Some((logged, since)) if now.duration_since(*logged) < self.window => {
+                *since += 1;
+                None
+            }
+            Some((logged, since)) => {
+                let refused = *since + 1;
+                *logged = now;
+                *since = 0;
+                Some(refused)
+            }
+            None => {
+                seen.insert(reason, (now, 0));
+                Some(1)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refusals_are_logged_once_per_window_with_their_count() {
+        let log = RefusalLog::new(Duration::from_secs(10));
+        let start = Instant::now();
+        assert_eq!(log.count("key_limit", start), Some(1));
+        for i in 1..=5 {
+            assert_eq!(log.count("key_limit", start + Duration::from_secs(i)), None);
+        }
+        // Another reason has a window of its own.
+        assert_eq!(log.count("queue_full", start), Some(1));
+        // The window's end logs the 5 held back and this one.
+        assert_eq!(
+            log.count("key_limit", start + Duration::from_secs(10)),
+            Some(6)
+        );
+        assert_eq!(
+            log.count("key_limit", start + Duration::from_secs(11)),
+            None
+        );
+    }
 
     fn json_of(error: ApiError) -> (StatusCode, axum::http::HeaderMap, serde_json::Value) {
         let body = serde_json::to_value(error.body()).unwrap();
@@ -342,8 +568,20 @@ mod tests {
             (ApiError::IdempotencyConflict, 409, "idempotency_conflict"),
             (ApiError::IdempotencyExpired, 409, "idempotency_expired"),
             (ApiError::TooLarge { limit: 10 }, 413, "too_large"),
-            (ApiError::QueueFull { depth: 3 }, 429, "queue_full"),
-            (ApiError::KeyLimit { active: 2 }, 429, "key_limit"),
+            (
+                ApiError::QueueFull { depth: 3, limit: 3 },
+                429,
+                "queue_full",
+            ),
+            (
+                ApiError::KeyLimit {
+                    active: 2,
+                    limit: 2,
+                    from_entry: false,
+                },
+                429,
+                "key_limit",
+            ),
             (
                 ApiError::UserActiveLimit {
                     active: 2,
@@ -385,6 +623,7 @@ mod tests {
                 ApiError::TooManyStreams {
                     scope: "this job",
                     open: 1,
+                    limit: 1,
                     setting: "X",
                 },
                 429,
@@ -393,6 +632,7 @@ mod tests {
             (
                 ApiError::RateLimited {
                     rate: 1,
+                    burst: 1,
                     wait_secs: 1,
                 },
                 429,
@@ -439,9 +679,13 @@ mod tests {
 
     #[test]
     fn retry_after_and_www_authenticate_are_set() {
-        let (_, headers, _) = json_of(ApiError::QueueFull { depth: 3 });
+        let (_, headers, _) = json_of(ApiError::QueueFull { depth: 3, limit: 3 });
         assert_eq!(headers[header::RETRY_AFTER], "2");
-        let (_, headers, _) = json_of(ApiError::KeyLimit { active: 2 });
+        let (_, headers, _) = json_of(ApiError::KeyLimit {
+            active: 2,
+            limit: 2,
+            from_entry: false,
+        });
         assert_eq!(headers[header::RETRY_AFTER], "1");
         let (_, headers, _) = json_of(ApiError::Unauthorized("missing"));
         assert_eq!(headers[header::WWW_AUTHENTICATE], "Bearer");
@@ -487,19 +731,103 @@ mod tests {
     }
 
     #[test]
-    fn only_submission_refusals_have_a_reason() {
+    fn refusals_have_a_reason_and_only_refusals_do() {
         assert_eq!(
-            ApiError::QueueFull { depth: 1 }.rejection_reason(),
+            ApiError::QueueFull { depth: 1, limit: 1 }.rejection_reason(),
             Some("queue_full")
         );
         assert_eq!(ApiError::NotFound("x").rejection_reason(), None);
-        assert_eq!(
+        let unavailable = ApiError::Unavailable(StoreError::Corrupt {
+            id: "j".into(),
+            message: "m".into(),
+        });
+        assert_eq!(unavailable.rejection_reason(), Some("store_unavailable"));
+        assert_eq!(unavailable.body().error.reason, Some("store_unavailable"));
+        // A 400 is counted (as `invalid`) but is no 429/503: no `reason` in its body.
+        let invalid = ApiError::InvalidJob(InvalidJob::new("language", "unknown"));
+        assert_eq!(invalid.rejection_reason(), Some("invalid"));
+        assert_eq!(invalid.body().error.reason, None);
+    }
+
+    #[test]
+    fn every_refusal_reason_is_a_preregistered_series() {
+        let refusals = [
+            ApiError::QueueFull { depth: 1, limit: 1 },
+            ApiError::KeyLimit {
+                active: 1,
+                limit: 1,
+                from_entry: true,
+            },
+            ApiError::UserActiveLimit {
+                active: 1,
+                limit: 1,
+            },
+            ApiError::UserRateLimit {
+                limit: 1,
+                wait_secs: 1,
+            },
+            ApiError::KeyStorage {
+                held: 1,
+                needed: 1,
+                budget: 1,
+            },
+            ApiError::RateLimited {
+                rate: 1,
+                burst: 1,
+                wait_secs: 1,
+            },
+            ApiError::ShuttingDown,
             ApiError::Unavailable(StoreError::Corrupt {
                 id: "j".into(),
-                message: "m".into()
-            })
-            .rejection_reason(),
-            None
+                message: "m".into(),
+            }),
+        ];
+        for refusal in refusals {
+            let reason = refusal.rejection_reason().unwrap();
+            assert!(
+                crate::api::REJECTION_REASONS.contains(&reason),
+                "{reason} is not in REJECTION_REASONS"
+            );
+        }
+    }
+
+    #[test]
+    fn a_limit_refusal_names_setting_value_and_count() {
+        let body = serde_json::to_value(
+            ApiError::KeyStorage {
+                held: 700,
+                needed: 400,
+                budget: 1000,
+            }
+            .body(),
+        )
+        .unwrap();
+        assert_eq!(body["error"]["reason"], "key_storage");
+        assert_eq!(body["error"]["retry_after_secs"], 30);
+        assert_eq!(
+            body["error"]["limit"]["setting"],
+            "CODE_RUNNER_KEY_MAX_STORED_MB"
         );
+        assert_eq!(body["error"]["limit"]["value"], 1000);
+        assert_eq!(body["error"]["limit"]["counted"], 1100);
+        let cpu = ApiError::QuotaExceeded {
+            quota: Quota::UserCpuSeconds,
+            user: "ann".into(),
+            limit: 60,
+            used: 61_234,
+            resets_ms: 0,
+            retry_after_secs: 5,
+        };
+        // CPU quotas are set in seconds and counted in ms: both in ms here.
+        assert_eq!(
+            cpu.limit(),
+            Some(LimitDetail {
+                setting: "user_cpu_seconds_per_day",
+                unit: "cpu milliseconds used today (UTC)",
+                value: 60_000,
+                counted: 61_234,
+            })
+        );
+        assert_eq!(ApiError::ShuttingDown.limit(), None);
     }
 }

@@ -163,6 +163,10 @@ pub const REJECTION_REASONS: &[&str] = &[
     "conflict",
     "malformed",
     "rate_limited",
+    "user_active_limit",
+    "user_rate_limit",
+    "shutting_down",
+    "store_unavailable",
 ];
 
 /// The shared state of every handler: cheap to clone.

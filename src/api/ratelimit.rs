@@ -28,6 +28,7 @@ use super::error::ApiError;
 pub(crate) struct KeyRate {
     limiter: DefaultKeyedRateLimiter<Option<String>>,
     rate: u64,
+    burst: u64,
 }
 
 impl std::fmt::Debug for KeyRate {
@@ -48,6 +49,7 @@ impl KeyRate {
         Self {
             limiter: RateLimiter::keyed(quota),
             rate,
+            burst: u64::from(burst.max(1)),
         }
     }
 
@@ -60,6 +62,7 @@ impl KeyRate {
                 let wait = not_until.wait_time_from(self.limiter.clock().now());
                 ApiError::RateLimited {
                     rate: self.rate,
+                    burst: self.burst,
                     wait_secs: wait.as_secs_f64().ceil() as u64,
                 }
             })
@@ -106,7 +109,11 @@ mod tests {
             rate.check(Some("a")).unwrap();
         }
         match rate.check(Some("a")) {
-            Err(ApiError::RateLimited { rate: 1, wait_secs }) => assert_eq!(wait_secs, 1),
+            Err(ApiError::RateLimited {
+                rate: 1,
+                burst: 3,
+                wait_secs,
+            }) => assert_eq!(wait_secs, 1),
             other => panic!("{other:?}"),
         }
         rate.check(Some("b")).unwrap();

@@ -50,23 +50,39 @@ impl StreamCaps {
     /// refusal that names the cap it would pass.
     pub(super) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let refuse = |scope: &'static str, open: usize, setting: &'static str| {
+        let refuse = |scope: &'static str, open: usize, limit: usize, setting: &'static str| {
             Err(ApiError::TooManyStreams {
                 scope,
                 open,
+                limit,
                 setting,
             })
         };
         let of_job = counts.jobs.get(job).copied().unwrap_or(0);
         if of_job >= self.limits.per_job {
-            return refuse("this job", of_job, "CODE_RUNNER_MAX_STREAMS_PER_JOB");
+            return refuse(
+                "this job",
+                of_job,
+                self.limits.per_job,
+                "CODE_RUNNER_MAX_STREAMS_PER_JOB",
+            );
         }
         let of_key = counts.keys.get(key).copied().unwrap_or(0);
         if of_key >= self.limits.per_key {
-            return refuse("this API key", of_key, "CODE_RUNNER_MAX_STREAMS_PER_KEY");
+            return refuse(
+                "this API key",
+                of_key,
+                self.limits.per_key,
+                "CODE_RUNNER_MAX_STREAMS_PER_KEY",
+            );
         }
         if counts.total >= self.limits.total {
-            return refuse("this server", counts.total, "CODE_RUNNER_MAX_STREAMS");
+            return refuse(
+                "this server",
+                counts.total,
+                self.limits.total,
+                "CODE_RUNNER_MAX_STREAMS",
+            );
         }
         counts.total += 1;
         *counts.keys.entry(key.to_string()).or_default() += 1;

@@ -143,8 +143,15 @@ pub(super) async fn submit(
         SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
             Err(ApiError::IdempotencyConflict)
         }
-        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull { depth }),
-        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit { active }),
+        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull {
+            depth,
+            limit: admission.max_queue_depth,
+        }),
+        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit {
+            active,
+            limit: admission.key_limit.unwrap_or(active),
+            from_entry: caller.max_active.is_some(),
+        }),
         SubmitOutcome::UserActiveLimit { active } => Err(ApiError::UserActiveLimit {
             active,
             limit: admission.user_limit.unwrap_or(active),

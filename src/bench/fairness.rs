@@ -170,10 +170,10 @@ async fn submit_backlog(api: &Api, plan: Plan) -> Result<Vec<String>, Stopped> {
         .map(|index| async move {
             match api.submit_once(body, None, false).await? {
                 Submitted::Accepted(answer) => Ok(job_id(&answer)?),
-                Submitted::Busy { message, .. } => Err(Stopped::BacklogRefused {
+                Submitted::Busy { refused, .. } => Err(Stopped::BacklogRefused {
                     index: index + 1,
                     backlog: plan.backlog,
-                    message,
+                    message: refused.message,
                 }),
             }
         })

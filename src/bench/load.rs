@@ -14,6 +14,7 @@
 //! (a 429 answer is counted, waited out for its `Retry-After`, and the
 //! submission sent again).
 
+use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -117,12 +118,12 @@ pub(super) struct Sample {
     /// Interactive jobs: lines sent, and one duration per line echoed.
     pub(super) lines_sent: u32,
     pub(super) round_trips: Vec<Duration>,
-    /// 429 answers to this job's submission.
-    pub(super) busy: u32,
+    /// 429 answers to this job's submission, by the reason each gave.
+    pub(super) busy: BTreeMap<String, u32>,
 }
 
 impl Sample {
-    fn error(message: impl Into<String>, busy: u32) -> Self {
+    fn error(message: impl Into<String>, busy: BTreeMap<String, u32>) -> Self {
         Self {
             outcome: Outcome::Error(message.into()),
             first_output: None,
@@ -240,10 +241,15 @@ async fn one_job(
 
 /// `POST /v1/jobs?wait=true`.
 async fn through_wait(api: &Api, body: &[u8]) -> Result<Sample, ClientError> {
-    let mut busy = 0;
+    let mut busy = BTreeMap::new();
     // No Idempotency-Key: the plain submission is what is measured, and a
     // benchmark never sends a job again after a transport error.
-    let accepted = match api.submit(body, None, true, |_| busy += 1).await {
+    let accepted = match api
+        .submit(body, None, true, |refused| {
+            *busy.entry(refused.reason.clone()).or_default() += 1;
+        })
+        .await
+    {
         Ok(accepted) => accepted,
         Err(error) if is_fatal(&error) => return Err(error),
         Err(error) => return Ok(Sample::error(error.to_string(), busy)),
@@ -332,8 +338,13 @@ async fn through_websocket(
     index: u32,
     round_trips: Option<u32>,
 ) -> Result<Sample, ClientError> {
-    let mut busy = 0;
-    let accepted = match api.submit(body, None, false, |_| busy += 1).await {
+    let mut busy = BTreeMap::new();
+    let accepted = match api
+        .submit(body, None, false, |refused| {
+            *busy.entry(refused.reason.clone()).or_default() += 1;
+        })
+        .await
+    {
         Ok(accepted) => accepted,
         Err(error) if is_fatal(&error) => return Err(error),
         Err(error) => return Ok(Sample::error(error.to_string(), busy)),
@@ -435,7 +446,7 @@ async fn through_engine(
         ended,
         lines_sent,
         round_trips,
-        busy: 0,
+        busy: BTreeMap::new(),
     }
 }
 

@@ -142,6 +142,8 @@ pub(super) struct Counts {
     pub(super) errors: u32,
     /// 429 answers, each waited out and the submission sent again.
     pub(super) busy_retries: u32,
+    /// The same, by the reason each answer gave (`key_limit`, `rate_limited`, …).
+    pub(super) busy_reasons: BTreeMap<String, u32>,
 }
 
 /// `warm` + `warm_runtime` + `cold` + `unknown` = the jobs that ran
@@ -270,7 +272,10 @@ impl Report {
         let mut sent = 0;
         let mut last = started;
         for sample in samples {
-            counts.busy_retries += sample.busy;
+            for (reason, count) in &sample.busy {
+                counts.busy_retries += count;
+                *counts.busy_reasons.entry(reason.clone()).or_default() += count;
+            }
             last = last.max(sample.ended);
             match &sample.outcome {
                 Outcome::Finished {
@@ -408,9 +413,19 @@ impl Report {
                 c.submitted
             );
         }
+        let reasons = if c.busy_reasons.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = c
+                .busy_reasons
+                .iter()
+                .map(|(reason, count)| format!("{reason} {count}"))
+                .collect();
+            format!(" ({})", list.join(", "))
+        };
         let _ = writeln!(
             out,
-            "jobs         {} succeeded, {} failed, {} errors; {} answers 429 retried",
+            "jobs         {} succeeded, {} failed, {} errors; {} answers 429 retried{reasons}",
             c.succeeded, c.failed, c.errors, c.busy_retries
         );
         for failure in &self.failures {
@@ -496,7 +511,7 @@ mod tests {
             ended: Instant::now(),
             lines_sent: 0,
             round_trips: Vec::new(),
-            busy: 1,
+            busy: BTreeMap::from([("key_limit".to_string(), 1)]),
         }
     }
 
@@ -543,6 +558,17 @@ mod tests {
         assert_eq!(
             (c.submitted, c.succeeded, c.failed, c.errors, c.busy_retries),
             (5, 2, 1, 2, 5)
+        );
+        assert_eq!(
+            c.busy_reasons,
+            BTreeMap::from([("key_limit".to_string(), 5)])
+        );
+        assert!(
+            report
+                .text()
+                .contains("5 answers 429 retried (key_limit 5)"),
+            "{}",
+            report.text()
         );
         assert_eq!(
             (report.start.warm, report.start.cold, report.start.unknown),

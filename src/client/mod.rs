@@ -215,9 +215,12 @@ pub async fn run(args: RunArgs) -> u8 {
     let idempotency_key = uuid::Uuid::new_v4().to_string();
 
     let mut told = false;
-    let on_busy = |message: &str| {
+    let on_busy = |refused: &Refused| {
         if !told && std::io::stderr().is_terminal() {
-            eprintln!("code-runner: the API is busy ({message}); retrying");
+            eprintln!(
+                "code-runner: the API is busy ({}); retrying",
+                refused.message
+            );
             told = true;
         }
     };
@@ -361,6 +364,9 @@ struct ErrorDetail {
     message: String,
     #[serde(default)]
     field: Option<String>,
+    /// For a 429 or 503: the refusal's reason (e.g. `key_limit`).
+    #[serde(default)]
+    reason: Option<String>,
 }
 
 impl ErrorDetail {
@@ -383,8 +389,16 @@ pub(crate) enum Submitted {
     /// 429: try again after this long.
     Busy {
         retry_after: Duration,
-        message: String,
+        refused: Refused,
     },
+}
+
+/// A 429 answer to a submission.
+#[derive(Debug, Clone)]
+pub(crate) struct Refused {
+    /// The body's `reason` (else its `code`): which limit refused it.
+    pub(crate) reason: String,
+    pub(crate) message: String,
 }
 
 /// A submission the API took.
@@ -460,7 +474,7 @@ impl Api {
         body: &[u8],
         idempotency_key: Option<&str>,
         wait: bool,
-        mut on_busy: impl FnMut(&str),
+        mut on_busy: impl FnMut(&Refused),
     ) -> Result<Accepted, ClientError> {
         let started = Instant::now();
         loop {
@@ -469,13 +483,13 @@ impl Api {
                 Submitted::Accepted(answer) => return Ok(Accepted { answer, sent }),
                 Submitted::Busy {
                     retry_after,
-                    message,
+                    refused,
                 } => {
-                    on_busy(&message);
+                    on_busy(&refused);
                     let waited = started.elapsed();
                     if waited + retry_after > BUSY_BUDGET {
                         return Err(ClientError::Busy {
-                            message,
+                            message: refused.message,
                             waited_secs: waited.as_secs(),
                         });
                     }
@@ -516,7 +530,10 @@ impl Api {
                 .unwrap_or_default();
             return Ok(Submitted::Busy {
                 retry_after,
-                message: detail.describe(status),
+                refused: Refused {
+                    reason: detail.reason.clone().unwrap_or_else(|| detail.code.clone()),
+                    message: detail.describe(status),
+                },
             });
         }
         if !status.is_success() {

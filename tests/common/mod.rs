@@ -540,3 +540,32 @@ pub fn api_config(
         limits: code_runner::api::ApiLimits::default(),
     }
 }
+
+/// Asserts what every 429 and 503 body says beside its `code` and message:
+/// the `reason` (the label it is counted under in
+/// `code_runner_submissions_rejected_total`), the `Retry-After` seconds
+/// (`retry_after`, the header's) again as `retry_after_secs`, and for a
+/// limit `(setting, value, counted)`; `None`: the body names no limit.
+pub fn assert_refusal_detail(
+    body: &serde_json::Value,
+    retry_after: u64,
+    reason: &str,
+    limit: Option<(&str, u64, u64)>,
+) {
+    let error = &body["error"];
+    assert_eq!(error["reason"], reason, "{body:#}");
+    assert_eq!(error["retry_after_secs"], retry_after, "{body:#}");
+    match limit {
+        Some((setting, value, counted)) => {
+            let named = &error["limit"];
+            assert_eq!(named["setting"], setting, "{body:#}");
+            assert_eq!(named["value"], value, "{body:#}");
+            assert_eq!(named["counted"], counted, "{body:#}");
+            assert!(
+                named["unit"].as_str().is_some_and(|unit| !unit.is_empty()),
+                "{body:#}"
+            );
+        }
+        None => assert!(error.get("limit").is_none(), "{body:#}"),
+    }
+}
