@@ -403,3 +403,81 @@ async fn a_claim_costs_two_round_trips_with_one_tenant_or_a_thousand() {
         "a claim: {trips_one} round trips and {inside_one} commands inside the script with 1 tenant; {trips_many} and {inside_many} with 1000 waiting (100 keys of 10 users)"
     );
 }
+
+/// The places of `ids` (queued ones only), as id → place.
+async fn places(store: &Store, ids: &[String]) -> BTreeMap<String, u64> {
+    let read = store.jobs().places(ids).await.unwrap();
+    assert_eq!(read.places.len(), ids.len());
+    ids.iter()
+        .zip(read.places)
+        .filter_map(|(id, place)| Some((id.clone(), place?)))
+        .collect()
+}
+
+/// Asserts that the places of the queued jobs are 0, 1, … n-1 (each a
+/// different number of claims before it) and returns them.
+async fn exact_places(store: &Store, ids: &[String]) -> BTreeMap<String, u64> {
+    let places = places(store, ids).await;
+    let depth = store.jobs().queue_depth().await.unwrap();
+    let mut numbers: Vec<u64> = places.values().copied().collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (0..depth).collect::<Vec<_>>(), "{places:?}");
+    places
+}
+
+#[tokio::test]
+async fn a_queued_jobs_place_is_the_claims_before_it_and_falls_by_one_per_claim() {
+    let redis = RedisServer::start();
+    let store = store(&redis);
+    // Three keys of weights 1, 2 and 3, several users each, submitted
+    // interleaved; a fourth key and more users join halfway.
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        for (key, weight, users) in [("a", 1, 1), ("b", 2, 3), ("c", 3, 2)] {
+            if key == "a" && n > 6 {
+                continue;
+            }
+            let id = format!("{key}-{n}");
+            submit(&store, key, &format!("u{}", n % users), weight, &id).await;
+            ids.push(id);
+        }
+    }
+    let mut conn = store.dedicated().await.unwrap();
+    let mut claimed = 0;
+    let mut before = exact_places(&store, &ids).await;
+    while !before.is_empty() {
+        let next = before
+            .iter()
+            .find(|(_, place)| **place == 0)
+            .unwrap()
+            .0
+            .clone();
+        let id = store.jobs().claim(&mut conn, "w1").await.unwrap().unwrap();
+        assert_eq!(id, next, "the job at place 0 is claimed next");
+        claimed += 1;
+        let after = exact_places(&store, &ids).await;
+        for (id, place) in &after {
+            assert_eq!(before[id], place + 1, "{id} moved up by one");
+        }
+        before = after;
+        if claimed == 10 {
+            // Mid-round (the front key has used part of its turns): new
+            // users and a new key; the places are exact again.
+            for (key, user, weight) in [("b", "late", 2), ("d", "", 1), ("c", "u0", 3)] {
+                let id = format!("{key}-{user}-late");
+                submit(&store, key, user, weight, &id).await;
+                ids.push(id);
+            }
+            before = exact_places(&store, &ids).await;
+        }
+    }
+    assert_eq!(claimed, ids.len());
+    // Claimed (and unknown) jobs have no place.
+    let read = store
+        .jobs()
+        .places(&[ids[0].clone(), "no-such-job".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(read.places, [None, None]);
+    assert_eq!(read.claims, ids.len() as u64, "every claim is counted");
+}

@@ -303,9 +303,10 @@ async fn python_websockets_drives_an_interactive_echo_program() {
     let frames: Vec<Value> = report["frames"].as_array().unwrap().clone();
     // Each reply came before the next line was sent: the client only sent
     // the next line after the reply arrived, and it did arrive.
+    // Its events: not the client's markers, nor the queue places (no seq).
     let events: Vec<Value> = frames
         .iter()
-        .filter(|f| f.get("client").is_none())
+        .filter(|f| f.get("client").is_none() && f["type"] != "queued")
         .cloned()
         .collect();
     let numbered = seqs(&events);
@@ -798,4 +799,125 @@ async fn a_shutting_down_server_closes_with_going_away() {
     assert_eq!(ws.rest().await, Vec::<Value>::new());
     assert_eq!(ws.close, Some(1001));
     assert!(api.wait_exit(Duration::from_secs(15)).await.success());
+}
+
+// ---------------------------------------------------------------------------
+// a queued job's place
+// ---------------------------------------------------------------------------
+
+/// Plays a worker on the daemon's Redis: claims the next job and starts it.
+async fn claim_and_start(store: &Store, worker: &str) -> String {
+    let mut conn = store.dedicated().await.unwrap();
+    let id = store
+        .jobs()
+        .claim(&mut conn, worker)
+        .await
+        .unwrap()
+        .expect("a queued job");
+    let started = store
+        .jobs()
+        .start(&id, worker, "test-host", true, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        matches!(started, code_runner::store::StartOutcome::Start { .. }),
+        "{started:?}"
+    );
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
+    let redis = RedisServer::start();
+    // No worker: this test claims and starts the jobs itself.
+    let daemon = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let store = Store::new(&redis.url(), "", Duration::from_secs(60), 2).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let answer = daemon.submit(&python("print(1)")).await;
+        assert_eq!(answer.status, 202, "{answer:#?}");
+        ids.push(answer.id());
+    }
+    let last = ids[3].clone();
+    let view = daemon.job(&last).await;
+    assert_eq!(view["queue"]["position"], 3, "{view:#}");
+    // Nothing was claimed lately: no estimate.
+    assert_eq!(view["queue"]["eta_ms"], Value::Null, "{view:#}");
+    let first_view = daemon.job(&ids[0]).await;
+    assert_eq!(first_view["queue"]["position"], 0, "{first_view:#}");
+
+    let mut ws = Ws::open(&daemon, &last, None).await;
+    // SSE carries the same, as `event: queued` without an id.
+    let mut sse = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("{}/v1/jobs/{last}/events", daemon.url))
+        .bearer_auth(KEY_A)
+        .timeout(FRAME_WAIT)
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while !text.contains("event: queued\n") {
+        let chunk = tokio::time::timeout(FRAME_WAIT, sse.chunk())
+            .await
+            .expect("an SSE chunk within the wait")
+            .unwrap()
+            .expect("the SSE stream stays open");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let block = text
+        .split("\n\n")
+        .find(|block| block.contains("event: queued"))
+        .unwrap();
+    assert!(!block.contains("id:"), "{block}");
+    let data: Value = serde_json::from_str(
+        block
+            .lines()
+            .find_map(|line| line.strip_prefix("data: "))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(data["type"], "queued");
+    assert_eq!(data["position"], 3, "{data}");
+    drop(sse);
+    let mut places = Vec::new();
+    let frames = ws.until(|f| f["type"] == "queued").await;
+    assert_eq!(frames.last().unwrap()["position"], 3, "{frames:#?}");
+    assert!(frames.last().unwrap().get("seq").is_none(), "{frames:#?}");
+    places.push(3);
+    for expected in [2, 1, 0] {
+        claim_and_start(&store, "w-test").await;
+        let frames = ws.until(|f| f["type"] == "queued").await;
+        let place = frames.last().unwrap();
+        assert_eq!(place["position"], expected, "{frames:#?}");
+        let eta = &place["eta_ms"];
+        assert!(
+            eta.is_null() || eta.as_u64().is_some_and(|ms| ms > 0),
+            "{place}"
+        );
+        places.push(expected);
+    }
+    assert_eq!(places, [3, 2, 1, 0]);
+    // Its own start: the running status comes, and no place after it.
+    assert_eq!(claim_and_start(&store, "w-test").await, last);
+    let frames = ws
+        .until(|f| f["type"] == "status" && f["status"] == "running")
+        .await;
+    assert!(
+        frames
+            .iter()
+            .all(|f| f["type"] != "queued" || f["position"] == 0),
+        "{frames:#?}"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), ws.next())
+            .await
+            .is_err(),
+        "nothing follows the start until the job runs"
+    );
+    let view = daemon.job(&last).await;
+    assert_eq!(view["status"], "running");
+    assert!(view.get("queue").is_none(), "{view:#}");
 }

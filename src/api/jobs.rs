@@ -67,6 +67,9 @@ pub(super) struct JobView {
     /// A running job whose cancellation its worker has not acted on yet.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     cancel_requested: bool,
+    /// A queued job's place in the queue (`GET /v1/jobs/{id}` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    queue: Option<super::places::Place>,
     urls: JobUrls,
     /// The attach tokens, in answers to a submit: `token` is the control
     /// token (the only one answers carried at first).
@@ -94,6 +97,7 @@ impl JobView {
             metadata: record.metadata,
             result: if terminal { record.result } else { None },
             cancel_requested: false,
+            queue: None,
             token: None,
             tokens: None,
         }
@@ -353,10 +357,14 @@ pub(super) async fn show(
     let Path(id) = id.map_err(|_| ApiError::NotFound("job not found"))?;
     let id = job_id(&id)?;
     let record = owned_job(&state, &caller, &id).await?;
-    let running = record.status == Status::Running;
+    let status = record.status;
     let mut view = JobView::new(record);
-    if running {
-        view.cancel_requested = state.inner.store.jobs().cancel_requested(&id).await?;
+    match status {
+        Status::Running => {
+            view.cancel_requested = state.inner.store.jobs().cancel_requested(&id).await?;
+        }
+        Status::Queued => view.queue = state.places.place_of(&id).await?,
+        _ => {}
     }
     Ok(Json(view))
 }

@@ -55,6 +55,7 @@ mod feeds;
 mod history;
 mod jobs;
 mod ops;
+mod places;
 mod playground;
 mod ratelimit;
 pub mod server;
@@ -187,6 +188,8 @@ pub struct ApiState {
     compat: Arc<CompatConfig>,
     /// This process's followers of jobs' events.
     feeds: feeds::Feeds,
+    /// Queued jobs' places, for their streams and views.
+    places: places::Places,
     stream_caps: stream_caps::StreamCaps,
     /// The per-key request rate, shared by `/v1` and the compatible APIs.
     key_rate: Arc<ratelimit::KeyRate>,
@@ -216,6 +219,7 @@ impl ApiState {
         let ops = ops::OpsState::new(config.store.clone(), config.metrics.clone(), docker);
         let shutdown = CancellationToken::new();
         let feeds = feeds::Feeds::new(config.store.clone(), shutdown.clone());
+        let places = places::Places::new(config.store.clone(), shutdown.clone());
         let stream_caps = stream_caps::StreamCaps::new(config.limits.streams);
         let key_rate = Arc::new(ratelimit::KeyRate::new(
             config.limits.key_rate,
@@ -229,6 +233,7 @@ impl ApiState {
             web: None,
             compat: Arc::new(CompatConfig::default()),
             feeds,
+            places,
             stream_caps,
             key_rate,
         }
@@ -281,6 +286,7 @@ impl ApiState {
     /// The same state, ending its long requests when `shutdown` is cancelled.
     fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
         self.feeds = feeds::Feeds::new(self.inner.store.clone(), shutdown.clone());
+        self.places = places::Places::new(self.inner.store.clone(), shutdown.clone());
         self.shutdown = shutdown;
         self
     }

@@ -48,13 +48,14 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::ApiState;
 use super::error::ApiError;
 use super::feeds::{Step, Subscription};
 use super::jobs::{job_id, owned_job};
+use super::places::Place;
 use super::stream_caps::StreamPermit;
 use super::tokens::{Scope, TokenError};
 use crate::job::events::{JobEvent, StoredEvent};
@@ -233,6 +234,7 @@ pub(super) async fn websocket(
         message: rejection.body_text().to_lowercase(),
     })?;
     let permit = state.stream_caps.acquire(&record.api_key, &id)?;
+    let place = queue_place(&state, &record);
     tracing::debug!(job.id = %id, after, "WebSocket stream opened");
     let sessions = state.sessions.clone();
     Ok(upgrade
@@ -243,7 +245,7 @@ pub(super) async fn websocket(
             tracing::debug!(error = %error, "a WebSocket upgrade failed");
         })
         .on_upgrade(move |socket| {
-            sessions.track_future(session(socket, state, id, after, access, permit))
+            sessions.track_future(session(socket, state, id, after, access, permit, place))
         }))
 }
 
@@ -268,13 +270,14 @@ async fn session(
     after: u64,
     access: Access,
     _permit: StreamPermit,
+    place: Option<PlaceWatch>,
 ) {
     let (sink, mut incoming) = socket.split();
     let (outbox, frames) = mpsc::channel::<Message>(OUTBOX);
     let closed = CancellationToken::new();
     let writer = tokio::spawn(write_frames(sink, frames, closed.clone()));
     let subscription = state.feeds.subscribe(&id, after);
-    let follower = tokio::spawn(follow(subscription, outbox.clone()));
+    let follower = tokio::spawn(follow(subscription, place, outbox.clone()));
     let budgets = state.input_budgets();
     loop {
         let frame = tokio::select! {
@@ -364,11 +367,81 @@ async fn write_frames(
     closed.cancel();
 }
 
-/// Sends the job's events to the writer, then the close that fits.
-async fn follow(mut subscription: Subscription, outbox: mpsc::Sender<Message>) {
+/// A queued job's place, as its streams watch it.
+type PlaceWatch = watch::Receiver<Option<Place>>;
+
+/// The place watch of a stream opened on a queued job.
+fn queue_place(state: &ApiState, record: &JobRecord) -> Option<PlaceWatch> {
+    (record.status == Status::Queued).then(|| state.places.watch(&record.id))
+}
+
+/// What a stream sends next.
+enum Next {
+    Step(Step),
+    /// The queued job's place changed (never after it started).
+    Place(Place),
+}
+
+/// The next of the job's events, or of its places while it is queued. The
+/// events come first when both are ready; once the job has started (or
+/// ended), its place is no longer watched, so no place follows its start.
+async fn next_of(subscription: &mut Subscription, place: &mut Option<PlaceWatch>) -> Next {
+    loop {
+        tokio::select! {
+            biased;
+            step = subscription.next() => {
+                if let Step::Events(events) = &step
+                    && events.iter().any(leaves_the_queue)
+                {
+                    *place = None;
+                }
+                return Next::Step(step);
+            }
+            changed = changed_place(place) => match changed {
+                Some(now) => return Next::Place(now),
+                None => *place = None,
+            },
+        }
+    }
+}
+
+/// The new place; `None` when the job is not queued any more.
+async fn changed_place(place: &mut Option<PlaceWatch>) -> Option<Place> {
+    let Some(watch) = place else {
+        return std::future::pending().await;
+    };
+    match watch.changed().await {
+        Ok(()) => *watch.borrow_and_update(),
+        Err(_) => None,
+    }
+}
+
+fn leaves_the_queue(event: &StoredEvent) -> bool {
+    event.is_exit()
+        || event
+            .json
+            .starts_with(r#"{"type":"status","status":"running""#)
+}
+
+/// Sends the job's events (and its places while queued) to the writer,
+/// then the close that fits.
+async fn follow(
+    mut subscription: Subscription,
+    mut place: Option<PlaceWatch>,
+    outbox: mpsc::Sender<Message>,
+) {
     let id = subscription.id().to_string();
     let last = loop {
-        match subscription.next().await {
+        let step = match next_of(&mut subscription, &mut place).await {
+            Next::Step(step) => step,
+            Next::Place(now) => {
+                if outbox.send(Message::text(now.event())).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        match step {
             Step::Events(events) => {
                 for event in events {
                     if outbox.send(Message::text(event.wire())).await.is_err() {
@@ -512,6 +585,7 @@ pub(super) async fn events(
     };
     let (record, _) = authorize(&state, &headers, &id, query.token.as_deref()).await?;
     let permit = state.stream_caps.acquire(&record.api_key, &id)?;
+    let place = queue_place(&state, &record);
     let mut follower = state.feeds.subscribe(&id, after);
     // A finished job with nothing after `after`: 204, which tells an
     // EventSource to stop reconnecting.
@@ -528,17 +602,24 @@ pub(super) async fn events(
     };
     tracing::debug!(job.id = %id, after, "event stream opened");
     let stream = futures_util::stream::unfold(
-        Some((follower, first, permit)),
+        Some((follower, first, permit, place)),
         |state| async move {
-            let (mut follower, first, permit) = state?;
+            let (mut follower, first, permit, mut place) = state?;
             if let Some(events) = first {
                 let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                return Some((batch, Some((follower, None, permit))));
+                return Some((batch, Some((follower, None, permit, place))));
             }
-            match follower.next().await {
+            let step = match next_of(&mut follower, &mut place).await {
+                Next::Step(step) => step,
+                Next::Place(now) => {
+                    let event = Event::default().event("queued").data(now.event());
+                    return Some((vec![event], Some((follower, None, permit, place))));
+                }
+            };
+            match step {
                 Step::Events(events) => {
                     let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                    Some((batch, Some((follower, None, permit))))
+                    Some((batch, Some((follower, None, permit, place))))
                 }
                 Step::Ended | Step::Shutdown => None,
                 Step::Gone => Some((vec![sse_error("the job no longer exists (it expired)")], None)),

@@ -21,6 +21,11 @@ impl Keys {
     pub fn tenants(&self) -> String {
         format!("{}jobs:tenants", self.prefix)
     }
+    /// Jobs claimed since the store began (every worker's claims): the
+    /// claim rate a queued job's wait is estimated from.
+    pub fn claims(&self) -> String {
+        format!("{}jobs:claims", self.prefix)
+    }
     /// Turns each key took in the current round (by its users ring).
     pub fn tenant_turns(&self) -> String {
         format!("{}jobs:tenants:turns", self.prefix)

@@ -124,6 +124,7 @@ pub use job::claim::{ClaimOutcome, TURN};
 pub use job::control::Control;
 pub use job::finish::FinishOutcome;
 pub use job::give_up_overdue::RunningJob;
+pub use job::places::Places;
 pub use job::reap::{LostJob, LostResults, ReapOutcome, ReapPolicy, Retry};
 pub use job::record::JobRecord;
 pub use job::release::ReleaseOutcome;

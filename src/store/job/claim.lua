@@ -5,7 +5,8 @@
 -- user at the front of its ring (users take one claim each, in turn); the
 -- oldest job of that user. Replies {'claimed', id} | {'spare'} (no job
 -- waits: the turn was one a cancel could not take back; dropped) |
--- {'none'} (no turn in the list).
+-- {'none'} (no turn in the list). Each claim counts in `claims` (the claim
+-- rate queued jobs' waits are estimated from, `places.lua`).
 if redis.call('LREM', processing_key, 1, TURN) == 0 then
   return {'none'}
 end
@@ -37,6 +38,7 @@ while users do
         end
       end
       redis.call('LPUSH', processing_key, id)
+      redis.call('INCR', claims_key)
       return {'claimed', id}
     end
   end

@@ -26,7 +26,7 @@ pub const TURN: &str = "turn";
 
 script_inputs! {
     struct ClaimInputs {
-        keys { processing, tenants, tenant_turns, tenant_weights }
+        keys { processing, tenants, tenant_turns, tenant_weights, claims }
         args {}
     }
 }
@@ -97,6 +97,7 @@ impl Jobs {
             tenants: keys.tenants(),
             tenant_turns: keys.tenant_turns(),
             tenant_weights: keys.tenant_weights(),
+            claims: keys.claims(),
         };
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.claim.run(&mut conn, &inputs, &[]).await?;

@@ -39,6 +39,7 @@ pub mod claim;
 pub mod control;
 pub mod finish;
 pub mod give_up_overdue;
+pub mod places;
 pub mod reap;
 pub mod record;
 pub mod release;
@@ -91,6 +92,8 @@ struct Scripts {
     release: StepScript<release::ReleaseInputs>,
     reap: StepScript<reap::ReapInputs>,
     give_up_overdue: StepScript<give_up_overdue::OverdueInputs>,
+    /// A read, not a step.
+    places: deadpool_redis::redis::Script,
 }
 
 /// The job's life: every step and every read of a job.
@@ -113,6 +116,7 @@ impl Jobs {
             release: release::script(),
             reap: reap::script(),
             give_up_overdue: give_up_overdue::script(),
+            places: places::script(),
         };
         Self {
             redis,
