@@ -133,7 +133,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 14 tests"), "{output}");
+    assert!(output.contains("Ran 15 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

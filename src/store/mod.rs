@@ -35,6 +35,8 @@
 //!   entry is the key's users ring; `jobs:tenants:turns` — hash: claims
 //!   each key took in its current turn; `jobs:tenants:weights` — hash:
 //!   each key's weight (claims per turn), set by submit.
+//! - `jobs:claims` — string, a counter: jobs claimed since the store began
+//!   (`claim.lua`); queued jobs' waits are estimated from its rate.
 //! - `apikey:<name>:users` — list, the ring of the key's users with queued
 //!   jobs: each entry is the user's queue; `apikey:<name>:queue:<user>` —
 //!   list: the user's queued job ids, oldest at the claim end (`<user>` is

@@ -384,6 +384,40 @@ class Playground(Page):
         self.assertTrue(self.el("run").is_enabled())
         self.shot("04-stopped")
 
+    def test_4b_a_queued_run_shows_its_place_in_the_queue(self):
+        # Every slot busy with a sleeper of the key's anonymous user, and two
+        # more of them queued; the tab's user then waits behind one of them
+        # (users take turns) and the page says so.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{URL}/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+        slots = int(float(re.search(r"^code_runner_slots_max (\S+)$", metrics, re.M).group(1)))
+        sleeper = {"language": "python", "files": [{"name": "main.py", "content": "import time\ntime.sleep(60)\n"}]}
+        blockers = []
+        for _ in range(slots + 2):
+            status, body = http("POST", f"{URL}/v1/jobs", KEY, sleeper)
+            self.assertEqual(status, 202, body)
+            blockers.append(body["id"])
+        try:
+            def running():
+                return sum(http("GET", f"{URL}/v1/jobs/{i}", KEY)[1]["status"] == "running" for i in blockers)
+            self.wait(lambda d: running() == slots, "the sleepers did not fill the slots")
+            self.open(f"{URL}/")
+            self.use_key(KEY)
+            self.type_code(['print("my turn")'])
+            self.el("run").click()
+            self.wait(lambda d: "ahead of you" in self.text("v-detail"), "no place in the queue shown")
+            verdict = self.verdict()
+            self.assertEqual(verdict["status"], "queued", verdict)
+            self.assertTrue(verdict["detail"].startswith("1 ahead of you"), verdict)
+            self.shot("04b-queued-place")
+        finally:
+            for job in blockers:
+                http("DELETE", f"{URL}/v1/jobs/{job}", KEY)
+        self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the queued run did not run")
+        self.assertIn("my turn", self.terminal())
+        self.assertEqual(self.text("v-detail"), "")
+
     def test_5_compile_error_shows_the_compilers_message(self):
         self.open(f"{URL}/")
         self.use_key(KEY)

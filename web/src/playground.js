@@ -492,7 +492,22 @@ function connect(job) {
   };
 }
 
+/** "3 ahead of you · about 2 s": a queued job's place. */
+function placeText(event) {
+  const ahead = event.position === 0 ? "next in line" : `${event.position} ahead of you`;
+  if (event.eta_ms === null || event.eta_ms === undefined) return ahead;
+  const wait = event.eta_ms < 60000
+    ? `${Math.max(1, Math.round(event.eta_ms / 1000))} s`
+    : `${Math.round(event.eta_ms / 60000)} min`;
+  return `${ahead} · about ${wait}`;
+}
+
 function handle(job, event) {
+  if (event.type === "queued") {
+    // Not stored, no seq: the job's place while it waits.
+    setVerdict("queued", { detail: placeText(event) });
+    return;
+  }
   if (job.graded) {
     if (event.type === "exit") finish(event.result);
     else if (event.type === "error") panel.say("error", `server: ${event.message}`);
