@@ -109,6 +109,10 @@ impl Connectivity {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ContainerVerdict {
     Keep,
+    /// Docker is removing it already: neither kept nor removed again (a
+    /// removal Docker never finishes would otherwise be counted and logged
+    /// as one on every pass).
+    BeingRemoved,
     /// Its worker is in this fleet and its heartbeat expired.
     DeadWorker,
     /// It outlived its deadline plus the grace, whatever its worker.
@@ -120,6 +124,7 @@ impl ContainerVerdict {
     fn kind(self) -> &'static str {
         match self {
             ContainerVerdict::Keep => "kept",
+            ContainerVerdict::BeingRemoved => "being_removed",
             ContainerVerdict::DeadWorker => "container",
             ContainerVerdict::PastDeadline => "expired_container",
         }
@@ -134,6 +139,9 @@ pub fn judge(
     now_ms: u64,
     grace: Duration,
 ) -> ContainerVerdict {
+    if container.removing {
+        return ContainerVerdict::BeingRemoved;
+    }
     let grace_ms = grace.as_millis() as u64;
     if container
         .deadline_ms
@@ -443,6 +451,10 @@ impl Reaper {
                 keep(&container);
                 continue;
             }
+            if verdict == ContainerVerdict::BeingRemoved {
+                tracing::debug!(container.id = %container.id, "Docker is removing this container already");
+                continue;
+            }
             if let Err(error) = self.engine.remove_sandbox(&container.id).await {
                 tracing::warn!(container.id = %container.id, %error, "the reaper could not remove a container; retrying next pass");
                 keep(&container);
@@ -556,7 +568,30 @@ mod tests {
             deadline_ms,
             uid: Some(100_000),
             warm: false,
+            removing: false,
         }
+    }
+
+    #[test]
+    fn a_container_docker_is_removing_is_left_to_docker() {
+        let removing = SandboxContainer {
+            removing: true,
+            ..container("dead", NOW - 3_600_000, Some(NOW - 3_600_000))
+        };
+        // Past its deadline and of a dead worker: removed, were Docker not
+        // removing it already.
+        assert_eq!(
+            judge(&removing, Some(&fleet()), NOW, GRACE),
+            ContainerVerdict::BeingRemoved
+        );
+        let listed = SandboxContainer {
+            removing: false,
+            ..removing
+        };
+        assert_eq!(
+            judge(&listed, Some(&fleet()), NOW, GRACE),
+            ContainerVerdict::PastDeadline
+        );
     }
 
     fn fleet() -> Fleet {

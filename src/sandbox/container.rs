@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, ContainerSummary, HostConfig, HostConfigLogConfig, ResourcesUlimits,
+    ContainerCreateBody, ContainerSummary, ContainerSummaryStateEnum, HostConfig,
+    HostConfigLogConfig, ResourcesUlimits,
 };
 use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
 
@@ -368,6 +369,9 @@ pub struct SandboxContainer {
     pub uid: Option<u32>,
     /// An idle or claimed warm sandbox (`code-runner.warm`).
     pub warm: bool,
+    /// Docker is removing it already (state `removing`): asking again only
+    /// answers 409, and the container is on its way out.
+    pub removing: bool,
 }
 
 impl SandboxContainer {
@@ -386,6 +390,7 @@ impl SandboxContainer {
             deadline_ms: number(LABEL_DEADLINE),
             uid: labels.get(LABEL_UID).and_then(|v| v.parse().ok()),
             warm: labels.get(LABEL_WARM).is_some_and(|v| v == "1"),
+            removing: summary.state == Some(ContainerSummaryStateEnum::REMOVING),
         })
     }
 }
