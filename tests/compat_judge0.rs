@@ -421,7 +421,7 @@ async fn a_cancelled_submission_is_an_internal_error_and_admission_applies() {
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         body,
-        json!({"error": "this api key already has 1 queued or running jobs, its limit"})
+        json!({"error": "this api key already has 1 queued or running jobs, its limit of 1 (the key entry's max_active)"})
     );
     // It is an ordinary job: /v1 cancels it.
     let cancelled = judge0.daemon.cancel(&token).await;

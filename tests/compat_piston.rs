@@ -406,7 +406,7 @@ async fn a_key_over_its_limit_gets_429() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(
         body,
-        json!({"message": "this api key already has 1 queued or running jobs, its limit"})
+        json!({"message": "this api key already has 1 queued or running jobs, its limit of 1 (the key entry's max_active)"})
     );
     // piston-client hands the same answer to its caller.
     let answer = piston.execute("bash", "echo third", json!({}));

@@ -687,10 +687,15 @@ pub async fn curl_events(
     (body.to_string(), code.to_string())
 }
 
-/// The events of an SSE text: (id, event, data as JSON).
+/// The stored events of an SSE text: (id, event, data as JSON). A queued
+/// job's places (`event: queued`, no id: never stored) are left out.
 pub fn sse_events(text: &str) -> Vec<(u64, String, Value)> {
     text.split("\n\n")
-        .filter(|block| !block.trim().is_empty() && !block.starts_with(':'))
+        .filter(|block| {
+            !block.trim().is_empty()
+                && !block.starts_with(':')
+                && !block.starts_with("event: queued\n")
+        })
         .map(|block| {
             let field = |name: &str| {
                 block
