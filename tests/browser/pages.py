@@ -392,7 +392,10 @@ class Playground(Page):
         with opener.open(f"{URL}/metrics", timeout=30) as response:
             metrics = response.read().decode()
         slots = int(float(re.search(r"^code_runner_slots_max (\S+)$", metrics, re.M).group(1)))
-        sleeper = {"language": "python", "files": [{"name": "main.py", "content": "import time\ntime.sleep(60)\n"}]}
+        # Two minutes of wall time (the default is 10 s): a slow machine must
+        # not see a sleeper end, and its slot free, before the page's run.
+        sleeper = {"language": "python", "limits": {"wall_ms": 120000},
+                   "files": [{"name": "main.py", "content": "import time\ntime.sleep(120)\n"}]}
         blockers = []
         for _ in range(slots + 2):
             status, body = http("POST", f"{URL}/v1/jobs", KEY, sleeper)
