@@ -61,7 +61,21 @@ pub(crate) enum Output {
 /// pipe end reads as the end of the stream or as closed.
 pub(crate) struct HandOff<P>(std::sync::mpsc::SyncSender<P>);
 
-impl<P> HandOff<P> {
+impl<P: Send + 'static> HandOff<P> {
+    /// Starts the thread `name`, which waits for its pipe and then serves
+    /// it with `serve`.
+    fn start(name: &'static str, serve: impl FnOnce(P) + Send + 'static) -> std::io::Result<Self> {
+        let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Ok(pipe) = pipe.recv() {
+                    serve(pipe);
+                }
+            })?;
+        Ok(Self(hand_off))
+    }
+
     pub(crate) fn give(self, pipe: P) {
         // Room for one, and the thread is waiting or gone: never blocks.
         let _ = self.0.send(pipe);
@@ -79,15 +93,8 @@ impl OutputPipe {
         name: &'static str,
     ) -> std::io::Result<(Self, HandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
-        let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if let Ok(pipe) = pipe.recv() {
-                    read_output(pipe, &tx);
-                }
-            })?;
-        Ok((Self { chunks }, HandOff(hand_off)))
+        let hand_off = HandOff::start(name, move |pipe| read_output(pipe, &tx))?;
+        Ok((Self { chunks }, hand_off))
     }
 
     /// The next chunk, or the end of the stream.
@@ -138,15 +145,8 @@ impl InputPipe {
         name: &'static str,
     ) -> std::io::Result<(Self, HandOff<P>)> {
         let (chunks, rx) = mpsc::channel(1);
-        let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if let Ok(pipe) = pipe.recv() {
-                    write_input(pipe, rx);
-                }
-            })?;
-        Ok((Self { chunks }, HandOff(hand_off)))
+        let hand_off = HandOff::start(name, move |pipe| write_input(pipe, rx))?;
+        Ok((Self { chunks }, hand_off))
     }
 
     /// Hands the start of `bytes` (at most [`MAX_INPUT_CHUNK`]) to the
