@@ -417,10 +417,7 @@ async fn changed_place(place: &mut Option<PlaceWatch>) -> Option<Place> {
 }
 
 fn leaves_the_queue(event: &StoredEvent) -> bool {
-    event.is_exit()
-        || event
-            .json
-            .starts_with(r#"{"type":"status","status":"running""#)
+    event.is_exit() || event.is_start()
 }
 
 /// Sends the job's events (and its places while queued) to the writer,

@@ -185,6 +185,13 @@ impl StoredEvent {
         self.json.starts_with(r#"{"type":"exit""#)
     }
 
+    /// Whether this is the `status` event of the job's start (`running`):
+    /// the job has left the queue.
+    pub fn is_start(&self) -> bool {
+        self.json
+            .starts_with(r#"{"type":"status","status":"running""#)
+    }
+
     /// The JSON a client receives: the stored object with `seq` first.
     pub fn wire(&self) -> String {
         match self.json.strip_prefix('{') {
@@ -229,5 +236,33 @@ mod tests {
                 worker: Some("w".into())
             }
         );
+    }
+
+    #[test]
+    fn the_start_and_the_exit_are_told_from_the_stored_json() {
+        let stored = |event: JobEvent| StoredEvent {
+            seq: 1,
+            json: event.to_json(),
+        };
+        let start = stored(JobEvent::Status {
+            status: Status::Running,
+            worker: Some("w".into()),
+        });
+        assert!(start.is_start() && !start.is_exit());
+        let queued = stored(JobEvent::Status {
+            status: Status::Queued,
+            worker: None,
+        });
+        assert!(!queued.is_start() && !queued.is_exit());
+        let exit = stored(JobEvent::Exit {
+            status: Status::Succeeded,
+            replaces: None,
+            result: Box::new(crate::job::JobResult::without_stages(
+                Status::Succeeded,
+                "python",
+                "3",
+            )),
+        });
+        assert!(exit.is_exit() && !exit.is_start());
     }
 }
