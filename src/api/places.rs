@@ -11,14 +11,14 @@
 //! waiting on a stopped service should see.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{Store, StoreError};
+use crate::store::{self, Store, StoreError};
 
 /// How often the followed jobs' places are read: at most 2 updates a second
 /// per job.
@@ -100,6 +100,23 @@ struct Inner {
     shutdown: CancellationToken,
 }
 
+impl Inner {
+    fn watched(&self) -> MutexGuard<'_, HashMap<String, watch::Sender<Option<Place>>>> {
+        self.watched.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes in what `places.lua` read at `now` (its claim counter into the
+    /// rate) and gives each job's place with its estimated wait.
+    fn rated(&self, read: &store::Places, now: Instant) -> Vec<Option<Place>> {
+        let mut rate = self.rate.lock().unwrap_or_else(PoisonError::into_inner);
+        rate.add(now, read.claims);
+        read.places
+            .iter()
+            .map(|place| place.map(|p| rate.place(p)))
+            .collect()
+    }
+}
+
 /// The places of the jobs this process's streams follow.
 #[derive(Clone)]
 pub(super) struct Places {
@@ -123,18 +140,14 @@ impl Places {
 
     fn start(&self) {
         self.inner.started.call_once(|| {
-            tokio::spawn(self.clone().run(self.inner.shutdown.clone()));
+            tokio::spawn(self.clone().run());
         });
     }
 
     /// Watches `id`'s place (the receiver starts at `None`: not read yet).
     pub(super) fn watch(&self, id: &str) -> watch::Receiver<Option<Place>> {
         self.start();
-        let mut watched = self
-            .inner
-            .watched
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut watched = self.inner.watched();
         let receiver = match watched.get(id) {
             Some(sender) => {
                 // Another stream follows it already: this one is told the
@@ -160,21 +173,16 @@ impl Places {
     pub(super) async fn place_of(&self, id: &str) -> Result<Option<Place>, StoreError> {
         self.start();
         let read = self.inner.store.jobs().places(&[id.to_string()]).await?;
-        let mut rate = self
+        Ok(self
             .inner
-            .rate
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        rate.add(Instant::now(), read.claims);
-        Ok(read
-            .places
+            .rated(&read, Instant::now())
             .first()
             .copied()
-            .flatten()
-            .map(|p| rate.place(p)))
+            .flatten())
     }
 
-    async fn run(self, shutdown: CancellationToken) {
+    async fn run(self) {
+        let shutdown = self.inner.shutdown.clone();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -194,11 +202,7 @@ impl Places {
     /// watches or that are no longer queued.
     async fn read(&self) -> Result<(), StoreError> {
         let ids: Vec<String> = {
-            let mut watched = self
-                .inner
-                .watched
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut watched = self.inner.watched();
             watched.retain(|_, sender| sender.receiver_count() > 0);
             watched.keys().cloned().collect()
         };
@@ -214,23 +218,8 @@ impl Places {
             return Ok(());
         }
         let read = jobs.places(&ids).await?;
-        let places: Vec<Option<Place>> = {
-            let mut rate = self
-                .inner
-                .rate
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            rate.add(now, read.claims);
-            read.places
-                .iter()
-                .map(|place| place.map(|p| rate.place(p)))
-                .collect()
-        };
-        let mut watched = self
-            .inner
-            .watched
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let places = self.inner.rated(&read, now);
+        let mut watched = self.inner.watched();
         for (id, place) in ids.iter().zip(places) {
             let Some(sender) = watched.get(id) else {
                 continue;
