@@ -50,7 +50,7 @@ pub enum ApiError {
         "the queue is full ({depth} jobs waiting, CODE_RUNNER_MAX_QUEUE_DEPTH is {limit}); retry later"
     )]
     QueueFull { depth: u64, limit: u64 },
-    #[error("this api key already has {active} queued or running jobs, its limit of {limit} ({})", key_limit_setting(*.from_entry))]
+    #[error("this api key already has {active} queued or running jobs, its limit of {limit} ({})", key_limit_source(*.from_entry))]
     KeyLimit {
         active: u64,
         limit: u64,
@@ -113,11 +113,22 @@ pub enum ApiError {
     Unavailable(#[source] StoreError),
 }
 
+/// Where a key's `max_active` comes from: its entry, else the server.
 fn key_limit_setting(from_entry: bool) -> &'static str {
     if from_entry {
-        "the key entry's max_active"
+        "max_active"
     } else {
         "CODE_RUNNER_KEY_MAX_ACTIVE"
+    }
+}
+
+/// The same, as a refusal's message says it.
+fn key_limit_source(from_entry: bool) -> String {
+    let setting = key_limit_setting(from_entry);
+    if from_entry {
+        format!("the key entry's {setting}")
+    } else {
+        setting.to_string()
     }
 }
 
@@ -290,11 +301,7 @@ impl ApiError {
                 limit,
                 from_entry,
             } => detail(
-                if *from_entry {
-                    "max_active"
-                } else {
-                    "CODE_RUNNER_KEY_MAX_ACTIVE"
-                },
+                key_limit_setting(*from_entry),
                 "queued or running jobs of the api key",
                 *limit,
                 *active,
@@ -419,23 +426,22 @@ pub struct LimitDetail {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
-        match (&self, self.refusal_reason()) {
-            (ApiError::Unavailable(error), Some(reason)) => {
-                if let Some(refused) = REFUSAL_LOG.count(reason, Instant::now()) {
-                    tracing::warn!(error = %error, reason, refused, "Redis failed; answering 503.");
-                }
+        let refused = self
+            .refusal_reason()
+            .map(|reason| (reason, REFUSAL_LOG.count(reason, Instant::now())));
+        match (&self, refused) {
+            // Counted, but not this time's to log.
+            (_, Some((_, None))) => {}
+            (ApiError::Unavailable(error), Some((reason, Some(refused)))) => {
+                tracing::warn!(error = %error, reason, refused, "Redis failed; answering 503.");
             }
-            (other, Some(reason)) => {
-                if let Some(refused) = REFUSAL_LOG.count(reason, Instant::now()) {
-                    tracing::info!(
-                        status = status.as_u16(),
-                        reason,
-                        refused,
-                        message = %other,
-                        "Requests refused."
-                    );
-                }
-            }
+            (other, Some((reason, Some(refused)))) => tracing::info!(
+                status = status.as_u16(),
+                reason,
+                refused,
+                message = %other,
+                "Requests refused."
+            ),
             (other, None) => tracing::debug!(
                 status = status.as_u16(),
                 code = other.code(),
@@ -775,6 +781,14 @@ mod tests {
                 rate: 1,
                 burst: 1,
                 wait_secs: 1,
+            },
+            ApiError::QuotaExceeded {
+                quota: Quota::UserJobs,
+                user: String::new(),
+                limit: 1,
+                used: 1,
+                resets_ms: 0,
+                retry_after_secs: 1,
             },
             ApiError::ShuttingDown,
             ApiError::Unavailable(StoreError::Corrupt {
