@@ -15,7 +15,7 @@ use code_runner::api::{ApiConfig, ApiKeys, ApiState, Scope, TokenSigner};
 use code_runner::job::{JobResult, Status};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
-use code_runner::store::{Keys, StartOutcome, Store};
+use code_runner::store::{Keys, Store};
 use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 use reqwest::StatusCode;
@@ -481,29 +481,6 @@ async fn submit_show_and_cancel_a_queued_job() {
     assert_eq!(view["status"], "cancelled");
 }
 
-/// Plays a worker through the queue's own operations: claims the next job
-/// and marks it running.
-async fn claim_and_start(api: &Api, worker: &str) -> String {
-    let mut conn = api.store.dedicated().await.unwrap();
-    let id = api
-        .store
-        .jobs()
-        .claim(&mut conn, worker)
-        .await
-        .unwrap()
-        .expect("a queued job");
-    match api
-        .store
-        .jobs()
-        .start(&id, worker, "test-host", true, Duration::from_secs(33))
-        .await
-        .unwrap()
-    {
-        StartOutcome::Start { .. } => id,
-        other => panic!("the job did not start: {other:?}"),
-    }
-}
-
 fn succeeded() -> JobResult {
     JobResult::without_stages(Status::Succeeded, "python", "3")
 }
@@ -512,7 +489,7 @@ fn succeeded() -> JobResult {
 async fn cancel_of_a_running_job_is_requested_and_a_finished_one_conflicts() {
     let api = Api::start(Options::default()).await;
     let id = submit_ok(&api, BOB).await;
-    assert_eq!(claim_and_start(&api, "w1").await, id);
+    assert_eq!(common::claim_and_start(&api.store, "w1").await, id);
 
     let (status, _, view) = answer(api.get(BOB, &format!("/v1/jobs/{id}")).await).await;
     assert_eq!(status, StatusCode::OK);
@@ -691,7 +668,7 @@ async fn wait_returns_the_result_or_the_status_when_time_is_up() {
             assert!(Instant::now() < deadline, "the job was never queued");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let id = claim_and_start(&api, "w1").await;
+        let id = common::claim_and_start(&api.store, "w1").await;
         api.store
             .jobs()
             .finish(&id, "w1", 1, &succeeded())
@@ -731,7 +708,7 @@ async fn wait_answers_as_soon_as_the_exit_event_is_written() {
                 assert!(Instant::now() < deadline, "the job was never queued");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            let id = claim_and_start(&api, "w1").await;
+            let id = common::claim_and_start(&api.store, "w1").await;
             // Let the waiting request block on the events, then finish at
             // an offset that moves through a poll period.
             tokio::time::sleep(Duration::from_millis(150 + round * 11)).await;

@@ -820,27 +820,6 @@ async fn a_shutting_down_server_closes_with_going_away() {
 // a queued job's place
 // ---------------------------------------------------------------------------
 
-/// Plays a worker on the daemon's Redis: claims the next job and starts it.
-async fn claim_and_start(store: &Store, worker: &str) -> String {
-    let mut conn = store.dedicated().await.unwrap();
-    let id = store
-        .jobs()
-        .claim(&mut conn, worker)
-        .await
-        .unwrap()
-        .expect("a queued job");
-    let started = store
-        .jobs()
-        .start(&id, worker, "test-host", true, Duration::from_secs(60))
-        .await
-        .unwrap();
-    assert!(
-        matches!(started, code_runner::store::StartOutcome::Start { .. }),
-        "{started:?}"
-    );
-    id
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     let redis = RedisServer::start();
@@ -864,10 +843,8 @@ async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     let mut ws = Ws::open(&daemon, &last, None).await;
     ws.places = true;
     // SSE carries the same, as `event: queued` without an id.
-    let mut sse = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
+    let mut sse = daemon
+        .http
         .get(format!("{}/v1/jobs/{last}/events", daemon.url))
         .bearer_auth(KEY_A)
         .timeout(FRAME_WAIT)
@@ -904,7 +881,7 @@ async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     assert!(frames.last().unwrap().get("seq").is_none(), "{frames:#?}");
     places.push(3);
     for expected in [2, 1, 0] {
-        claim_and_start(&store, "w-test").await;
+        common::claim_and_start(&store, "w-test").await;
         let frames = ws.until(|f| f["type"] == "queued").await;
         let place = frames.last().unwrap();
         assert_eq!(place["position"], expected, "{frames:#?}");
@@ -917,7 +894,7 @@ async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     }
     assert_eq!(places, [3, 2, 1, 0]);
     // Its own start: the running status comes, and no place after it.
-    assert_eq!(claim_and_start(&store, "w-test").await, last);
+    assert_eq!(common::claim_and_start(&store, "w-test").await, last);
     let frames = ws
         .until(|f| f["type"] == "status" && f["status"] == "running")
         .await;

@@ -569,3 +569,24 @@ pub fn assert_refusal_detail(
         None => assert!(error.get("limit").is_none(), "{body:#}"),
     }
 }
+
+/// Plays a worker through the queue's own operations: claims the next
+/// queued job for `worker` and starts it (a deadline a minute away); its id.
+pub async fn claim_and_start(store: &code_runner::store::Store, worker: &str) -> String {
+    let mut conn = store.dedicated().await.unwrap();
+    let id = store
+        .jobs()
+        .claim(&mut conn, worker)
+        .await
+        .unwrap()
+        .expect("a queued job");
+    match store
+        .jobs()
+        .start(&id, worker, "test-host", true, Duration::from_secs(60))
+        .await
+        .unwrap()
+    {
+        code_runner::store::StartOutcome::Start { .. } => id,
+        other => panic!("the job did not start: {other:?}"),
+    }
+}
