@@ -9,7 +9,7 @@ def sc(name, nr, *args):
 sc("clone3", 435, 0, 0)
 sc("unshare(NEWUSER)", 272, 0x10000000)
 sc("unshare(NEWNS)", 272, 0x00020000)
-sc("ptrace(TRACEME)", 101, 0, 0, 0, 0)
+sc("ptrace(PEEKDATA,1)", 101, 2, 1, 0, 0)
 sc("ptrace(ATTACH,1)", 101, 16, 1, 0, 0)
 sc("mount", 165, 0, 0, 0, 0, 0)
 sc("setns", 308, 0, 0)

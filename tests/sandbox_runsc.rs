@@ -35,6 +35,37 @@ async fn hello_world_runs_under_gvisor(harness: Harness) {
     harness.assert_clean().await;
 }
 
+/// The supervisor may trace (it holds CAP_SYS_PTRACE inside gVisor's
+/// kernel, to trace interactive stages); user code may not: its stage
+/// filter answers EPERM to every ptrace request, its own or a child's.
+async fn user_code_cannot_ptrace_under_gvisor(harness: Harness) {
+    let result = harness
+        .run(&python(
+            r#"
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *args):
+    ctypes.set_errno(0)
+    r = libc.syscall(101, *args)
+    print(name, errno.errorcode.get(ctypes.get_errno(), 0) if r == -1 else f"returned {r}", flush=True)
+call("traceme", 0, 0, 0, 0)
+call("attach 1", 16, 1, 0, 0)
+pid = os.fork()
+if pid == 0:
+    call("child traceme", 0, 0, 0, 0)
+    os._exit(0)
+os.waitpid(pid, 0)
+"#,
+        ))
+        .await;
+    assert_eq!(result.status, Status::Succeeded, "{result:#?}");
+    assert_eq!(
+        stdout_lines(&result),
+        ["traceme EPERM", "attach 1 EPERM", "child traceme EPERM"]
+    );
+    harness.assert_clean().await;
+}
+
 async fn memory_bomb_hits_the_memory_limit_under_gvisor(harness: Harness) {
     let spec = job_with_limits(
         "python",
@@ -189,6 +220,7 @@ macro_rules! on_both_paths {
 
 on_both_paths!(
     hello_world_runs_under_gvisor,
+    user_code_cannot_ptrace_under_gvisor,
     memory_bomb_hits_the_memory_limit_under_gvisor,
     the_network_is_loopback_only_under_gvisor,
     stdin_is_echoed_byte_exact_under_gvisor,

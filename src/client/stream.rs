@@ -56,6 +56,8 @@ pub(crate) trait EventSink {
     /// An `attempt` event: the job's worker was lost and the job runs again
     /// from the start, as attempt `attempt`.
     fn new_attempt(&mut self, _attempt: u32) {}
+    /// The job waits for its stdin (see `JobEvent::InputWanted`).
+    fn input_wanted(&mut self) {}
 }
 
 /// Where a [`Follower`] hears Ctrl-C.
@@ -361,6 +363,7 @@ impl<'a, S: EventSink> Follower<'a, S> {
             JobEvent::Error { message } => {
                 eprintln!("code-runner: the API refused a frame: {message}");
             }
+            JobEvent::InputWanted => self.sink.input_wanted(),
             // The result carries every test's verdict.
             JobEvent::Status { .. } | JobEvent::Test { .. } => {}
         }

@@ -105,6 +105,10 @@ pub enum JobEvent {
     Error {
         message: String,
     },
+    /// A process of the job waits for its stdin and nothing is buffered for
+    /// it (interactive jobs): once per wait, after the output written
+    /// before it. The next output or input ends the wait.
+    InputWanted,
 }
 
 impl JobEvent {

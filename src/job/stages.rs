@@ -119,6 +119,7 @@ pub(super) fn build_stages(
             env: env.clone(),
             cwd: WORKSPACE.into(),
             stdin: false,
+            watch_input: false,
             limits: StageLimits {
                 wall_ms: compile_limits.wall_ms,
                 idle_ms: None,
@@ -139,6 +140,8 @@ pub(super) fn build_stages(
         env,
         cwd: WORKSPACE.into(),
         stdin: true,
+        // An interactive job's stream says when it waits for input.
+        watch_input: spec.interactive,
         limits: StageLimits {
             wall_ms: limits.wall_ms,
             idle_ms: spec.interactive.then_some(limits.idle_ms),

@@ -212,6 +212,7 @@ async fn session(
             .chain(files.iter().map(|f| format!("{RUN_FILES_DIR}/{f}")))
             .collect(),
         stdin: true,
+        watch_input: false,
         limits: crate::protocol::StageLimits {
             output_bytes: CHECKER_OUTPUT_BYTES,
             ..run.limits
@@ -280,7 +281,7 @@ async fn read_stage(
             .await
             .map_err(|StartFailure(message)| format!("the checker's sandbox failed: {message}"))?;
         match message {
-            SandboxMessage::StageStart(_) => {}
+            SandboxMessage::StageStart(_) | SandboxMessage::InputWanted => {}
             SandboxMessage::Stdout(data) => keep(&mut stdout, &data),
             SandboxMessage::Stderr(data) => keep(&mut stderr, &data),
             SandboxMessage::StageEnd(report) => return Ok((report, stdout, stderr)),

@@ -245,6 +245,7 @@ pub(super) fn message_name(message: &SandboxMessage) -> &'static str {
         SandboxMessage::StageEnd(_) => "stage_end",
         SandboxMessage::Fatal(_) => "fatal",
         SandboxMessage::Done => "done",
+        SandboxMessage::InputWanted => "input_wanted",
     }
 }
 

@@ -33,6 +33,22 @@ pub const LABEL_CHECKER: &str = "code-runner.checker";
 /// Capabilities the supervisor keeps (to drop to the sandbox uid); everything
 /// else is dropped, and user code runs with none.
 pub const KEPT_CAPABILITIES: &[&str] = &["SETUID", "SETGID"];
+/// Kept as well under gVisor, whose kernel lets a process ask to be traced
+/// (`PTRACE_TRACEME`) only by a parent with its ids or this capability
+/// (Linux asks nothing): the supervisor traces an interactive stage to say
+/// when it waits for input (crates/init/src/watch.rs). Inside gVisor's own
+/// kernel, held by PID 1 alone; user code runs with no capability and under
+/// the supervisor's filter, which refuses `ptrace`.
+pub const GVISOR_CAPABILITIES: &[&str] = &["SYS_PTRACE"];
+
+/// The capabilities a sandbox's container keeps.
+pub fn kept_capabilities(config: &SandboxConfig) -> Vec<String> {
+    let mut kept: Vec<String> = KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect();
+    if is_gvisor(config) {
+        kept.extend(GVISOR_CAPABILITIES.iter().map(|c| c.to_string()));
+    }
+    kept
+}
 
 /// Under runsc the pids cgroup counts gVisor's own host threads, not the
 /// sandbox's processes: an idle sandbox uses about 44, and with gVisor's
@@ -172,7 +188,7 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
                 ("/tmp".to_string(), tmpfs_options),
             ])),
             cap_drop: Some(vec!["ALL".into()]),
-            cap_add: Some(KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect()),
+            cap_add: Some(kept_capabilities(config)),
             security_opt: Some(vec![
                 "no-new-privileges".into(),
                 config.seccomp.security_opt(),

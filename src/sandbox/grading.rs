@@ -80,6 +80,7 @@ impl Grader {
             name: stage_name(index),
             argv: test.argv.clone(),
             stdin: true,
+            watch_input: false,
             limits: StageLimits {
                 wall_ms: test.wall_ms,
                 idle_ms: None,

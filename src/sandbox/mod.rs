@@ -143,6 +143,8 @@ pub enum SandboxEvent {
     },
     /// A graded job's test ended, with its verdict.
     TestEnd(Box<crate::job::grading::TestResult>),
+    /// A process of the job waits for stdin with nothing buffered for it.
+    InputWanted,
 }
 
 /// Input for a running job (interactive jobs, or signals for any job).

@@ -29,6 +29,15 @@ pub const MUST_DENY: &[&str] = &[
 
 const ENOSYS: i64 = 38;
 
+/// The `ptrace` requests the profile may allow, each by a rule that pins
+/// argument 0 to it: the supervisor (PID 1) traces a watched stage (see
+/// `crates/init/src/watch.rs`) with PTRACE_TRACEME (made by the stage's
+/// process before its filter is on), PTRACE_CONT, PTRACE_SETOPTIONS,
+/// PTRACE_GETEVENTMSG and PTRACE_GETSIGINFO. None reaches into a process
+/// that did not ask to be traced, and every job process runs under the
+/// supervisor's stage filter, which refuses `ptrace` altogether.
+pub const SUPERVISOR_PTRACE_REQUESTS: &[u64] = &[0, 7, 0x4200, 0x4201, 0x4202];
+
 /// Address families `socket()` may create: AF_UNIX, AF_INET, AF_INET6.
 pub const SOCKET_FAMILIES: &[u64] = &[1, 2, 10];
 /// Address families `socketpair()` may create: AF_UNIX.
@@ -154,6 +163,17 @@ impl RuleJson {
             || self.action == "SCMP_ACT_NOTIFY"
     }
 
+    /// The rule allows one of [`SUPERVISOR_PTRACE_REQUESTS`] and nothing
+    /// else: exactly one condition, argument 0 equal to that request.
+    fn allows_only_supervisor_ptrace(&self) -> bool {
+        matches!(
+            self.args.as_slice(),
+            [arg] if arg.index == 0
+                && arg.op == "SCMP_CMP_EQ"
+                && SUPERVISOR_PTRACE_REQUESTS.contains(&arg.value)
+        )
+    }
+
     /// The family this rule pins the first argument to, if it does: one
     /// `SCMP_CMP_EQ` condition on argument 0 (several conditions on the same
     /// argument would be an AND, which libseccomp refuses anyway).
@@ -214,11 +234,11 @@ impl SeccompProfile {
             )));
         }
         for syscall in MUST_DENY.iter().chain(std::iter::once(&"clone3")) {
-            if let Some(rule) = profile
-                .syscalls
-                .iter()
-                .find(|r| r.action == "SCMP_ACT_ALLOW" && r.covers(syscall))
-            {
+            if let Some(rule) = profile.syscalls.iter().find(|r| {
+                r.action == "SCMP_ACT_ALLOW"
+                    && r.covers(syscall)
+                    && !(*syscall == "ptrace" && r.allows_only_supervisor_ptrace())
+            }) {
                 return Err(SeccompError::Unsafe(format!(
                     "{syscall} is allowed by a rule (names {:?})",
                     rule.names
@@ -328,6 +348,40 @@ mod tests {
             {"names":["clone3"],"action":"SCMP_ACT_ERRNO","errnoRet":38}]}"#;
         let error = SeccompProfile::parse(text).unwrap_err().to_string();
         assert!(error.contains("ptrace is allowed"), "{error}");
+    }
+
+    #[test]
+    fn ptrace_is_allowed_only_for_the_supervisors_requests() {
+        let profile = |args: &str| {
+            format!(
+                r#"{{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[
+                {{"names":["ptrace"],"action":"SCMP_ACT_ALLOW","args":{args}}},
+                {{"names":["clone3"],"action":"SCMP_ACT_ERRNO","errnoRet":38}}]}}"#
+            )
+        };
+        for request in SUPERVISOR_PTRACE_REQUESTS {
+            let args = format!(r#"[{{"index":0,"value":{request},"op":"SCMP_CMP_EQ"}}]"#);
+            SeccompProfile::parse(&profile(&args)).unwrap();
+        }
+        // PTRACE_ATTACH, PTRACE_SEIZE, PTRACE_PEEKDATA; a condition on
+        // another argument; a comparison that is not equality; two conditions.
+        for args in [
+            r#"[{"index":0,"value":16,"op":"SCMP_CMP_EQ"}]"#,
+            r#"[{"index":0,"value":16902,"op":"SCMP_CMP_EQ"}]"#,
+            r#"[{"index":0,"value":2,"op":"SCMP_CMP_EQ"}]"#,
+            r#"[{"index":1,"value":7,"op":"SCMP_CMP_EQ"}]"#,
+            r#"[{"index":0,"value":7,"op":"SCMP_CMP_GE"}]"#,
+            r#"[{"index":0,"value":7,"op":"SCMP_CMP_EQ"},{"index":1,"value":0,"op":"SCMP_CMP_EQ"}]"#,
+        ] {
+            let error = SeccompProfile::parse(&profile(args))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                error,
+                r#"seccomp profile is unsafe: ptrace is allowed by a rule (names ["ptrace"])"#,
+                "{args}"
+            );
+        }
     }
 
     #[test]

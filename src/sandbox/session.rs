@@ -525,6 +525,11 @@ impl Session<'_> {
                 )));
             }
             SandboxMessage::Done => return Ok(true),
+            SandboxMessage::InputWanted => {
+                if self.current.is_some() {
+                    self.emit(SandboxEvent::InputWanted).await;
+                }
+            }
         }
         Ok(false)
     }

@@ -35,12 +35,16 @@
 //!   into the first stage when it fits.
 //! - `runs_filter`: the seccomp filter that keeps a run from creating IPC
 //!   objects and keys, which would outlive it.
+//! - `watch`: the filter of every stage (no ptrace), and tracing a watched
+//!   stage to notice that it waits for stdin (`input_wanted`).
+//! - `bpf`: the BPF opcodes of both filters, and installing one.
 
 // `unsafe` only where a system call needs it, each block allowed and
 // explained where it is (`spawn`, `reap`, `creds`).
 #![deny(unsafe_code)]
 
 mod accounting;
+mod bpf;
 mod creds;
 mod files;
 mod io;
@@ -55,6 +59,7 @@ mod spawn;
 mod stage;
 mod stdin;
 mod supervisor;
+mod watch;
 
 use std::ffi::OsString;
 

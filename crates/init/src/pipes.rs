@@ -31,7 +31,12 @@
 //! so no pipe outlives its stage's processes and no thread waits on it for
 //! long.
 
+use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 
 use code_runner_protocol::MAX_OUTPUT_CHUNK;
 use tokio::sync::mpsc;
@@ -85,6 +90,10 @@ impl<P: Send + 'static> HandOff<P> {
 /// The supervisor's end of a stage's stdout or stderr.
 pub(crate) struct OutputPipe {
     chunks: mpsc::Receiver<Output>,
+    /// A copy of the pipe's read end, only to ask how much is in it (see
+    /// [`OutputPipe::drained`]); an extra reader changes nothing for the
+    /// writers.
+    probe: Option<OwnedFd>,
 }
 
 impl OutputPipe {
@@ -94,7 +103,31 @@ impl OutputPipe {
     ) -> std::io::Result<(Self, HandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
         let hand_off = HandOff::start(name, move |pipe| read_output(pipe, &tx))?;
-        Ok((Self { chunks }, hand_off))
+        Ok((
+            Self {
+                chunks,
+                probe: None,
+            },
+            hand_off,
+        ))
+    }
+
+    /// Keeps `read_end` (a copy of the pipe handed to the thread) to look
+    /// into the pipe with.
+    pub(crate) fn attach_probe(&mut self, read_end: OwnedFd) {
+        self.probe = Some(read_end);
+    }
+
+    /// Nothing the stage wrote before now is still on its way: the pipe is
+    /// empty and no chunk waits in the channel. (A chunk the thread has
+    /// just read and not yet handed over is not seen; the caller allows
+    /// for that.) Without a probe: `true`.
+    pub(crate) fn drained(&self) -> bool {
+        self.chunks.is_empty()
+            && self
+                .probe
+                .as_ref()
+                .is_none_or(|fd| fionread(fd.as_fd()) == Some(0))
     }
 
     /// The next chunk, or the end of the stream.
@@ -137,6 +170,80 @@ pub(crate) enum Offer {
 /// The supervisor's end of a stage's stdin.
 pub(crate) struct InputPipe {
     chunks: mpsc::Sender<Vec<u8>>,
+    /// Bytes handed to the thread and not yet written into the pipe.
+    in_flight: Arc<AtomicUsize>,
+    /// The pipe the thread writes to, without keeping it open, and its inode.
+    target: Option<(Weak<File>, u64)>,
+}
+
+/// Longest wait in [`StdinProbe::is_empty`] for a write in progress.
+const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// What [`super::watch`] needs to know whether anything is buffered for
+/// the stage's stdin, without keeping the pipe open.
+#[derive(Debug, Clone)]
+pub(crate) struct StdinProbe {
+    pipe: Weak<File>,
+    in_flight: Arc<AtomicUsize>,
+    inode: u64,
+}
+
+impl StdinProbe {
+    /// Nothing is in the pipe and nothing is on its way into it, asked
+    /// while the reader is stopped (so it cannot take anything meanwhile).
+    /// A closed pipe is never empty in this sense: no read will wait on it.
+    ///
+    /// Bytes the thread was handed and has not finished writing are waited
+    /// for, up to [`IN_FLIGHT_WAIT`]: they may be in the pipe already, or
+    /// already read (the reader can run before the thread counts its
+    /// write done), and only the pipe says which once the count is down.
+    /// Still not written by then (a pipe the kernel shrank, full): not empty.
+    pub(crate) fn is_empty(&self) -> bool {
+        let since = std::time::Instant::now();
+        while self.in_flight.load(Ordering::Acquire) != 0 {
+            if since.elapsed() >= IN_FLIGHT_WAIT {
+                return false;
+            }
+            std::thread::yield_now();
+        }
+        self.pipe
+            .upgrade()
+            .is_some_and(|pipe| fionread(pipe.as_fd()) == Some(0))
+    }
+
+    /// What `/proc/<pid>/fd/0` of a process reading this pipe links to.
+    pub(crate) fn link(&self) -> String {
+        format!("pipe:[{}]", self.inode)
+    }
+}
+
+/// The stdin pipe as the stdin thread holds it: shared with no one but
+/// [`StdinProbe`]'s weak reference, so that dropping it closes the pipe.
+pub(crate) struct SharedPipe(Arc<File>);
+
+impl Write for SharedPipe {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        (&*self.0).write(bytes)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How many bytes are in the pipe `fd` (`FIONREAD`); `None` if it cannot
+/// be asked.
+#[allow(unsafe_code)]
+fn fionread(fd: BorrowedFd<'_>) -> Option<usize> {
+    let mut count: nix::libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer, which points to
+    // the live local above; the descriptor is borrowed, so open.
+    let result = unsafe { nix::libc::ioctl(fd.as_raw_fd(), nix::libc::FIONREAD, &mut count) };
+    if result == 0 {
+        usize::try_from(count).ok()
+    } else {
+        None
+    }
 }
 
 impl InputPipe {
@@ -145,18 +252,52 @@ impl InputPipe {
         name: &'static str,
     ) -> std::io::Result<(Self, HandOff<P>)> {
         let (chunks, rx) = mpsc::channel(1);
-        let hand_off = HandOff::start(name, move |pipe| write_input(pipe, rx))?;
-        Ok((Self { chunks }, hand_off))
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let written = Arc::clone(&in_flight);
+        let hand_off = HandOff::start(name, move |pipe| write_input(pipe, rx, &written))?;
+        Ok((
+            Self {
+                chunks,
+                in_flight,
+                target: None,
+            },
+            hand_off,
+        ))
+    }
+
+    /// Wraps the pipe for the thread, remembering it for [`InputPipe::probe`].
+    pub(crate) fn share(&mut self, pipe: OwnedFd) -> SharedPipe {
+        let pipe = Arc::new(File::from(pipe));
+        let inode = pipe.metadata().map_or(0, |meta| meta.ino());
+        self.target = Some((Arc::downgrade(&pipe), inode));
+        SharedPipe(pipe)
+    }
+
+    /// A probe of this stdin, once the pipe was shared.
+    pub(crate) fn probe(&self) -> Option<StdinProbe> {
+        let (pipe, inode) = self.target.as_ref()?;
+        Some(StdinProbe {
+            pipe: pipe.clone(),
+            in_flight: Arc::clone(&self.in_flight),
+            inode: *inode,
+        })
     }
 
     /// Hands the start of `bytes` (at most [`MAX_INPUT_CHUNK`]) to the
     /// thread without waiting.
     pub(crate) fn offer(&self, bytes: &[u8]) -> Offer {
         let take = bytes.len().min(MAX_INPUT_CHUNK);
+        // Counted before the thread can write (and uncount) it.
+        self.in_flight.fetch_add(take, Ordering::AcqRel);
         match self.chunks.try_send(bytes[..take].to_vec()) {
             Ok(()) => Offer::Taken(take),
-            Err(TrySendError::Full(_)) => Offer::Busy,
-            Err(TrySendError::Closed(_)) => Offer::Closed,
+            Err(error) => {
+                self.in_flight.fetch_sub(take, Ordering::AcqRel);
+                match error {
+                    TrySendError::Full(_) => Offer::Busy,
+                    TrySendError::Closed(_) => Offer::Closed,
+                }
+            }
         }
     }
 
@@ -168,11 +309,13 @@ impl InputPipe {
     }
 }
 
-fn write_input(mut pipe: impl Write, mut rx: mpsc::Receiver<Vec<u8>>) {
+fn write_input(mut pipe: impl Write, mut rx: mpsc::Receiver<Vec<u8>>, in_flight: &AtomicUsize) {
     while let Some(chunk) = rx.blocking_recv() {
         // `write_all` retries on EINTR. Any other error (EPIPE: the stage
         // closed its stdin) ends the thread, which closes the channel.
-        if pipe.write_all(&chunk).is_err() {
+        let written = pipe.write_all(&chunk);
+        in_flight.fetch_sub(chunk.len(), Ordering::AcqRel);
+        if written.is_err() {
             return;
         }
     }

@@ -7,8 +7,14 @@
 //! would race with it (std's own `waitpid` after a failed `exec` panics if
 //! someone else reaped that child first), and `wait4` is what yields the
 //! resource usage of the stage's main process.
+//!
+//! The same call reports the stops of traced processes (see `watch`):
+//! each is handed to the tracer, which lets the process go on, and the
+//! exit of a traced thread is not a child's end.
 
 use nix::libc;
+
+use super::watch;
 
 /// A child that ended, with what the kernel measured about it (its own
 /// usage plus that of the descendants it waited for).
@@ -26,11 +32,25 @@ pub(crate) enum Termination {
     Signaled(i32),
 }
 
-/// Reaps one child that has ended, if any; never blocks.
+/// What `wait4` reported.
+enum Waited {
+    Ended(Reaped),
+    /// A traced process stopped, with its wait status.
+    Stopped(i32, libc::c_int),
+}
+
+/// Reaps one child that has ended, if any, handling the stops of traced
+/// processes on the way; never blocks.
 pub(crate) fn reap_one() -> Option<Reaped> {
     loop {
         match wait4_any_nohang() {
-            Ok(reaped) => return reaped,
+            Ok(Some(Waited::Stopped(pid, status))) => watch::stopped(pid, status),
+            Ok(Some(Waited::Ended(reaped))) => {
+                if !watch::ended(reaped.pid) {
+                    return Some(reaped);
+                }
+            }
+            Ok(None) => return None,
             Err(libc::EINTR) => continue,
             // ECHILD: no children at all.
             Err(_) => return None,
@@ -39,9 +59,9 @@ pub(crate) fn reap_one() -> Option<Reaped> {
 }
 
 /// `wait4(-1, &status, WNOHANG | __WALL, &rusage)`; `Ok(None)` when no child
-/// has ended yet, `Err(errno)` on failure.
+/// has ended or stopped, `Err(errno)` on failure.
 #[allow(unsafe_code)]
-fn wait4_any_nohang() -> Result<Option<Reaped>, i32> {
+fn wait4_any_nohang() -> Result<Option<Waited>, i32> {
     let mut status: libc::c_int = 0;
     // SAFETY: `rusage` is a plain C struct of integers, for which all-zero
     // bytes are a valid value.
@@ -56,22 +76,26 @@ fn wait4_any_nohang() -> Result<Option<Reaped>, i32> {
     if pid == 0 {
         return Ok(None);
     }
+    // Without WUNTRACED only a tracee's stops are reported.
+    if libc::WIFSTOPPED(status) {
+        return Ok(Some(Waited::Stopped(pid, status)));
+    }
     let termination = if libc::WIFEXITED(status) {
         Termination::Exited(libc::WEXITSTATUS(status))
     } else if libc::WIFSIGNALED(status) {
         Termination::Signaled(libc::WTERMSIG(status))
     } else {
-        // Without WUNTRACED/WCONTINUED wait4 reports only ended children.
+        // Without WCONTINUED wait4 reports only ended or stopped children.
         Termination::Exited(-1)
     };
-    Ok(Some(Reaped {
+    Ok(Some(Waited::Ended(Reaped {
         pid,
         termination,
         cpu_ms: timeval_ms(usage.ru_utime).saturating_add(timeval_ms(usage.ru_stime)),
         max_rss_bytes: u64::try_from(usage.ru_maxrss)
             .unwrap_or(0)
             .saturating_mul(1024),
-    }))
+    })))
 }
 
 fn timeval_ms(time: libc::timeval) -> u64 {

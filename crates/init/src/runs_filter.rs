@@ -13,27 +13,10 @@
 
 use nix::libc;
 
-/// `BPF_LD | BPF_W | BPF_ABS` (the first two are 0).
-const BPF_LD_W_ABS: u16 = 0x20;
-const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
-const BPF_JMP_JGE_K: u16 = 0x05 | 0x30;
-const BPF_RET_K: u16 = 0x06;
-
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const SECCOMP_MODE_FILTER: libc::c_ulong = 2;
-
-/// Offsets in `struct seccomp_data`.
-const DATA_NR: u32 = 0;
-const DATA_ARCH: u32 = 4;
-
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH: u32 = 0xc000_003e;
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH: u32 = 0xc000_00b7;
-
-/// Numbers from here up are the x32 ABI on x86_64 (nothing on aarch64).
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+use super::bpf::{
+    AUDIT_ARCH, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS, BPF_RET_K, DATA_ARCH, DATA_NR,
+    SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT, install, jump, statement,
+};
 
 /// The system calls a run may not make.
 const DENIED: [libc::c_long; 21] = [
@@ -59,19 +42,6 @@ const DENIED: [libc::c_long; 21] = [
     libc::SYS_request_key,
     libc::SYS_keyctl,
 ];
-
-fn statement(code: u16, k: u32) -> libc::sock_filter {
-    libc::sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-    libc::sock_filter { code, jt, jf, k }
-}
 
 /// The filter program, built before the fork (the child only installs it).
 #[derive(Debug, Clone)]
@@ -100,33 +70,9 @@ impl RunFilter {
         Self { program }
     }
 
-    /// Installs the filter on the calling thread. Runs in the forked child
-    /// between fork and exec: two `prctl` calls, no allocation.
-    #[allow(unsafe_code)]
+    /// Installs the filter on the calling thread (see [`install`]).
     pub(crate) fn install(&self) -> std::io::Result<()> {
-        let program = libc::sock_fprog {
-            len: self.program.len() as libc::c_ushort,
-            filter: self.program.as_ptr().cast_mut(),
-        };
-        // SAFETY: prctl with PR_SET_NO_NEW_PRIVS takes integers only; with
-        // PR_SET_SECCOMP it reads the `sock_fprog` and the filter array it
-        // points to, both alive for the duration of the call (the array is
-        // owned by `self`, borrowed here). Neither call allocates or takes
-        // a lock, so both are safe between fork and exec.
-        unsafe {
-            if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::prctl(
-                libc::PR_SET_SECCOMP,
-                SECCOMP_MODE_FILTER,
-                &program as *const libc::sock_fprog,
-            ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        install(&self.program)
     }
 }
 

@@ -60,6 +60,11 @@ impl WarmRuntime {
             uid: prestart.uid,
             gid: prestart.gid,
             stdin: true,
+            // Always traced: whether its job is interactive is not known
+            // yet, and a traced process cannot be untraced (its filter
+            // would fail the traced calls). Its stdin is watched only if
+            // the stage asks (see `stage`).
+            watch: true,
             rlimits: None,
             filter: None,
             control: Some(read.as_raw_fd()),

@@ -1,13 +1,14 @@
 //! Starting one stage: the command, its credentials, rlimits and pipes.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
-use super::pipes::{InputPipe, OutputPipe};
+use super::pipes::{InputPipe, OutputPipe, SharedPipe};
 use super::runs_filter::RunFilter;
+use super::watch::{self, StageFilter};
 use code_runner_protocol::{StageLimits, StageSpec};
 
 /// The rlimits of a stage, computed before the fork so that the child only
@@ -130,6 +131,7 @@ pub(crate) fn spawn_stage(
         uid,
         gid,
         stdin: spec.stdin,
+        watch: spec.stdin && spec.watch_input,
         rlimits: Some(StageRlimits::for_limits(&spec.limits)),
         filter,
         control: None,
@@ -145,6 +147,8 @@ pub(crate) struct Launch<'a> {
     pub gid: u32,
     /// stdin from a pipe (else `/dev/null`).
     pub stdin: bool,
+    /// Traced, to notice waits for stdin (see [`super::watch`]); needs `stdin`.
+    pub watch: bool,
     /// `None`: the supervisor's own rlimits stay (a warm runtime's are set
     /// when its job comes), except that no core is dumped.
     pub rlimits: Option<StageRlimits>,
@@ -194,9 +198,12 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // with plain integers computed before the fork, and builds its error
     // (if any) from an errno without allocating. std's own pre-exec steps
     // (dup2, setgid, setgroups, setuid, chdir) have run by then.
-    // The run filter (a graded job's tests) is built here too, and only
-    // installed by two prctl(2) calls in the child.
+    // The stage filter, and the run filter of a graded job's tests, are
+    // built here too, and only installed by prctl(2) calls in the child
+    // (after ptrace(PTRACE_TRACEME) when the stage is watched).
     let filter = launch.filter.cloned();
+    let traced = launch.watch && launch.stdin;
+    let stage_filter = StageFilter::new(traced);
     unsafe {
         command.pre_exec(move || {
             match &rlimits {
@@ -209,6 +216,7 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
             if let Some(fd) = control {
                 inherit_as_control(fd)?;
             }
+            stage_filter.apply_in_child(traced)?;
             match &filter {
                 Some(filter) => filter.install(),
                 None => Ok(()),
@@ -219,17 +227,20 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // bomb may leave no room for them.
     let stdin_pipe = launch
         .stdin
-        .then(|| InputPipe::start("stage-stdin"))
+        .then(|| InputPipe::start::<SharedPipe>("stage-stdin"))
         .transpose()
         .map_err(SpawnError::Pipes)?;
-    let (stdout_pipe, stdout_hand_off) =
+    let (mut stdout_pipe, stdout_hand_off) =
         OutputPipe::start("stage-stdout").map_err(SpawnError::Pipes)?;
-    let (stderr_pipe, stderr_hand_off) =
+    let (mut stderr_pipe, stderr_hand_off) =
         OutputPipe::start("stage-stderr").map_err(SpawnError::Pipes)?;
     // Every pipe std creates is close-on-exec in the supervisor, so the
     // child inherits only its own three descriptors (and a control pipe).
     let mut child = command.spawn().map_err(SpawnError::Start)?;
     let pid = i32::try_from(child.id()).map_err(|e| SpawnError::Pipes(std::io::Error::other(e)))?;
+    if traced {
+        watch::adopt(pid);
+    }
     let stdin = child.stdin.take();
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
@@ -237,11 +248,20 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // reaps the stage (see `reap`).
     drop(child);
     let missing = || SpawnError::Pipes(std::io::Error::other("a stage pipe is missing"));
-    stdout_hand_off.give(stdout.ok_or_else(missing)?);
-    stderr_hand_off.give(stderr.ok_or_else(missing)?);
+    let stdout = stdout.ok_or_else(missing)?;
+    let stderr = stderr.ok_or_else(missing)?;
+    if traced {
+        // Copies of the read ends, to tell when what the stage wrote before
+        // it waits for stdin has all been read (see `stage`).
+        let copy = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(SpawnError::Pipes);
+        stdout_pipe.attach_probe(copy(stdout.as_fd())?);
+        stderr_pipe.attach_probe(copy(stderr.as_fd())?);
+    }
+    stdout_hand_off.give(stdout);
+    stderr_hand_off.give(stderr);
     let stdin = match (stdin_pipe, stdin) {
-        (Some((pipe, hand_off)), Some(stdin)) => {
-            hand_off.give(stdin);
+        (Some((mut pipe, hand_off)), Some(stdin)) => {
+            hand_off.give(pipe.share(OwnedFd::from(stdin)));
             Some(pipe)
         }
         (None, None) => None,

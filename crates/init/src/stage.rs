@@ -26,6 +26,7 @@ use super::reap::{Reaped, Termination, reap_one};
 use super::report::{Facts, classify, not_started};
 use super::spawn::{SpawnError, spawn_stage};
 use super::supervisor::{Context, Control};
+use super::watch;
 use code_runner_protocol::{
     Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
 };
@@ -40,6 +41,10 @@ const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between two cleanup rounds.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(10);
+/// How long after a process went to wait for stdin the output pipes must
+/// be found empty before `input_wanted` is said: covers a chunk an output
+/// thread has read but not yet handed over (see `OutputPipe::drained`).
+const OUTPUT_SETTLE: Duration = Duration::from_millis(1);
 
 /// Runs one stage and returns its report (not yet sent). An error means the
 /// supervisor cannot go on; the caller sends `fatal`.
@@ -116,9 +121,15 @@ pub(crate) async fn run_stage(
         orphan_cpu_ms: 0,
         cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
         exit: None,
+        watch: spec.watch_input && spec.stdin,
+        input_wait: None,
+        input_wanted_said: false,
     };
+    if run.watch {
+        watch::watch(run.stdin.as_ref().and_then(InputPipe::probe));
+    }
     run.supervise(ctx).await?;
-    run.stdin = None;
+    run.close_stdin();
     run.clean_up(ctx, spec).await?;
     run.drain(ctx).await?;
     Ok(run.report(spec, &memory_before, &ctx.memory.read()))
@@ -159,6 +170,13 @@ struct Run {
     cpu_millis: u64,
     /// The main process, once reaped, and when.
     exit: Option<(Reaped, Instant)>,
+    /// Say `input_wanted` when a process waits for stdin (see `watch`).
+    watch: bool,
+    /// When a process went to wait for stdin with nothing buffered for it,
+    /// until `input_wanted` is said (after the output written before).
+    input_wait: Option<Instant>,
+    /// `input_wanted` was said and neither input nor output came since.
+    input_wanted_said: bool,
 }
 
 /// The next chunk (or the end) of an output pipe; never when there is no pipe.
@@ -185,6 +203,7 @@ impl Run {
             let now = Instant::now();
             if now >= self.next_poll {
                 self.reap();
+                self.note_input_wait(ctx);
                 self.poll_cpu(ctx);
                 self.next_poll = now + CPU_POLL;
             }
@@ -192,10 +211,14 @@ impl Run {
             if self.exit.is_some() {
                 break;
             }
-            let wake = self.next_wake();
+            self.say_input_wanted(ctx, now).await?;
+            let wake = self.next_wake(now);
             tokio::select! {
                 biased;
-                _ = ctx.signals.child.recv() => self.reap(),
+                _ = ctx.signals.child.recv() => {
+                    self.reap();
+                    self.note_input_wait(ctx);
+                }
                 _ = ctx.signals.terminate.recv() => self.terminate(ctx),
                 _ = ctx.signals.interrupt.recv() => self.terminate(ctx),
                 event = ctx.host.recv(), if ctx.host_open => {
@@ -230,8 +253,12 @@ impl Run {
     }
 
     /// The earliest instant something must be checked.
-    fn next_wake(&self) -> Instant {
+    fn next_wake(&self, now: Instant) -> Instant {
         let mut wake = self.next_poll;
+        if let Some(waited) = self.input_wait {
+            // Once settled, look again soon: the output is on its way.
+            wake = wake.min((waited + OUTPUT_SETTLE).max(now + OUTPUT_SETTLE));
+        }
         match self.kill_sent {
             Some(sent) => wake = wake.min(sent + KILL_RETRY),
             None => {
@@ -323,6 +350,48 @@ impl Run {
         }
     }
 
+    /// Notes a process that went to wait for stdin with nothing buffered
+    /// for it, in the pipe or in the queue (the tracer saw the pipe empty
+    /// before the process went on).
+    fn note_input_wait(&mut self, ctx: &Context<'_>) {
+        if !self.watch || !watch::take_waiting(ctx.uid, ctx.gid) {
+            return;
+        }
+        if self.stdin.is_some() && !ctx.stdin.has_pending() && !self.input_wanted_said {
+            self.input_wait.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// Says `input_wanted` for a noted wait once everything the stage wrote
+    /// before it has been sent (so that a prompt comes first).
+    async fn say_input_wanted(
+        &mut self,
+        ctx: &mut Context<'_>,
+        now: Instant,
+    ) -> Result<(), InitError> {
+        let Some(waited) = self.input_wait else {
+            return Ok(());
+        };
+        let drained = self.stdout.as_ref().is_none_or(OutputPipe::drained)
+            && self.stderr.as_ref().is_none_or(OutputPipe::drained);
+        if now < waited + OUTPUT_SETTLE || !drained {
+            return Ok(());
+        }
+        self.input_wait = None;
+        self.input_wanted_said = true;
+        ctx.sink.send(&SandboxMessage::InputWanted).await
+    }
+
+    /// Closes the stage's stdin (the stage then reads EOF once the chunks
+    /// handed over are written): nothing waits for input after that.
+    fn close_stdin(&mut self) {
+        self.stdin = None;
+        self.input_wait = None;
+        if self.watch {
+            watch::watch(None);
+        }
+    }
+
     /// Hands queued stdin to the stage's pipe without blocking, and closes
     /// the pipe once the host closed stdin and the queue is empty.
     fn feed_stdin(&mut self, ctx: &mut Context<'_>) {
@@ -331,19 +400,24 @@ impl Run {
         };
         while let Some(bytes) = ctx.stdin.front() {
             match pipe.offer(bytes) {
-                Offer::Taken(written) => ctx.stdin.consume(written),
+                Offer::Taken(written) => {
+                    ctx.stdin.consume(written);
+                    // Input came: the wait (if any) is over.
+                    self.input_wait = None;
+                    self.input_wanted_said = false;
+                }
                 Offer::Busy => break,
                 Offer::Closed => {
                     // The stage closed its stdin (EPIPE): what is queued
                     // can never be read.
                     ctx.stdin.discard();
-                    self.stdin = None;
+                    self.close_stdin();
                     return;
                 }
             }
         }
         if ctx.stdin.should_close() {
-            self.stdin = None;
+            self.close_stdin();
         }
     }
 
@@ -395,6 +469,7 @@ impl Run {
             .output_total
             .saturating_add(u64::try_from(send.len()).unwrap_or(u64::MAX));
         if !send.is_empty() {
+            self.input_wanted_said = false;
             let message = match stream {
                 Stream::Stdout => SandboxMessage::Stdout(send.to_vec()),
                 Stream::Stderr => SandboxMessage::Stderr(send.to_vec()),

@@ -373,6 +373,14 @@ async fn await_bundle(
             event = host.recv() => event,
             _ = signals.terminate.recv() => return Err(InitError::TerminatedBeforeBundle),
             _ = signals.interrupt.recv() => return Err(InitError::TerminatedBeforeBundle),
+            // The runtime is traced: its stops (the first at its exec) are
+            // handled by reaping, which also notes if it ended.
+            _ = signals.child.recv() => {
+                if let Some(runtime) = runtime.as_mut() {
+                    WarmRuntime::check_alive(runtime);
+                }
+                continue;
+            }
         };
         match event {
             Some(HostEvent::Message(HostMessage::Prestart(prestart))) if runtime.is_none() => {

@@ -10,6 +10,9 @@
 
 #[path = "init_supervisor/harness.rs"]
 mod harness;
+/// `input_wanted`: a process of the stage waits for stdin.
+#[path = "init_supervisor/input.rs"]
+mod input;
 /// Limits and hostile programs.
 #[path = "init_supervisor/limits.rs"]
 mod limits;

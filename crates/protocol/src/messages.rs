@@ -20,6 +20,7 @@ pub mod kind {
     pub const STAGE_END: u8 = 0x85;
     pub const FATAL: u8 = 0x86;
     pub const DONE: u8 = 0x87;
+    pub const INPUT_WANTED: u8 = 0x88;
 }
 
 /// Everything the supervisor needs to run a job: the files to write into the
@@ -140,6 +141,10 @@ pub struct StageSpec {
     /// Whether this stage reads the forwarded stdin; otherwise its stdin is
     /// empty (`/dev/null`).
     pub stdin: bool,
+    /// Say [`SandboxMessage::InputWanted`] when a process of the stage waits
+    /// for stdin with nothing buffered for it (interactive stages).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watch_input: bool,
     pub limits: StageLimits,
 }
 
@@ -269,6 +274,10 @@ pub enum SandboxMessage {
     StageEnd(StageReport),
     Fatal(Fatal),
     Done,
+    /// A process of the stage is waiting for stdin and nothing is buffered
+    /// for it (only for a stage with `watch_input`). Said once per wait,
+    /// after the output written before the wait.
+    InputWanted,
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -346,6 +355,7 @@ impl SandboxMessage {
             SandboxMessage::StageEnd(report) => encode_frame(kind::STAGE_END, &json(report)),
             SandboxMessage::Fatal(fatal) => encode_frame(kind::FATAL, &json(fatal)),
             SandboxMessage::Done => encode_frame(kind::DONE, &[]),
+            SandboxMessage::InputWanted => encode_frame(kind::INPUT_WANTED, &[]),
         }
     }
 
@@ -359,6 +369,9 @@ impl SandboxMessage {
             kind::STAGE_END => Ok(SandboxMessage::StageEnd(parse_json(kind, &payload)?)),
             kind::FATAL => Ok(SandboxMessage::Fatal(parse_json(kind, &payload)?)),
             kind::DONE => expect_empty(kind, &payload).map(|()| SandboxMessage::Done),
+            kind::INPUT_WANTED => {
+                expect_empty(kind, &payload).map(|()| SandboxMessage::InputWanted)
+            }
             other => Err(FrameError::UnknownKind(other)),
         }
     }
@@ -443,6 +456,7 @@ mod tests {
                 env: vec![("PATH".into(), "/usr/bin".into())],
                 cwd: "/workspace".into(),
                 stdin: true,
+                watch_input: true,
                 limits: limits(),
             }],
             runs: Some(RunPlan {
@@ -459,6 +473,7 @@ mod tests {
                 env: vec![],
                 cwd: "/workspace".into(),
                 stdin: true,
+                watch_input: false,
                 limits: limits(),
             },
             input: vec![1, 2, 255],

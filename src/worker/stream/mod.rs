@@ -247,6 +247,12 @@ impl EventStream {
             }
             SandboxEvent::Stdout(data) => self.output(Stream::Stdout, data),
             SandboxEvent::Stderr(data) => self.output(Stream::Stderr, data),
+            SandboxEvent::InputWanted => {
+                // After the output before it (the coalescer keeps the order),
+                // and at once: the student is looking at the prompt.
+                self.coalescer.push_event(JobEvent::InputWanted);
+                true
+            }
         }
     }
 

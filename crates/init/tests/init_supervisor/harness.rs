@@ -182,6 +182,7 @@ impl Sandbox {
             env: vec![("PATH".into(), PATH.into())],
             cwd: self.workspace().to_string_lossy().into_owned(),
             stdin: false,
+            watch_input: false,
             limits: limits(),
         }
     }
@@ -374,6 +375,7 @@ impl Outcome {
                 SandboxMessage::StageEnd(report) => outcome.reports.push(report),
                 SandboxMessage::Fatal(fatal) => outcome.fatal = Some(fatal.message),
                 SandboxMessage::Done => outcome.done = true,
+                SandboxMessage::InputWanted => {}
             }
         }
         outcome

@@ -294,7 +294,9 @@ async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
                 JobEvent::Status { .. }
                 | JobEvent::Error { .. }
                 | JobEvent::Attempt { .. }
-                | JobEvent::Test { .. } => {
+                | JobEvent::Test { .. }
+                // Piston's protocol has no such message.
+                | JobEvent::InputWanted => {
                     continue;
                 }
             };

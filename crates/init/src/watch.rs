@@ -1,0 +1,577 @@
+//! Every process of a stage runs under the stage filter; a watched stage's
+//! processes are also traced, so that the supervisor notices when the job
+//! waits for its stdin with nothing buffered for it (`input_wanted`).
+//!
+//! # The stage filter
+//! A seccomp filter installed in every process the supervisor starts, just
+//! before it executes the program, stacked on the container's profile and
+//! inherited by everything the program starts:
+//! - `ptrace` answers `EPERM`. The container's profile allows the few
+//!   `ptrace` requests the supervisor itself needs (it is the only process
+//!   of the sandbox without this filter); the job can make none of them.
+//! - In a watched stage, the system calls that can wait for stdin stop the
+//!   process for its tracer (`SECCOMP_RET_TRACE`), and nothing else does:
+//!   `read`/`readv` of descriptor 0; `epoll_ctl` adding or removing
+//!   descriptor 0 (event loops, such as node's); a blocking `epoll_wait`,
+//!   `epoll_pwait` or `epoll_pwait2` (a timeout of 0 never waits); `dup2`,
+//!   `dup3` onto descriptor 0 and `close`/`close_range` from it, after
+//!   which descriptor 0 may be another file. The filter puts what the
+//!   supervisor needs (which call, the epoll descriptor) in the stop's
+//!   data, so no register or memory of the process is ever read.
+//!
+//! # Tracing
+//! The stage's first process asks to be traced (`PTRACE_TRACEME`) before
+//! it executes the program; every process and thread it starts is traced
+//! from its first instruction (`PTRACE_O_TRACEFORK`, `_VFORK`, `_CLONE`).
+//! The tracer is the supervisor's main thread, which already reaps every
+//! child with `wait4(-1)`: a stop arrives there like an exit does (see
+//! `reap`), is handled on the spot and the process goes on. At a stop for
+//! a read of stdin (or a blocking wait with descriptor 0 registered), and
+//! *before* the process goes on, the supervisor looks whether anything is
+//! buffered for it: the pipe's `FIONREAD`, the bytes handed to the stdin
+//! thread and not yet written, the queue. When nothing is, the read will
+//! wait: the stage's loop says `input_wanted` once the output written
+//! before the read has been sent (see `stage`). Whether descriptor 0 of
+//! that process is the stage's stdin pipe is known for the first process,
+//! inherited across fork and clone, and checked again in `/proc` (from a
+//! thread with the job's ids) after a `dup2` or `close` of it — so a
+//! shell reading a file through `< file` says nothing.
+//!
+//! This works alike under runc and under gVisor, whose own kernel
+//! implements ptrace and `SECCOMP_RET_TRACE`; gVisor has no
+//! `/proc/<pid>/syscall` or `wchan` to look at, and refuses seccomp user
+//! notification.
+//!
+//! # Cost
+//! Nothing is polled. A traced process stops only at the calls above: for
+//! an interactive program about once per line it reads (a program reading
+//! stdin one byte at a time stops once per byte), for an event loop once
+//! per blocking wait. Forks, clones, execs and the signals a traced process
+//! gets stop it too, briefly. A stage that is not watched (batch stdin, no
+//! stdin) is not traced at all.
+//!
+//! # What it does not see
+//! `poll`, `select` and `io_uring` waits (none of the runner images' line
+//! readers use them for a pipe); a process that paused reading in an event
+//! loop whose epoll set still holds descriptor 0 (libuv removes it only
+//! lazily) counts as waiting. A traced process cannot stop itself with
+//! SIGSTOP: the stop is resumed (the supervisor could only hold it with
+//! `PTRACE_LISTEN`, which needs `PTRACE_SEIZE` and so `CAP_SYS_PTRACE`).
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use nix::libc;
+
+use super::bpf::{
+    AUDIT_ARCH, BPF_ALU_OR_K, BPF_JMP_JEQ_K, BPF_JMP_JGE_K, BPF_LD_W_ABS, BPF_RET_A, BPF_RET_K,
+    DATA_ARCH, DATA_NR, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, SECCOMP_RET_TRACE, X32_SYSCALL_BIT,
+    data_arg_low, install, jump, statement,
+};
+use super::creds::drop_thread_to;
+use super::pipes::StdinProbe;
+
+/// What a trace stop is for, in bits 13–15 of the filter's data; bits 0–12
+/// hold the epoll descriptor where there is one.
+const KIND_SHIFT: u32 = 13;
+const KIND_READ: u32 = 1;
+const KIND_EPOLL_ADD: u32 = 2;
+const KIND_EPOLL_DEL: u32 = 3;
+const KIND_EPOLL_WAIT: u32 = 4;
+const KIND_STDIN_CHANGED: u32 = 5;
+/// Epoll descriptors from here up are not watched (no stage may open that
+/// many files).
+const MAX_EPOLL_FD: u32 = 1 << KIND_SHIFT;
+
+const EPOLL_CTL_DEL: u32 = 2;
+
+const OPTIONS: libc::c_int = libc::PTRACE_O_TRACESECCOMP
+    | libc::PTRACE_O_TRACEFORK
+    | libc::PTRACE_O_TRACEVFORK
+    | libc::PTRACE_O_TRACECLONE
+    | libc::PTRACE_O_TRACEEXEC
+    | libc::PTRACE_O_EXITKILL;
+
+// ---------------------------------------------------------------------------
+// The filter
+
+/// A label in the filter program being assembled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Label {
+    Next,
+    Allow,
+    Deny,
+    Read,
+    EpollCtl,
+    EpollWait,
+    EpollWaitAny,
+    Dup,
+    Close,
+    Trace(u32),
+}
+
+enum Op {
+    Statement(u16, u32),
+    Jump(u16, u32, Label, Label),
+    /// Where a label points.
+    Here(Label),
+}
+
+/// The stage filter, built before the fork (the child only installs it).
+#[derive(Debug, Clone)]
+pub(crate) struct StageFilter {
+    program: Vec<libc::sock_filter>,
+}
+
+impl StageFilter {
+    pub(crate) fn new(watch: bool) -> Self {
+        use Label::*;
+        let mut ops = vec![
+            Op::Statement(BPF_LD_W_ABS, DATA_ARCH),
+            // Another architecture's table: the container's profile decides.
+            Op::Jump(BPF_JMP_JEQ_K, AUDIT_ARCH, Next, Allow),
+            Op::Statement(BPF_LD_W_ABS, DATA_NR),
+            Op::Jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, Allow, Next),
+            Op::Jump(BPF_JMP_JEQ_K, libc::SYS_ptrace as u32, Deny, Next),
+        ];
+        if watch {
+            let mut calls = vec![
+                (libc::SYS_read, Read),
+                (libc::SYS_readv, Read),
+                (libc::SYS_epoll_ctl, EpollCtl),
+                (libc::SYS_epoll_pwait, EpollWait),
+                (libc::SYS_epoll_pwait2, EpollWaitAny),
+                (libc::SYS_dup3, Dup),
+                (libc::SYS_close, Close),
+                (libc::SYS_close_range, Close),
+            ];
+            #[cfg(target_arch = "x86_64")]
+            calls.extend([(libc::SYS_epoll_wait, EpollWait), (libc::SYS_dup2, Dup)]);
+            for (number, label) in calls {
+                ops.push(Op::Jump(BPF_JMP_JEQ_K, number as u32, label, Next));
+            }
+        }
+        // None of the above: allow (the first of the returns, all at the
+        // end, since BPF jumps only go forward).
+        ops.push(Op::Jump(BPF_JMP_JEQ_K, 0, Allow, Allow));
+        if watch {
+            let trace = |kind: u32| SECCOMP_RET_TRACE | (kind << KIND_SHIFT);
+            ops.extend([
+                // read(0, …), readv(0, …)
+                Op::Here(Read),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(0)),
+                Op::Jump(BPF_JMP_JEQ_K, 0, Trace(KIND_READ), Allow),
+                // epoll_ctl(epfd, op, 0, …)
+                Op::Here(EpollCtl),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(2)),
+                Op::Jump(BPF_JMP_JEQ_K, 0, Next, Allow),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(1)),
+                Op::Jump(BPF_JMP_JEQ_K, EPOLL_CTL_DEL, Next, Trace(KIND_EPOLL_ADD)),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(0)),
+                Op::Jump(BPF_JMP_JGE_K, MAX_EPOLL_FD, Allow, Next),
+                Op::Statement(BPF_ALU_OR_K, trace(KIND_EPOLL_DEL)),
+                Op::Statement(BPF_RET_A, 0),
+                Op::Here(Trace(KIND_EPOLL_ADD)),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(0)),
+                Op::Jump(BPF_JMP_JGE_K, MAX_EPOLL_FD, Allow, Next),
+                Op::Statement(BPF_ALU_OR_K, trace(KIND_EPOLL_ADD)),
+                Op::Statement(BPF_RET_A, 0),
+                // epoll_wait(epfd, …, timeout ≠ 0), epoll_pwait likewise
+                Op::Here(EpollWait),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(3)),
+                Op::Jump(BPF_JMP_JEQ_K, 0, Allow, EpollWaitAny),
+                // epoll_pwait2 (its timeout is a pointer), and the above
+                Op::Here(EpollWaitAny),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(0)),
+                Op::Jump(BPF_JMP_JGE_K, MAX_EPOLL_FD, Allow, Next),
+                Op::Statement(BPF_ALU_OR_K, trace(KIND_EPOLL_WAIT)),
+                Op::Statement(BPF_RET_A, 0),
+                // dup2(_, 0), dup3(_, 0, _)
+                Op::Here(Dup),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(1)),
+                Op::Jump(BPF_JMP_JEQ_K, 0, Trace(KIND_STDIN_CHANGED), Allow),
+                // close(0), close_range(0, …)
+                Op::Here(Close),
+                Op::Statement(BPF_LD_W_ABS, data_arg_low(0)),
+                Op::Jump(BPF_JMP_JEQ_K, 0, Trace(KIND_STDIN_CHANGED), Allow),
+                Op::Here(Trace(KIND_READ)),
+                Op::Statement(BPF_RET_K, trace(KIND_READ)),
+                Op::Here(Trace(KIND_STDIN_CHANGED)),
+                Op::Statement(BPF_RET_K, trace(KIND_STDIN_CHANGED)),
+            ]);
+        }
+        ops.extend([
+            Op::Here(Allow),
+            Op::Statement(BPF_RET_K, SECCOMP_RET_ALLOW),
+            Op::Here(Deny),
+            Op::Statement(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
+        ]);
+        Self {
+            program: assemble(&ops),
+        }
+    }
+
+    /// In the forked child, just before exec: asks to be traced when the
+    /// stage is watched, then installs the filter (see [`install`]). Only
+    /// system calls, no allocation.
+    #[allow(unsafe_code)]
+    pub(crate) fn apply_in_child(&self, traced: bool) -> std::io::Result<()> {
+        if traced {
+            // SAFETY: PTRACE_TRACEME takes no pointer; the other arguments
+            // are ignored.
+            let result = unsafe {
+                libc::ptrace(
+                    libc::PTRACE_TRACEME,
+                    0,
+                    std::ptr::null_mut::<libc::c_void>(),
+                    std::ptr::null_mut::<libc::c_void>(),
+                )
+            };
+            if result != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        install(&self.program)
+    }
+}
+
+/// Resolves the labels: `Next` is the next instruction, every other label
+/// the instruction after its `Here`. Jumps only go forward (BPF's rule).
+fn assemble(ops: &[Op]) -> Vec<libc::sock_filter> {
+    let mut positions = HashMap::new();
+    let mut index = 0usize;
+    for op in ops {
+        match op {
+            Op::Here(label) => {
+                positions.insert(*label, index);
+            }
+            _ => index += 1,
+        }
+    }
+    let mut program = Vec::with_capacity(index);
+    for op in ops {
+        let at = program.len();
+        let offset = |label: Label| -> u8 {
+            let target = match label {
+                Label::Next => at + 1,
+                label => positions[&label],
+            };
+            u8::try_from(target - at - 1).expect("a filter jump fits in a byte")
+        };
+        match op {
+            Op::Statement(code, k) => program.push(statement(*code, *k)),
+            Op::Jump(code, k, yes, no) => program.push(jump(*code, *k, offset(*yes), offset(*no))),
+            Op::Here(_) => {}
+        }
+    }
+    program
+}
+
+// ---------------------------------------------------------------------------
+// The tracer
+
+/// What descriptor 0 of a traced process is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stdin {
+    /// The stage's stdin pipe.
+    Ours,
+    /// Something else (a file, /dev/null, another pipe).
+    Other,
+    /// Not known since a dup2 or close of it, or never known.
+    Unknown,
+}
+
+#[derive(Debug)]
+struct Tracee {
+    /// Its first stop (exec of a TRACEME child, SIGSTOP of a new one) was seen.
+    started: bool,
+    /// A thread (reported by a clone), whose end is no process's end.
+    thread: bool,
+    stdin: Stdin,
+    /// The epoll descriptors descriptor 0 was added to.
+    epolls: Vec<u32>,
+}
+
+#[derive(Default)]
+struct Tracer {
+    tracees: HashMap<i32, Tracee>,
+    /// The stdin of the watched stage (none: nothing is watched now).
+    probe: Option<StdinProbe>,
+    /// Processes that went to wait for stdin with nothing buffered, since
+    /// the last [`take_waiting`].
+    waiting: Vec<i32>,
+}
+
+thread_local! {
+    /// Only the thread that spawned the traced processes may make ptrace
+    /// requests for them: the supervisor's main thread, which also reaps.
+    static TRACER: RefCell<Tracer> = RefCell::new(Tracer::default());
+}
+
+/// Starts watching the stdin `probe` stands for (`None`: stop watching).
+pub(crate) fn watch(probe: Option<StdinProbe>) {
+    TRACER.with_borrow_mut(|tracer| {
+        tracer.probe = probe;
+        tracer.waiting.clear();
+    });
+}
+
+/// A traced process started by the supervisor itself (its descriptor 0 is
+/// the watched pipe, once a stage watches it).
+pub(crate) fn adopt(pid: i32) {
+    TRACER.with_borrow_mut(|tracer| {
+        tracer.tracees.insert(
+            pid,
+            Tracee {
+                started: false,
+                thread: false,
+                stdin: Stdin::Ours,
+                epolls: Vec::new(),
+            },
+        );
+    });
+}
+
+/// Forgets a child that ended; `true` when it was a traced thread, whose
+/// end is not a process's end (and whose resource usage is its process's).
+pub(crate) fn ended(pid: i32) -> bool {
+    TRACER.with_borrow_mut(|tracer| tracer.tracees.remove(&pid).is_some_and(|t| t.thread))
+}
+
+/// Handles the stop `status` of the traced `pid` and lets it go on.
+pub(crate) fn stopped(pid: i32, status: libc::c_int) {
+    TRACER.with_borrow_mut(|tracer| tracer.on_stop(pid, status));
+}
+
+/// Whether a process whose descriptor 0 is the watched pipe went to wait
+/// for it since the last call. Checks descriptor 0 of a process that
+/// changed it, as `uid`/`gid`.
+pub(crate) fn take_waiting(uid: u32, gid: u32) -> bool {
+    TRACER.with_borrow_mut(|tracer| {
+        let waiting = std::mem::take(&mut tracer.waiting);
+        let Some(probe) = tracer.probe.clone() else {
+            return false;
+        };
+        let mut found = false;
+        for pid in waiting {
+            let Some(tracee) = tracer.tracees.get_mut(&pid) else {
+                continue;
+            };
+            if tracee.stdin == Stdin::Unknown {
+                tracee.stdin = match stdin_is(pid, uid, gid, &probe.link()) {
+                    Some(true) => Stdin::Ours,
+                    Some(false) => Stdin::Other,
+                    // Cannot tell (the process is gone): ask again next time.
+                    None => Stdin::Unknown,
+                };
+            }
+            found |= tracee.stdin == Stdin::Ours;
+        }
+        found
+    })
+}
+
+impl Tracer {
+    fn on_stop(&mut self, pid: i32, status: libc::c_int) {
+        let signal = libc::WSTOPSIG(status);
+        let event = (status >> 16) & 0xff;
+        let tracee = self.tracees.entry(pid).or_insert(Tracee {
+            started: false,
+            thread: false,
+            stdin: Stdin::Unknown,
+            epolls: Vec::new(),
+        });
+        if !tracee.started {
+            tracee.started = true;
+            // A TRACEME child stops at its exec with SIGTRAP before the
+            // options are set; a new process or thread inherits them.
+            set_options(pid);
+            if event == 0 && (signal == libc::SIGTRAP || signal == libc::SIGSTOP) {
+                resume(pid, 0);
+                return;
+            }
+        }
+        if event == 0 {
+            // A signal for the process, or the group stop it caused: the
+            // signal is delivered, the stop is resumed (see the docs).
+            let deliver = if is_signal_delivery(pid) { signal } else { 0 };
+            resume(pid, deliver);
+            return;
+        }
+        match event {
+            libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK | libc::PTRACE_EVENT_CLONE => {
+                if let Some(child) = event_message(pid).and_then(|m| i32::try_from(m).ok()) {
+                    let stdin = tracee.stdin;
+                    let epolls = tracee.epolls.clone();
+                    let child = self.tracees.entry(child).or_insert(Tracee {
+                        started: false,
+                        thread: false,
+                        stdin,
+                        epolls: Vec::new(),
+                    });
+                    child.stdin = stdin;
+                    child.epolls = epolls;
+                    child.thread = event == libc::PTRACE_EVENT_CLONE;
+                }
+            }
+            libc::PTRACE_EVENT_EXEC => tracee.epolls.clear(),
+            libc::PTRACE_EVENT_SECCOMP => {
+                if let Some(data) = event_message(pid).and_then(|m| u32::try_from(m).ok()) {
+                    self.on_call(pid, data);
+                }
+            }
+            _ => {}
+        }
+        resume(pid, 0);
+    }
+
+    /// A stop of the filter's (`data` from its return value). Runs before
+    /// the process goes on, so an empty stdin seen here is one the call
+    /// will find empty, unless input arrives meanwhile.
+    fn on_call(&mut self, pid: i32, data: u32) {
+        let Some(tracee) = self.tracees.get_mut(&pid) else {
+            return;
+        };
+        let kind = data >> KIND_SHIFT;
+        let epoll = data & (MAX_EPOLL_FD - 1);
+        let waits = match kind {
+            KIND_READ => true,
+            KIND_EPOLL_WAIT => tracee.epolls.contains(&epoll),
+            KIND_EPOLL_ADD => {
+                if !tracee.epolls.contains(&epoll) {
+                    tracee.epolls.push(epoll);
+                }
+                false
+            }
+            KIND_EPOLL_DEL => {
+                tracee.epolls.retain(|e| *e != epoll);
+                false
+            }
+            KIND_STDIN_CHANGED => {
+                tracee.stdin = Stdin::Unknown;
+                false
+            }
+            _ => false,
+        };
+        if waits
+            && tracee.stdin != Stdin::Other
+            && self.probe.as_ref().is_some_and(StdinProbe::is_empty)
+        {
+            self.waiting.push(pid);
+        }
+    }
+}
+
+#[allow(unsafe_code)]
+fn set_options(pid: i32) {
+    // SAFETY: PTRACE_SETOPTIONS takes the options as an integer in `data`
+    // and reads no memory.
+    unsafe {
+        libc::ptrace(
+            libc::PTRACE_SETOPTIONS,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            OPTIONS as usize as *mut libc::c_void,
+        );
+    }
+}
+
+/// Lets a stopped tracee go on, delivering `signal` (0: none). A tracee
+/// killed meanwhile makes this fail with ESRCH, which is fine.
+#[allow(unsafe_code)]
+fn resume(pid: i32, signal: libc::c_int) {
+    // SAFETY: PTRACE_CONT takes the signal number as an integer in `data`
+    // and reads no memory.
+    unsafe {
+        libc::ptrace(
+            libc::PTRACE_CONT,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            signal as usize as *mut libc::c_void,
+        );
+    }
+}
+
+#[allow(unsafe_code)]
+fn event_message(pid: i32) -> Option<libc::c_ulong> {
+    let mut message: libc::c_ulong = 0;
+    // SAFETY: PTRACE_GETEVENTMSG writes one unsigned long through `data`,
+    // which points to the live local above.
+    let result = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETEVENTMSG,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut message as *mut libc::c_ulong,
+        )
+    };
+    (result == 0).then_some(message)
+}
+
+/// A stop for a signal (PTRACE_GETSIGINFO works), not a group stop.
+#[allow(unsafe_code)]
+fn is_signal_delivery(pid: i32) -> bool {
+    // SAFETY: siginfo_t is plain data, for which all-zero bytes are valid;
+    // PTRACE_GETSIGINFO writes one through `data`, which points to it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    let result = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETSIGINFO,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut info as *mut libc::siginfo_t,
+        )
+    };
+    result == 0
+}
+
+/// Whether descriptor 0 of `pid` is `link` (`pipe:[inode]`), read from a
+/// thread with the job's ids (the supervisor may not look into another
+/// uid's descriptors). `None`: cannot tell.
+fn stdin_is(pid: i32, uid: u32, gid: u32, link: &str) -> Option<bool> {
+    let path = format!("/proc/{pid}/fd/0");
+    let target = std::thread::Builder::new()
+        .name("stdin-check".into())
+        .spawn(move || {
+            drop_thread_to(uid, gid).ok()?;
+            std::fs::read_link(path).ok()
+        })
+        .ok()?
+        .join()
+        .ok()??;
+    Some(target.as_os_str() == link)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unwatched_filter_only_denies_ptrace() {
+        let program = StageFilter::new(false).program;
+        assert_eq!(program.len(), 8);
+        assert_eq!(
+            (program[4].code, program[4].k, program[4].jt, program[4].jf),
+            (BPF_JMP_JEQ_K, libc::SYS_ptrace as u32, 2, 0)
+        );
+        assert_eq!((program[5].jt, program[5].jf), (0, 0));
+        assert_eq!(program[6].k, SECCOMP_RET_ALLOW);
+        assert_eq!(program[7].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
+    }
+
+    #[test]
+    fn every_jump_of_the_watched_filter_lands_inside_it() {
+        let program = StageFilter::new(true).program;
+        for (at, instruction) in program.iter().enumerate() {
+            if instruction.code & 0x07 == 0x05 {
+                assert!(at + 1 + usize::from(instruction.jt) < program.len());
+                assert!(at + 1 + usize::from(instruction.jf) < program.len());
+            }
+        }
+        let last = program.last().unwrap();
+        assert_eq!(
+            (last.code, last.k),
+            (BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32)
+        );
+    }
+}
