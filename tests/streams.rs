@@ -403,6 +403,78 @@ async fn stdin_sent_while_queued_is_delivered_in_order() {
     assert_eq!(exit_of(&frames)["status"], "succeeded");
 }
 
+/// `input_wanted` on the stream: stored (with a seq) after the prompt, once
+/// per wait, on the WebSocket and on the SSE stream alike.
+#[tokio::test]
+async fn a_program_waiting_for_input_says_input_wanted_after_its_prompt() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let answer = daemon
+        .submit(&interactive(
+            "name = input('name? ')\nage = input('age? ')\nprint(f'{name} is {age}')\n",
+        ))
+        .await;
+    assert_eq!(answer.status, 202, "{answer:#?}");
+    let id = answer.id();
+    let mut ws = Ws::open(&daemon, &id, None).await;
+    let mut frames = ws.until(|f| f["type"] == "input_wanted").await;
+    ws.send(stdin("ada\n")).await;
+    frames.extend(ws.until(|f| f["type"] == "input_wanted").await);
+    ws.send(stdin("42\n")).await;
+    frames.extend(ws.rest().await);
+    assert_eq!(ws.close, Some(1000));
+    // What a terminal shows, with the waits where they came.
+    let shown: Vec<String> = frames
+        .iter()
+        .filter_map(|f| match f["type"].as_str() {
+            Some("stdout") => Some(format!("out:{}", f["data"].as_str().unwrap())),
+            Some("input_wanted") => Some("wanted".to_string()),
+            _ => None,
+        })
+        .fold(Vec::new(), |mut shown: Vec<String>, line| {
+            match shown.last_mut() {
+                Some(last) if last.starts_with("out:") && line.starts_with("out:") => {
+                    last.push_str(&line[4..])
+                }
+                _ => shown.push(line),
+            }
+            shown
+        });
+    assert_eq!(
+        shown,
+        ["out:name? ", "wanted", "out:age? ", "wanted", "out:ada is 42\n"]
+    );
+    let wanted: Vec<&Value> = frames
+        .iter()
+        .filter(|f| f["type"] == "input_wanted")
+        .collect();
+    for frame in &wanted {
+        // Nothing but its seq and its type.
+        assert_eq!(frame.as_object().unwrap().len(), 2, "{frame}");
+        assert!(frame["seq"].as_u64().is_some(), "{frame}");
+    }
+    assert_eq!(exit_of(&frames)["status"], "succeeded");
+    // The SSE stream replays the same events, `input_wanted` among them.
+    let (text, code) = curl_events(
+        &daemon,
+        &id,
+        "",
+        &[format!("Authorization: Bearer {KEY_A}")],
+    )
+    .await;
+    assert_eq!(code, "200", "{text}");
+    let replayed: Vec<(u64, String)> = sse_events(&text)
+        .into_iter()
+        .filter(|(_, kind, _)| kind == "input_wanted")
+        .map(|(seq, kind, _)| (seq, kind))
+        .collect();
+    let expected: Vec<(u64, String)> = wanted
+        .iter()
+        .map(|f| (f["seq"].as_u64().unwrap(), "input_wanted".to_string()))
+        .collect();
+    assert_eq!(replayed, expected);
+}
+
 // ---------------------------------------------------------------------------
 // signals
 // ---------------------------------------------------------------------------
