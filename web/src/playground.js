@@ -132,6 +132,8 @@ const ui = {
   memory: $("v-memory"),
   start: $("v-start"),
   detail: $("v-detail"),
+  terminalBox: $("terminal"),
+  inputWanted: $("input-wanted"),
 };
 
 const drafts = {
@@ -274,6 +276,13 @@ function note(text) {
   terminal.write(`${DIM}${text}${RESET}\r\n`);
 }
 
+/** Shows (or takes down) the prompt that the program waits for input. */
+function setWaiting(waiting) {
+  ui.inputWanted.hidden = !waiting;
+  ui.terminalBox.dataset.waiting = String(waiting);
+  if (waiting) terminal.focus();
+}
+
 // A small line discipline: the terminal echoes what is typed, Backspace
 // edits the line, Enter sends it (with "\n") to the program's stdin,
 // Ctrl+D sends what is there and closes stdin, Ctrl+C interrupts.
@@ -283,6 +292,7 @@ terminal.onData((data) => {
   if (data.startsWith("\x1b")) return; // arrows and other keys: no line editing beyond Backspace
   for (const ch of data) {
     if (ch === "\r" || ch === "\n") {
+      setWaiting(false);
       terminal.write("\r\n");
       send({ type: "stdin", data: `${state.line}\n` });
       state.line = "";
@@ -298,6 +308,7 @@ terminal.onData((data) => {
     } else if (ch === "\x04") {
       if (state.line) send({ type: "stdin", data: state.line });
       state.line = "";
+      setWaiting(false);
       terminal.write(`${DIM}^D (input closed)${RESET}\r\n`);
       send({ type: "stdin_close" });
     } else if (ch >= " " || ch === "\t") {
@@ -503,6 +514,8 @@ function placeText(event) {
 }
 
 function handle(job, event) {
+  // A wait for input ends with the next output, or with the job.
+  if (["stdout", "stderr", "exit", "attempt", "stage"].includes(event.type)) setWaiting(false);
   if (event.type === "queued") {
     // Not stored, no seq: the job's place while it waits.
     setVerdict("queued", { detail: placeText(event) });
@@ -537,6 +550,9 @@ function handle(job, event) {
       // what the terminal shows belongs to the lost attempt.
       terminal.reset();
       note(`[the worker running this job was lost; it runs again (attempt ${event.attempt})]`);
+      break;
+    case "input_wanted":
+      setWaiting(true);
       break;
     case "exit":
       finish(event.result);
@@ -575,6 +591,7 @@ async function run() {
     user: tabUser,
   };
   terminal.reset();
+  setWaiting(false);
   state.line = "";
   setRunning(true);
   setVerdict("submitting");
