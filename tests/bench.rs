@@ -185,6 +185,53 @@ async fn interactive_jobs_report_every_round_trip_they_sent() {
     daemon.assert_no_containers(&docker().await).await;
 }
 
+/// `--exam N`: every student's waits are said once each and answered, and
+/// the three latencies have a sample per wait (first output: per student).
+#[tokio::test]
+async fn the_exam_answers_every_wait_of_every_student() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let url = daemon.url.clone();
+    let (out, report) = tokio::task::spawn_blocking(move || {
+        bench_json(&[
+            "--url",
+            &url,
+            "--key",
+            KEY_A,
+            "--exam",
+            "3",
+            "--questions",
+            "2",
+            "--think-ms",
+            "40",
+        ])
+    })
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}\n{}", daemon.log());
+    assert_eq!(report["scenario"], "exam");
+    assert_eq!(count(&report, "/students"), 3);
+    assert_eq!(count(&report, "/succeeded"), 3, "{report:#}");
+    assert_eq!(count(&report, "/problem_count"), 0, "{report:#}");
+    assert_eq!(report["problems"], serde_json::json!([]));
+    // A name and two questions: three waits per student, each said once.
+    assert_eq!(count(&report, "/input_waits"), 9);
+    assert_eq!(count(&report, "/input_wanted_events"), 9, "{report:#}");
+    assert_summary(&report, "/first_output_ms", 3);
+    assert_summary(&report, "/input_prompt_ms", 9);
+    assert_summary(&report, "/wait_to_event_ms", 9);
+    assert_summary(&report, "/answer_ms", 9);
+    assert_eq!(report["refusals"], serde_json::json!({}));
+    daemon.assert_no_containers(&docker().await).await;
+
+    let out = run_to_end(&["bench", "--key", KEY_A, "--exam", "2", "--engine"], &[]);
+    assert_eq!(out.status.code(), Some(64), "{out:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "code-runner: --engine does not go with --exam (its students run a built-in python program over the WebSocket)\n"
+    );
+}
+
 #[tokio::test]
 async fn answers_429_are_waited_out_and_counted() {
     let redis = RedisServer::start();

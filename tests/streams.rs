@@ -442,7 +442,13 @@ async fn a_program_waiting_for_input_says_input_wanted_after_its_prompt() {
         });
     assert_eq!(
         shown,
-        ["out:name? ", "wanted", "out:age? ", "wanted", "out:ada is 42\n"]
+        [
+            "out:name? ",
+            "wanted",
+            "out:age? ",
+            "wanted",
+            "out:ada is 42\n"
+        ]
     );
     let wanted: Vec<&Value> = frames
         .iter()

@@ -10,6 +10,8 @@
 //!   key's job and a second user's (issue 18).
 //! - [`grading`]: `--scenario grading`, one job with many tests against as
 //!   many separate jobs (issue 19).
+//! - [`exam`]: `--exam N`, N students answering questions at once, each
+//!   typing when its program says `input_wanted` (issue 21).
 //! - [`echo`]: the interactive round trip, as pure state.
 //! - [`stats`]: nearest-rank percentiles.
 //! - [`report`]: the progress line, the text report and `--json`.
@@ -22,6 +24,7 @@
 //! be reached.
 
 mod echo;
+mod exam;
 mod fairness;
 mod grading;
 mod load;
@@ -103,6 +106,23 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub rounds: u32,
+    /// N students press Run at once, each an interactive program that asks
+    /// a name and --questions questions: each student waits for the
+    /// program's `input_wanted`, types after --think-ms, reads the answer.
+    /// Reports first output, input prompt and answer latencies and the
+    /// refusals (takes only --url, --key, --json, --questions, --think-ms).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub exam: Option<u32>,
+    /// --exam: questions per student (after its name).
+    #[arg(long, default_value_t = 3,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub questions: u32,
+    /// --exam: how long a student thinks before typing, in ms (each time
+    /// ±50 %, spread over the students).
+    #[arg(long, default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub think_ms: u64,
     /// --scenario fairness: key B, a second API key of the same server.
     #[arg(long, env = "CODE_RUNNER_BENCH_OTHER_KEY", hide_env_values = true)]
     pub other_key: Option<String>,
@@ -215,6 +235,9 @@ fn job_spec(args: &BenchArgs, catalog: &LanguageCatalog) -> Result<(JobSpec, Str
 }
 
 pub async fn run(args: BenchArgs) -> u8 {
+    if let Some(students) = args.exam {
+        return exam(&args, students).await;
+    }
     if args.scenario == Scenario::Fairness {
         return fairness(&args).await;
     }
@@ -261,6 +284,50 @@ fn print_report<T: serde::Serialize>(
         print!("{}", text());
     }
     Ok(())
+}
+
+/// `--exam N`: through the API, then the report.
+async fn exam(args: &BenchArgs, students: u32) -> u8 {
+    let misfits = [
+        (args.engine, "--engine"),
+        (args.interactive, "--interactive"),
+        (args.via == Via::Wait, "--via wait"),
+        (args.program.is_some(), "--program"),
+        (args.language.is_some(), "--language"),
+        (args.scenario != Scenario::Load, "--scenario"),
+    ];
+    if let Some((_, flag)) = misfits.iter().find(|(given, _)| *given) {
+        return fail(
+            exit::USAGE,
+            format!(
+                "{flag} does not go with --exam (its students run a built-in python program over the WebSocket)"
+            ),
+        );
+    }
+    let api = match args.api.api(REQUEST_TIMEOUT) {
+        Ok(api) => api,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    let plan = exam::Plan {
+        students,
+        questions: args.questions,
+        think: Duration::from_millis(args.think_ms),
+    };
+    let report = match exam::run(&api, plan).await {
+        Ok(report) => report,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    if let Err(code) = print_report(args.json, &report, || report.text()) {
+        return code;
+    }
+    if report.succeeded() {
+        0
+    } else {
+        fail(
+            SOME_JOBS_DID_NOT_SUCCEED,
+            "some students of the exam did not go through (see the report)",
+        )
+    }
 }
 
 /// `--scenario grading`: through the API, then the report.
