@@ -193,12 +193,20 @@ impl StdinProbe {
     /// while the reader is stopped (so it cannot take anything meanwhile).
     /// A closed pipe is never empty in this sense: no read will wait on it.
     ///
-    /// Bytes the thread was handed and has not finished writing are waited
-    /// for, up to [`IN_FLIGHT_WAIT`]: they may be in the pipe already, or
-    /// already read (the reader can run before the thread counts its
-    /// write done), and only the pipe says which once the count is down.
-    /// Still not written by then (a pipe the kernel shrank, full): not empty.
+    /// With the pipe empty, bytes the thread was handed and has not
+    /// finished writing are waited for, up to [`IN_FLIGHT_WAIT`]: they may
+    /// be on their way in (a write into an empty pipe does not block), or
+    /// already read (the reader can run before the thread counts its write
+    /// done); the pipe says which once the count is down. Still not written
+    /// by then: not empty.
     pub(crate) fn is_empty(&self) -> bool {
+        let Some(pipe) = self.pipe.upgrade() else {
+            return false;
+        };
+        let empty = || fionread(pipe.as_fd()) == Some(0);
+        if !empty() {
+            return false;
+        }
         let since = std::time::Instant::now();
         while self.in_flight.load(Ordering::Acquire) != 0 {
             if since.elapsed() >= IN_FLIGHT_WAIT {
@@ -206,9 +214,7 @@ impl StdinProbe {
             }
             std::thread::yield_now();
         }
-        self.pipe
-            .upgrade()
-            .is_some_and(|pipe| fionread(pipe.as_fd()) == Some(0))
+        empty()
     }
 
     /// What `/proc/<pid>/fd/0` of a process reading this pipe links to.

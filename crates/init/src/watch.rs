@@ -121,10 +121,21 @@ enum Op {
 #[derive(Debug, Clone)]
 pub(crate) struct StageFilter {
     program: Vec<libc::sock_filter>,
+    /// The unwatched program, for a watched stage whose process cannot be
+    /// traced (a kernel with Yama's ptrace_scope at 3 refuses even
+    /// PTRACE_TRACEME): its traced calls would fail with ENOSYS untraced.
+    untraced: Option<Vec<libc::sock_filter>>,
 }
 
 impl StageFilter {
     pub(crate) fn new(watch: bool) -> Self {
+        Self {
+            program: Self::program(watch),
+            untraced: watch.then(|| Self::program(false)),
+        }
+    }
+
+    fn program(watch: bool) -> Vec<libc::sock_filter> {
         use Label::*;
         let mut ops = vec![
             Op::Statement(BPF_LD_W_ABS, DATA_ARCH),
@@ -206,17 +217,16 @@ impl StageFilter {
             Op::Here(Deny),
             Op::Statement(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32),
         ]);
-        Self {
-            program: assemble(&ops),
-        }
+        assemble(&ops)
     }
 
     /// In the forked child, just before exec: asks to be traced when the
-    /// stage is watched, then installs the filter (see [`install`]). Only
-    /// system calls, no allocation.
+    /// stage is watched, then installs the filter (see [`install`]); the
+    /// unwatched one if the kernel refuses the trace (the stage then runs,
+    /// without `input_wanted`). Only system calls, no allocation.
     #[allow(unsafe_code)]
     pub(crate) fn apply_in_child(&self, traced: bool) -> std::io::Result<()> {
-        if traced {
+        if let (true, Some(untraced)) = (traced, &self.untraced) {
             // SAFETY: PTRACE_TRACEME takes no pointer; the other arguments
             // are ignored.
             let result = unsafe {
@@ -228,7 +238,7 @@ impl StageFilter {
                 )
             };
             if result != 0 {
-                return Err(std::io::Error::last_os_error());
+                return install(untraced);
             }
         }
         install(&self.program)
@@ -548,7 +558,9 @@ mod tests {
 
     #[test]
     fn an_unwatched_filter_only_denies_ptrace() {
-        let program = StageFilter::new(false).program;
+        let filter = StageFilter::new(false);
+        assert!(filter.untraced.is_none());
+        let program = filter.program;
         assert_eq!(program.len(), 8);
         assert_eq!(
             (program[4].code, program[4].k, program[4].jt, program[4].jf),
@@ -561,7 +573,9 @@ mod tests {
 
     #[test]
     fn every_jump_of_the_watched_filter_lands_inside_it() {
-        let program = StageFilter::new(true).program;
+        let filter = StageFilter::new(true);
+        assert_eq!(filter.untraced, Some(StageFilter::new(false).program));
+        let program = filter.program;
         for (at, instruction) in program.iter().enumerate() {
             if instruction.code & 0x07 == 0x05 {
                 assert!(at + 1 + usize::from(instruction.jt) < program.len());

@@ -13,6 +13,10 @@ mod harness;
 /// `input_wanted`: a process of the stage waits for stdin.
 #[path = "init_supervisor/input.rs"]
 mod input;
+/// A watched stage reads big input as an unwatched one does (and what
+/// watching costs it).
+#[path = "init_supervisor/input_cost.rs"]
+mod input_cost;
 /// Limits and hostile programs.
 #[path = "init_supervisor/limits.rs"]
 mod limits;
