@@ -90,58 +90,124 @@ impl<P: Send + 'static> HandOff<P> {
 /// The supervisor's end of a stage's stdout or stderr.
 pub(crate) struct OutputPipe {
     chunks: mpsc::Receiver<Output>,
+    /// Bytes a counting thread took out of the pipe (or is about to) that
+    /// [`OutputPipe::recv`] has not given out yet.
+    pending: Arc<AtomicUsize>,
     /// A copy of the pipe's read end, only to ask how much is in it (see
     /// [`OutputPipe::drained`]); an extra reader changes nothing for the
     /// writers.
     probe: Option<OwnedFd>,
 }
 
+/// What an output thread is handed: the pipe, and whether to count what
+/// it reads (for [`OutputPipe::drained`]).
+pub(crate) type OutputHandOff<P> = HandOff<(P, bool)>;
+
 impl OutputPipe {
     /// Starts the thread `name`, which reads the pipe handed to it.
-    pub(crate) fn start<P: Read + Send + 'static>(
+    pub(crate) fn start<P: Read + AsFd + Send + 'static>(
         name: &'static str,
-    ) -> std::io::Result<(Self, HandOff<P>)> {
+    ) -> std::io::Result<(Self, OutputHandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
-        let hand_off = HandOff::start(name, move |pipe| read_output(pipe, &tx))?;
+        let pending = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&pending);
+        let hand_off = HandOff::start(name, move |(pipe, count): (P, bool)| {
+            read_output(pipe, &tx, count.then_some(&*counted));
+        })?;
         Ok((
             Self {
                 chunks,
+                pending,
                 probe: None,
             },
             hand_off,
         ))
     }
 
-    /// Keeps `read_end` (a copy of the pipe handed to the thread) to look
-    /// into the pipe with.
+    /// Keeps `read_end` (a copy of the pipe handed to a counting thread) to
+    /// look into the pipe with.
     pub(crate) fn attach_probe(&mut self, read_end: OwnedFd) {
         self.probe = Some(read_end);
     }
 
-    /// Nothing the stage wrote before now is still on its way: the pipe is
-    /// empty and no chunk waits in the channel. (A chunk the thread has
-    /// just read and not yet handed over is not seen; the caller allows
-    /// for that.) Without a probe: `true`.
+    /// Everything the stage wrote before now has been given out by
+    /// [`OutputPipe::recv`]: no byte is counted out of the pipe and not yet
+    /// given, and the pipe is empty (asked in that order: the thread counts
+    /// bytes before it takes them out). Without a probe: `true`.
     pub(crate) fn drained(&self) -> bool {
-        self.chunks.is_empty()
-            && self
-                .probe
-                .as_ref()
-                .is_none_or(|fd| fionread(fd.as_fd()) == Some(0))
+        let Some(probe) = &self.probe else {
+            return true;
+        };
+        self.pending.load(Ordering::Acquire) == 0 && fionread(probe.as_fd()) == Some(0)
     }
 
     /// The next chunk, or the end of the stream.
     pub(crate) async fn recv(&mut self) -> Output {
         // The thread sends `Eof` or `Failed` last; a channel closed without
         // either means it is gone, which is an end of stream all the same.
-        self.chunks.recv().await.unwrap_or(Output::Eof)
+        let output = self.chunks.recv().await.unwrap_or(Output::Eof);
+        if let Output::Data(data) = &output {
+            let _ = self
+                .pending
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |pending| {
+                    Some(pending.saturating_sub(data.len()))
+                });
+        }
+        output
     }
 }
 
-fn read_output(mut pipe: impl Read, tx: &mpsc::Sender<Output>) {
+/// Waits until `fd` is readable (or hung up) and counts what is there into
+/// `pending`, before it is read: at most `limit` bytes, the amount the
+/// next read takes.
+#[allow(unsafe_code)]
+fn count_before_reading(fd: BorrowedFd<'_>, pending: &AtomicUsize, limit: usize) -> usize {
+    let mut poll = nix::libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: nix::libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: poll reads and writes the one pollfd it is given, a live
+        // local, for the duration of the call.
+        let ready = unsafe { nix::libc::poll(&mut poll, 1, -1) };
+        if ready >= 0 || nix::errno::Errno::last() != nix::errno::Errno::EINTR {
+            break;
+        }
+    }
+    let count = fionread(fd).unwrap_or(0).min(limit);
+    pending.fetch_add(count, Ordering::AcqRel);
+    count
+}
+
+fn read_output<P: Read + AsFd>(
+    mut pipe: P,
+    tx: &mpsc::Sender<Output>,
+    pending: Option<&AtomicUsize>,
+) {
     let mut buffer = vec![0u8; MAX_OUTPUT_CHUNK];
     loop {
-        let output = match pipe.read(&mut buffer) {
+        // Counted: exactly what the read will take, counted first (more
+        // than nothing, so that the end of the stream is read too).
+        let (want, counted) = match pending {
+            Some(pending) => {
+                let counted = count_before_reading(pipe.as_fd(), pending, MAX_OUTPUT_CHUNK);
+                (counted.max(1), counted)
+            }
+            None => (MAX_OUTPUT_CHUNK, 0),
+        };
+        let read = pipe.read(&mut buffer[..want]);
+        if let Some(pending) = pending {
+            // What came in between the count and the read (a byte, at
+            // most) is counted late; a read that failed took nothing.
+            let took = read.as_ref().map_or(0, |read| *read);
+            if took > counted {
+                pending.fetch_add(took - counted, Ordering::AcqRel);
+            } else if took < counted {
+                pending.fetch_sub(counted - took, Ordering::AcqRel);
+            }
+        }
+        let output = match read {
             Ok(0) => Output::Eof,
             Ok(read) => Output::Data(buffer[..read].to_vec()),
             Err(error) if error.kind() == ErrorKind::Interrupted => continue,
@@ -351,7 +417,7 @@ mod tests {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
             let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
-            hand_off.give(read);
+            hand_off.give((read, false));
             let writer = std::thread::spawn(move || {
                 for i in 0..100u32 {
                     write.write_all(&i.to_be_bytes()).expect("write");
@@ -374,6 +440,44 @@ mod tests {
             let mut expected: Vec<u8> = (0..100u32).flat_map(u32::to_be_bytes).collect();
             expected.extend(vec![7u8; 3 * MAX_OUTPUT_CHUNK]);
             assert_eq!(received, expected);
+        });
+    }
+
+    /// A counting thread: `drained` only once every byte written was given
+    /// out by `recv`, whether it is still in the pipe, in the thread or in
+    /// the channel.
+    #[test]
+    fn counted_output_is_drained_only_once_all_of_it_was_received() {
+        runtime().block_on(async {
+            let (read, mut write) = os_pipe();
+            let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
+            pipe.attach_probe(read.as_fd().try_clone_to_owned().expect("dup"));
+            hand_off.give((read, true));
+            assert!(pipe.drained());
+            let mut sent = 0usize;
+            for round in 0..50u32 {
+                let chunk =
+                    vec![u8::try_from(round % 251).expect("byte"); 1 + 997 * round as usize];
+                write.write_all(&chunk).expect("write");
+                sent += chunk.len();
+                let mut received = 0usize;
+                while received < chunk.len() {
+                    assert!(
+                        !pipe.drained(),
+                        "drained with {} bytes not received",
+                        chunk.len() - received
+                    );
+                    match pipe.recv().await {
+                        Output::Data(data) => received += data.len(),
+                        other => panic!("{other:?}"),
+                    }
+                }
+                assert_eq!(received, chunk.len());
+                assert!(pipe.drained(), "not drained after round {round}");
+            }
+            drop(write);
+            assert!(matches!(pipe.recv().await, Output::Eof));
+            assert!(sent > 0);
         });
     }
 

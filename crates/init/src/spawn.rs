@@ -257,8 +257,8 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
         stdout_pipe.attach_probe(copy(stdout.as_fd())?);
         stderr_pipe.attach_probe(copy(stderr.as_fd())?);
     }
-    stdout_hand_off.give(stdout);
-    stderr_hand_off.give(stderr);
+    stdout_hand_off.give((stdout, traced));
+    stderr_hand_off.give((stderr, traced));
     let stdin = match (stdin_pipe, stdin) {
         (Some((mut pipe, hand_off)), Some(stdin)) => {
             hand_off.give(pipe.share(OwnedFd::from(stdin)));

@@ -41,10 +41,9 @@ const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between two cleanup rounds.
 const CLEANUP_PAUSE: Duration = Duration::from_millis(10);
-/// How long after a process went to wait for stdin the output pipes must
-/// be found empty before `input_wanted` is said: covers a chunk an output
-/// thread has read but not yet handed over (see `OutputPipe::drained`).
-const OUTPUT_SETTLE: Duration = Duration::from_millis(1);
+/// How soon the output pipes are looked at again when a process waits for
+/// stdin and output written before the wait is still on its way.
+const DRAIN_RECHECK: Duration = Duration::from_millis(1);
 
 /// Runs one stage and returns its report (not yet sent). An error means the
 /// supervisor cannot go on; the caller sends `fatal`.
@@ -211,7 +210,7 @@ impl Run {
             if self.exit.is_some() {
                 break;
             }
-            self.say_input_wanted(ctx, now).await?;
+            self.say_input_wanted(ctx).await?;
             let wake = self.next_wake(now);
             tokio::select! {
                 biased;
@@ -255,9 +254,9 @@ impl Run {
     /// The earliest instant something must be checked.
     fn next_wake(&self, now: Instant) -> Instant {
         let mut wake = self.next_poll;
-        if let Some(waited) = self.input_wait {
-            // Once settled, look again soon: the output is on its way.
-            wake = wake.min((waited + OUTPUT_SETTLE).max(now + OUTPUT_SETTLE));
+        if self.input_wait.is_some() {
+            // The output is on its way: look again soon.
+            wake = wake.min(now + DRAIN_RECHECK);
         }
         match self.kill_sent {
             Some(sent) => wake = wake.min(sent + KILL_RETRY),
@@ -364,17 +363,13 @@ impl Run {
 
     /// Says `input_wanted` for a noted wait once everything the stage wrote
     /// before it has been sent (so that a prompt comes first).
-    async fn say_input_wanted(
-        &mut self,
-        ctx: &mut Context<'_>,
-        now: Instant,
-    ) -> Result<(), InitError> {
-        let Some(waited) = self.input_wait else {
+    async fn say_input_wanted(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
+        if self.input_wait.is_none() {
             return Ok(());
-        };
+        }
         let drained = self.stdout.as_ref().is_none_or(OutputPipe::drained)
             && self.stderr.as_ref().is_none_or(OutputPipe::drained);
-        if now < waited + OUTPUT_SETTLE || !drained {
+        if !drained {
             return Ok(());
         }
         self.input_wait = None;
