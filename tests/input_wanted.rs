@@ -19,10 +19,15 @@ use tokio::time::Instant;
 const DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs `spec` interactively; answers the n-th `input_wanted` with
-/// `answers[n]` (and closes stdin after the last answer when `close`).
-/// Returns the transcript: `out:<text>` (adjacent stdout joined),
-/// `err:<text>`, `wanted`, then `status:<status> exit:<code>`.
-async fn converse(harness: &Harness, spec: JobSpec, answers: &[&str], close: bool) -> Vec<String> {
+/// `answers[n]`, or with `up_front` sends every answer and closes stdin as
+/// the job starts. Returns the transcript: `out:<text>` (adjacent stdout
+/// joined), `err:<text>`, `wanted`, then `status:<status> exit:<code>`.
+async fn converse(
+    harness: &Harness,
+    spec: JobSpec,
+    answers: &[&str],
+    up_front: bool,
+) -> Vec<String> {
     let spec = JobSpec {
         interactive: true,
         ..spec
@@ -34,6 +39,14 @@ async fn converse(harness: &Harness, spec: JobSpec, answers: &[&str], close: boo
         input: Some(input_rx),
         ..Default::default()
     };
+    if up_front {
+        for answer in answers {
+            let line = format!("{answer}\n").into_bytes();
+            input.send(JobInput::Stdin(line)).await.unwrap();
+        }
+        input.send(JobInput::StdinClose).await.unwrap();
+    }
+    let answers: &[&str] = if up_front { &[] } else { answers };
     let run = harness.run_io(&spec, io);
     let talk = async {
         let mut transcript: Vec<String> = Vec::new();
@@ -57,9 +70,6 @@ async fn converse(harness: &Harness, spec: JobSpec, answers: &[&str], close: boo
                     if let Some(answer) = answers.next() {
                         let line = format!("{answer}\n").into_bytes();
                         input.send(JobInput::Stdin(line)).await.unwrap();
-                        if close && answers.len() == 0 {
-                            input.send(JobInput::StdinClose).await.unwrap();
-                        }
                     }
                     continue;
                 }
@@ -156,8 +166,9 @@ async fn node_readline_is_said_after_each_prompt(harness: Harness) {
 }
 
 async fn nothing_is_said_while_the_job_computes_or_sleeps(harness: Harness) {
-    // It computes, sleeps, then reads once; closing stdin after the answer
-    // makes the second read an EOF, which is no wait.
+    // It computes and sleeps, then reads a line and reads to the end: the
+    // line and the end of stdin were sent as it started, so neither read
+    // waits (the second finds EOF), and nothing is said at all.
     let spec = job(
         "python",
         "main.py",
@@ -169,9 +180,7 @@ async fn nothing_is_said_while_the_job_computes_or_sleeps(harness: Harness) {
     assert_eq!(
         transcript,
         [
-            "out:computed 1\nslept\n",
-            "wanted",
-            "out:got x\nend ''\n",
+            "out:computed 1\nslept\ngot x\nend ''\n",
             "status:Succeeded exit:Some(0)"
         ]
     );

@@ -266,9 +266,11 @@ async fn one_student(
             }
         }
         Followed::Exit(result) => Some(format!(
-            "job {id} ended {}: {}",
+            "job {id} ended {} after {} input_wanted (of {}), its output {:?}",
             result.status.as_str(),
-            result.error.clone().unwrap_or_default()
+            student.waits,
+            plan.questions + 1,
+            without_stamps(&student.output)
         )),
         Followed::Failed(error) => Some(format!("job {id}: {error}")),
         Followed::Fallback(why) => Some(format!("job {id}: the stream is unavailable: {why}")),

@@ -242,8 +242,20 @@ pub(crate) struct InputPipe {
     target: Option<(Weak<File>, u64)>,
 }
 
-/// Longest wait in [`StdinProbe::is_empty`] for a write in progress.
-const IN_FLIGHT_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
+/// What [`StdinProbe::buffered`] found, asked while the reader is stopped
+/// (so that it cannot take anything meanwhile).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Buffered {
+    /// Nothing in the pipe, nothing on its way: a read waits.
+    No,
+    /// Bytes in the pipe.
+    Yes,
+    /// The pipe is empty and the stdin thread is writing: ask again once
+    /// it is done.
+    Unsure,
+    /// The pipe is closed: no read will wait on it.
+    Closed,
+}
 
 /// What [`super::watch`] needs to know whether anything is buffered for
 /// the stage's stdin, without keeping the pipe open.
@@ -260,27 +272,35 @@ impl StdinProbe {
     /// A closed pipe is never empty in this sense: no read will wait on it.
     ///
     /// With the pipe empty, bytes the thread was handed and has not
-    /// finished writing are waited for, up to [`IN_FLIGHT_WAIT`]: they may
-    /// be on their way in (a write into an empty pipe does not block), or
-    /// already read (the reader can run before the thread counts its write
-    /// done); the pipe says which once the count is down. Still not written
-    /// by then: not empty.
-    pub(crate) fn is_empty(&self) -> bool {
+    /// finished writing make it [`Buffered::Unsure`]: they may be on their
+    /// way in (a write into an empty pipe does not block), or already read
+    /// (the reader can run before the thread counts its write done); the
+    /// pipe says which once the count is down.
+    pub(crate) fn buffered(&self) -> Buffered {
         let Some(pipe) = self.pipe.upgrade() else {
-            return false;
+            return Buffered::Closed;
         };
-        let empty = || fionread(pipe.as_fd()) == Some(0);
-        if !empty() {
-            return false;
+        if fionread(pipe.as_fd()) != Some(0) {
+            Buffered::Yes
+        } else if self.in_flight.load(Ordering::Acquire) != 0 {
+            Buffered::Unsure
+        } else {
+            Buffered::No
         }
-        let since = std::time::Instant::now();
-        while self.in_flight.load(Ordering::Acquire) != 0 {
-            if since.elapsed() >= IN_FLIGHT_WAIT {
-                return false;
-            }
-            std::thread::yield_now();
-        }
-        empty()
+    }
+
+    /// A probe of `write_end`, with its in-flight count and the pipe it
+    /// holds weakly (kept alive by the caller).
+    #[cfg(test)]
+    pub(crate) fn for_tests(write_end: OwnedFd) -> (Self, Arc<AtomicUsize>, Arc<File>) {
+        let pipe = Arc::new(File::from(write_end));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let probe = Self {
+            pipe: Arc::downgrade(&pipe),
+            in_flight: Arc::clone(&in_flight),
+            inode: pipe.metadata().map_or(0, |meta| meta.ino()),
+        };
+        (probe, in_flight, pipe)
     }
 
     /// What `/proc/<pid>/fd/0` of a process reading this pipe links to.

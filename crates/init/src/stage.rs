@@ -121,11 +121,15 @@ pub(crate) async fn run_stage(
         cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
         exit: None,
         watch: spec.watch_input && spec.stdin,
+        holding: false,
         input_wait: None,
         input_wanted_said: false,
     };
     if run.watch {
-        watch::watch(run.stdin.as_ref().and_then(InputPipe::probe));
+        watch::watch(
+            run.stdin.as_ref().and_then(InputPipe::probe),
+            (ctx.uid, ctx.gid),
+        );
     }
     run.supervise(ctx).await?;
     run.close_stdin();
@@ -171,6 +175,8 @@ struct Run {
     exit: Option<(Reaped, Instant)>,
     /// Say `input_wanted` when a process waits for stdin (see `watch`).
     watch: bool,
+    /// A reader is held at its stop until the stdin thread's write is done.
+    holding: bool,
     /// When a process went to wait for stdin with nothing buffered for it,
     /// until `input_wanted` is said (after the output written before).
     input_wait: Option<Instant>,
@@ -209,6 +215,9 @@ impl Run {
             self.check_deadlines(ctx, now);
             if self.exit.is_some() {
                 break;
+            }
+            if self.holding {
+                self.note_input_wait(ctx);
             }
             self.say_input_wanted(ctx).await?;
             let wake = self.next_wake(now);
@@ -254,8 +263,9 @@ impl Run {
     /// The earliest instant something must be checked.
     fn next_wake(&self, now: Instant) -> Instant {
         let mut wake = self.next_poll;
-        if self.input_wait.is_some() {
-            // The output is on its way: look again soon.
+        if self.input_wait.is_some() || self.holding {
+            // The output is on its way, or a reader is held until the
+            // stdin thread's write is done: look again soon.
             wake = wake.min(now + DRAIN_RECHECK);
         }
         match self.kill_sent {
@@ -353,7 +363,11 @@ impl Run {
     /// for it, in the pipe or in the queue (the tracer saw the pipe empty
     /// before the process went on).
     fn note_input_wait(&mut self, ctx: &Context<'_>) {
-        if !self.watch || !watch::take_waiting(ctx.uid, ctx.gid) {
+        if !self.watch {
+            return;
+        }
+        self.holding = watch::settle();
+        if !watch::take_waiting() {
             return;
         }
         if self.stdin.is_some() && !ctx.stdin.has_pending() && !self.input_wanted_said {
@@ -383,7 +397,7 @@ impl Run {
         self.stdin = None;
         self.input_wait = None;
         if self.watch {
-            watch::watch(None);
+            watch::watch(None, (0, 0));
         }
     }
 

@@ -30,12 +30,15 @@
 //! *before* the process goes on, the supervisor looks whether anything is
 //! buffered for it: the pipe's `FIONREAD`, the bytes handed to the stdin
 //! thread and not yet written, the queue. When nothing is, the read will
-//! wait: the stage's loop says `input_wanted` once the output written
-//! before the read has been sent (see `stage`). Whether descriptor 0 of
+//! wait (and while the stdin thread is still writing, the reader is held at
+//! its stop until the write is done, at most [`HOLD_LIMIT`], since only
+//! then does the pipe tell): the stage's loop says `input_wanted` once the
+//! output written before the read has been sent (see `stage`). Whether descriptor 0 of
 //! that process is the stage's stdin pipe is known for the first process,
 //! inherited across fork and clone, and checked again in `/proc` (from a
-//! thread with the job's ids) after a `dup2` or `close` of it — so a
-//! shell reading a file through `< file` says nothing.
+//! thread with the job's ids, while the process is stopped) at its first
+//! read after a `dup2` or `close` of it — so a shell reading a file through
+//! `< file` says nothing.
 //!
 //! This works alike under runc and under gVisor, whose own kernel
 //! implements ptrace and `SECCOMP_RET_TRACE`; gVisor has no
@@ -57,9 +60,12 @@
 //! lazily) counts as waiting. A traced process cannot stop itself with
 //! SIGSTOP: the stop is resumed (the supervisor could only hold it with
 //! `PTRACE_LISTEN`, which needs `PTRACE_SEIZE` and so `CAP_SYS_PTRACE`).
+//! A reader held past [`HOLD_LIMIT`] (a stdin thread that could not finish
+//! its write) goes on unsaid.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use nix::libc;
 
@@ -69,7 +75,12 @@ use super::bpf::{
     data_arg_low, install, jump, statement,
 };
 use super::creds::drop_thread_to;
-use super::pipes::StdinProbe;
+use super::pipes::{Buffered, StdinProbe};
+
+/// Longest a reader is held at its stop while the stdin thread finishes a
+/// write (see [`Tracer::held`]); past it, the reader goes on as if input
+/// were there.
+const HOLD_LIMIT: Duration = Duration::from_millis(200);
 
 /// What a trace stop is for, in bits 13–15 of the filter's data; bits 0–12
 /// hold the epoll descriptor where there is one.
@@ -307,9 +318,15 @@ struct Tracer {
     tracees: HashMap<i32, Tracee>,
     /// The stdin of the watched stage (none: nothing is watched now).
     probe: Option<StdinProbe>,
+    /// The job's uid and gid, to look at a process's descriptor 0 with.
+    ids: (u32, u32),
     /// Processes that went to wait for stdin with nothing buffered, since
     /// the last [`take_waiting`].
     waiting: Vec<i32>,
+    /// Readers kept at their stop since when, because the stdin thread was
+    /// writing when they came ([`Buffered::Unsure`]): only once it is done
+    /// does the pipe tell whether the read will wait. Let go by [`settle`].
+    held: Vec<(i32, Instant)>,
 }
 
 thread_local! {
@@ -318,12 +335,24 @@ thread_local! {
     static TRACER: RefCell<Tracer> = RefCell::new(Tracer::default());
 }
 
-/// Starts watching the stdin `probe` stands for (`None`: stop watching).
-pub(crate) fn watch(probe: Option<StdinProbe>) {
+/// Starts watching the stdin `probe` stands for, read by processes of
+/// `ids` (uid, gid) (`None`: stop watching, and let every held reader go on).
+pub(crate) fn watch(probe: Option<StdinProbe>, ids: (u32, u32)) {
     TRACER.with_borrow_mut(|tracer| {
         tracer.probe = probe;
+        tracer.ids = ids;
         tracer.waiting.clear();
+        for (pid, _) in std::mem::take(&mut tracer.held) {
+            resume(pid, 0);
+        }
     });
+}
+
+/// Lets the held readers go on whose question the stdin thread has
+/// answered (or that were held for [`HOLD_LIMIT`]); `true` while some are
+/// still held (the caller looks again soon).
+pub(crate) fn settle() -> bool {
+    TRACER.with_borrow_mut(Tracer::settle)
 }
 
 /// A traced process started by the supervisor itself (its descriptor 0 is
@@ -345,7 +374,10 @@ pub(crate) fn adopt(pid: i32) {
 /// Forgets a child that ended; `true` when it was a traced thread, whose
 /// end is not a process's end (and whose resource usage is its process's).
 pub(crate) fn ended(pid: i32) -> bool {
-    TRACER.with_borrow_mut(|tracer| tracer.tracees.remove(&pid).is_some_and(|t| t.thread))
+    TRACER.with_borrow_mut(|tracer| {
+        tracer.held.retain(|(held, _)| *held != pid);
+        tracer.tracees.remove(&pid).is_some_and(|t| t.thread)
+    })
 }
 
 /// Handles the stop `status` of the traced `pid` and lets it go on.
@@ -354,34 +386,38 @@ pub(crate) fn stopped(pid: i32, status: libc::c_int) {
 }
 
 /// Whether a process whose descriptor 0 is the watched pipe went to wait
-/// for it since the last call. Checks descriptor 0 of a process that
-/// changed it, as `uid`/`gid`.
-pub(crate) fn take_waiting(uid: u32, gid: u32) -> bool {
+/// for it since the last call.
+pub(crate) fn take_waiting() -> bool {
     TRACER.with_borrow_mut(|tracer| {
         let waiting = std::mem::take(&mut tracer.waiting);
-        let Some(probe) = tracer.probe.clone() else {
-            return false;
-        };
-        let mut found = false;
-        for pid in waiting {
-            let Some(tracee) = tracer.tracees.get_mut(&pid) else {
-                continue;
-            };
-            if tracee.stdin == Stdin::Unknown {
-                tracee.stdin = match stdin_is(pid, uid, gid, &probe.link()) {
-                    Some(true) => Stdin::Ours,
-                    Some(false) => Stdin::Other,
-                    // Cannot tell (the process is gone): ask again next time.
-                    None => Stdin::Unknown,
-                };
-            }
-            found |= tracee.stdin == Stdin::Ours;
-        }
-        found
+        tracer.probe.is_some() && !waiting.is_empty()
     })
 }
 
 impl Tracer {
+    fn settle(&mut self) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
+        let buffered = self
+            .probe
+            .as_ref()
+            .map_or(Buffered::Closed, StdinProbe::buffered);
+        let now = Instant::now();
+        for (pid, since) in std::mem::take(&mut self.held) {
+            match buffered {
+                Buffered::Unsure if now.duration_since(since) < HOLD_LIMIT => {
+                    self.held.push((pid, since));
+                    continue;
+                }
+                Buffered::No => self.waiting.push(pid),
+                Buffered::Yes | Buffered::Unsure | Buffered::Closed => {}
+            }
+            resume(pid, 0);
+        }
+        !self.held.is_empty()
+    }
+
     fn on_stop(&mut self, pid: i32, status: libc::c_int) {
         let signal = libc::WSTOPSIG(status);
         let event = (status >> 16) & 0xff;
@@ -426,8 +462,11 @@ impl Tracer {
             }
             libc::PTRACE_EVENT_EXEC => tracee.epolls.clear(),
             libc::PTRACE_EVENT_SECCOMP => {
-                if let Some(data) = event_message(pid).and_then(|m| u32::try_from(m).ok()) {
-                    self.on_call(pid, data);
+                if let Some(data) = event_message(pid).and_then(|m| u32::try_from(m).ok())
+                    && self.on_call(pid, data) == Stop::Hold
+                {
+                    self.held.push((pid, Instant::now()));
+                    return;
                 }
             }
             _ => {}
@@ -438,9 +477,9 @@ impl Tracer {
     /// A stop of the filter's (`data` from its return value). Runs before
     /// the process goes on, so an empty stdin seen here is one the call
     /// will find empty, unless input arrives meanwhile.
-    fn on_call(&mut self, pid: i32, data: u32) {
+    fn on_call(&mut self, pid: i32, data: u32) -> Stop {
         let Some(tracee) = self.tracees.get_mut(&pid) else {
-            return;
+            return Stop::Resume;
         };
         let kind = data >> KIND_SHIFT;
         let epoll = data & (MAX_EPOLL_FD - 1);
@@ -463,13 +502,47 @@ impl Tracer {
             }
             _ => false,
         };
-        if waits
-            && tracee.stdin != Stdin::Other
-            && self.probe.as_ref().is_some_and(StdinProbe::is_empty)
-        {
-            self.waiting.push(pid);
+        if !waits || tracee.stdin == Stdin::Other {
+            return Stop::Resume;
+        }
+        let Some(probe) = &self.probe else {
+            return Stop::Resume;
+        };
+        let buffered = probe.buffered();
+        if matches!(buffered, Buffered::Yes | Buffered::Closed) {
+            return Stop::Resume;
+        }
+        if tracee.stdin == Stdin::Unknown {
+            // Looked at now, while the process is stopped: a moment later
+            // it may have put the pipe back on descriptor 0 (a shell done
+            // with `< file`).
+            let (uid, gid) = self.ids;
+            tracee.stdin = match stdin_is(pid, uid, gid, &probe.link()) {
+                Some(true) => Stdin::Ours,
+                Some(false) => Stdin::Other,
+                // Cannot tell: no wait is said, and it is asked again.
+                None => return Stop::Resume,
+            };
+            if tracee.stdin == Stdin::Other {
+                return Stop::Resume;
+            }
+        }
+        match buffered {
+            Buffered::No => {
+                self.waiting.push(pid);
+                Stop::Resume
+            }
+            _ => Stop::Hold,
         }
     }
+}
+
+/// What becomes of a process at a stop of the filter's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Resume,
+    /// Kept stopped until [`settle`] lets it go.
+    Hold,
 }
 
 #[allow(unsafe_code)]
@@ -569,6 +642,65 @@ mod tests {
         assert_eq!((program[5].jt, program[5].jf), (0, 0));
         assert_eq!(program[6].k, SECCOMP_RET_ALLOW);
         assert_eq!(program[7].k, SECCOMP_RET_ERRNO | libc::EPERM as u32);
+    }
+
+    /// A read that comes while the stdin thread is writing into an empty
+    /// pipe is held until the write is done; then the pipe says whether it
+    /// waits. (The pid is no process of this test: its resumes fail with
+    /// ESRCH and touch nothing.)
+    #[test]
+    fn a_read_during_a_write_is_held_until_the_pipe_can_tell() {
+        use std::io::Write as _;
+        use std::sync::atomic::Ordering;
+        let (read_end, write_end) = nix::unistd::pipe().expect("pipe");
+        let (probe, in_flight, pipe) = StdinProbe::for_tests(write_end);
+        let pid = i32::MAX - 7;
+        let mut tracer = Tracer {
+            probe: Some(probe),
+            ..Tracer::default()
+        };
+        tracer.tracees.insert(
+            pid,
+            Tracee {
+                started: true,
+                thread: false,
+                stdin: Stdin::Ours,
+                epolls: Vec::new(),
+            },
+        );
+        let read = KIND_READ << KIND_SHIFT;
+        // Nothing anywhere: it waits.
+        assert_eq!(tracer.on_call(pid, read), Stop::Resume);
+        assert_eq!(std::mem::take(&mut tracer.waiting), [pid]);
+        // A write in progress, the pipe empty: held, still held.
+        in_flight.store(3, Ordering::Release);
+        assert_eq!(tracer.on_call(pid, read), Stop::Hold);
+        tracer.held.push((pid, Instant::now()));
+        assert!(tracer.settle());
+        // The write done and the bytes read already: it waits.
+        in_flight.store(0, Ordering::Release);
+        assert!(!tracer.settle());
+        assert_eq!(std::mem::take(&mut tracer.waiting), [pid]);
+        // The write done with the bytes still there: it does not wait.
+        in_flight.store(3, Ordering::Release);
+        assert_eq!(tracer.on_call(pid, read), Stop::Hold);
+        tracer.held.push((pid, Instant::now()));
+        (&*pipe).write_all(b"abc").expect("write");
+        in_flight.store(0, Ordering::Release);
+        assert!(!tracer.settle());
+        assert!(tracer.waiting.is_empty());
+        // With bytes in the pipe nothing is held at all.
+        assert_eq!(tracer.on_call(pid, read), Stop::Resume);
+        assert!(tracer.waiting.is_empty());
+        // A write that never ends is given up after the limit.
+        drop(read_end);
+        let (_read_end, write_end) = nix::unistd::pipe().expect("pipe");
+        let (probe, in_flight, _pipe) = StdinProbe::for_tests(write_end);
+        tracer.probe = Some(probe);
+        in_flight.store(3, Ordering::Release);
+        tracer.held.push((pid, Instant::now() - HOLD_LIMIT));
+        assert!(!tracer.settle());
+        assert!(tracer.waiting.is_empty());
     }
 
     #[test]

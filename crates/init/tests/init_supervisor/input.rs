@@ -228,3 +228,37 @@ fn the_stage_cannot_use_ptrace() {
         outcome.diagnostics
     );
 }
+
+/// A fast conversation: each line is sent the moment its wait is said, so
+/// the reader's next read often comes while the stdin thread is finishing
+/// the write before (the reader is then held until it is done). Every wait
+/// is said exactly once, none is missed.
+#[test]
+fn every_wait_of_a_fast_conversation_is_said_exactly_once() {
+    const LINES: usize = 200;
+    let mut sb = Sandbox::start();
+    let mut stage = watched(
+        &sb,
+        &[
+            "/usr/bin/python3",
+            "-c",
+            "for i in range(200):\n    line = input()\n    print('got', line, flush=True)\n",
+        ],
+    );
+    stage.limits.wall_ms = 60_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    for i in 0..LINES {
+        wait_for_wanted(&mut sb, T);
+        sb.send(HostMessage::Stdin(format!("{i}\n").into_bytes()));
+    }
+    let outcome = sb.finish(T);
+    let wanted = outcome
+        .messages
+        .iter()
+        .filter(|m| **m == SandboxMessage::InputWanted)
+        .count();
+    assert_eq!(wanted, LINES, "{}", outcome.diagnostics);
+    let expected: String = (0..LINES).map(|i| format!("got {i}\n")).collect();
+    assert_eq!(outcome.stdout_text(), expected);
+    assert_eq!(outcome.only_report().exit_code, Some(0));
+}
