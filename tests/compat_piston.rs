@@ -486,6 +486,15 @@ asyncio.run(main(sys.argv[1]))
         json!({"type": "runtime", "language": "python", "version": "3.11.0"})
     );
     assert_eq!(seen[1], json!({"type": "stage", "stage": "run"}));
+    // Only Piston's own messages: the program waited for input twice, and
+    // code-runner's `input_wanted` is not one of them.
+    for message in seen {
+        let kind = message["type"].as_str().unwrap();
+        assert!(
+            ["runtime", "stage", "data", "exit"].contains(&kind),
+            "{message}"
+        );
+    }
     let stdout: String = seen
         .iter()
         .filter(|m| m["type"] == "data" && m["stream"] == "stdout")
