@@ -222,7 +222,10 @@ async fn expect_stdout(
     while got.len() < expected.len() {
         match next_event(events, deadline).await {
             Some(SandboxEvent::Stdout(data)) => got.extend_from_slice(&data),
-            Some(SandboxEvent::Ready | SandboxEvent::StageStart { .. }) => {}
+            // The program waits for its next line between two answers.
+            Some(
+                SandboxEvent::Ready | SandboxEvent::StageStart { .. } | SandboxEvent::InputWanted,
+            ) => {}
             other => panic!(
                 "waiting for {expected:?} (have {:?}), got {other:?}",
                 String::from_utf8_lossy(&got)
