@@ -124,10 +124,20 @@ impl OutputPipe {
         ))
     }
 
-    /// Keeps `read_end` (a copy of the pipe handed to a counting thread) to
-    /// look into the pipe with.
-    pub(crate) fn attach_probe(&mut self, read_end: OwnedFd) {
-        self.probe = Some(read_end);
+    /// Gives `pipe` to the thread `hand_off` starts; `counted`: the thread
+    /// counts what it reads, and a copy of the read end is kept to look
+    /// into the pipe with (see [`OutputPipe::drained`]).
+    pub(crate) fn hand_over<P: AsFd + Send + 'static>(
+        &mut self,
+        hand_off: OutputHandOff<P>,
+        pipe: P,
+        counted: bool,
+    ) -> std::io::Result<()> {
+        if counted {
+            self.probe = Some(pipe.as_fd().try_clone_to_owned()?);
+        }
+        hand_off.give((pipe, counted));
+        Ok(())
     }
 
     /// Everything the stage wrote before now has been given out by
@@ -238,8 +248,8 @@ pub(crate) struct InputPipe {
     chunks: mpsc::Sender<Vec<u8>>,
     /// Bytes handed to the thread and not yet written into the pipe.
     in_flight: Arc<AtomicUsize>,
-    /// The pipe the thread writes to, without keeping it open, and its inode.
-    target: Option<(Weak<File>, u64)>,
+    /// A probe of the pipe the thread writes to, once it was shared.
+    probe: Option<StdinProbe>,
 }
 
 /// What [`StdinProbe::buffered`] found, asked while the reader is stopped
@@ -267,10 +277,18 @@ pub(crate) struct StdinProbe {
 }
 
 impl StdinProbe {
-    /// Nothing is in the pipe and nothing is on its way into it, asked
-    /// while the reader is stopped (so it cannot take anything meanwhile).
-    /// A closed pipe is never empty in this sense: no read will wait on it.
-    ///
+    /// A probe of `pipe` that does not keep it open; `in_flight` counts the
+    /// bytes on their way into it.
+    fn new(pipe: &Arc<File>, in_flight: Arc<AtomicUsize>) -> Self {
+        Self {
+            pipe: Arc::downgrade(pipe),
+            in_flight,
+            inode: pipe.metadata().map_or(0, |meta| meta.ino()),
+        }
+    }
+
+    /// Whether anything is in the pipe or on its way into it, asked while
+    /// the reader is stopped (so that it cannot take anything meanwhile).
     /// With the pipe empty, bytes the thread was handed and has not
     /// finished writing make it [`Buffered::Unsure`]: they may be on their
     /// way in (a write into an empty pipe does not block), or already read
@@ -295,12 +313,7 @@ impl StdinProbe {
     pub(crate) fn for_tests(write_end: OwnedFd) -> (Self, Arc<AtomicUsize>, Arc<File>) {
         let pipe = Arc::new(File::from(write_end));
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let probe = Self {
-            pipe: Arc::downgrade(&pipe),
-            in_flight: Arc::clone(&in_flight),
-            inode: pipe.metadata().map_or(0, |meta| meta.ino()),
-        };
-        (probe, in_flight, pipe)
+        (Self::new(&pipe, Arc::clone(&in_flight)), in_flight, pipe)
     }
 
     /// What `/proc/<pid>/fd/0` of a process reading this pipe links to.
@@ -351,7 +364,7 @@ impl InputPipe {
             Self {
                 chunks,
                 in_flight,
-                target: None,
+                probe: None,
             },
             hand_off,
         ))
@@ -360,19 +373,13 @@ impl InputPipe {
     /// Wraps the pipe for the thread, remembering it for [`InputPipe::probe`].
     pub(crate) fn share(&mut self, pipe: OwnedFd) -> SharedPipe {
         let pipe = Arc::new(File::from(pipe));
-        let inode = pipe.metadata().map_or(0, |meta| meta.ino());
-        self.target = Some((Arc::downgrade(&pipe), inode));
+        self.probe = Some(StdinProbe::new(&pipe, Arc::clone(&self.in_flight)));
         SharedPipe(pipe)
     }
 
     /// A probe of this stdin, once the pipe was shared.
     pub(crate) fn probe(&self) -> Option<StdinProbe> {
-        let (pipe, inode) = self.target.as_ref()?;
-        Some(StdinProbe {
-            pipe: pipe.clone(),
-            in_flight: Arc::clone(&self.in_flight),
-            inode: *inode,
-        })
+        self.probe.clone()
     }
 
     /// Hands the start of `bytes` (at most [`MAX_INPUT_CHUNK`]) to the
@@ -437,7 +444,7 @@ mod tests {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
             let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
-            hand_off.give((read, false));
+            pipe.hand_over(hand_off, read, false).expect("hand over");
             let writer = std::thread::spawn(move || {
                 for i in 0..100u32 {
                     write.write_all(&i.to_be_bytes()).expect("write");
@@ -471,8 +478,7 @@ mod tests {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
             let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
-            pipe.attach_probe(read.as_fd().try_clone_to_owned().expect("dup"));
-            hand_off.give((read, true));
+            pipe.hand_over(hand_off, read, true).expect("hand over");
             assert!(pipe.drained());
             let mut sent = 0usize;
             for round in 0..50u32 {

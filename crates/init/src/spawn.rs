@@ -1,6 +1,6 @@
 //! Starting one stage: the command, its credentials, rlimits and pipes.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
@@ -131,7 +131,7 @@ pub(crate) fn spawn_stage(
         uid,
         gid,
         stdin: spec.stdin,
-        watch: spec.stdin && spec.watch_input,
+        watch: spec.watches_input(),
         rlimits: Some(StageRlimits::for_limits(&spec.limits)),
         filter,
         control: None,
@@ -147,7 +147,8 @@ pub(crate) struct Launch<'a> {
     pub gid: u32,
     /// stdin from a pipe (else `/dev/null`).
     pub stdin: bool,
-    /// Traced, to notice waits for stdin (see [`super::watch`]); needs `stdin`.
+    /// Traced, to notice waits for stdin (see [`super::watch`]); only with
+    /// `stdin`.
     pub watch: bool,
     /// `None`: the supervisor's own rlimits stay (a warm runtime's are set
     /// when its job comes), except that no core is dumped.
@@ -202,8 +203,8 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // built here too, and only installed by prctl(2) calls in the child
     // (after ptrace(PTRACE_TRACEME) when the stage is watched).
     let filter = launch.filter.cloned();
-    let traced = launch.watch && launch.stdin;
-    let stage_filter = StageFilter::new(traced);
+    let traced = launch.watch;
+    let stage_filter = StageFilter::get(traced);
     unsafe {
         command.pre_exec(move || {
             match &rlimits {
@@ -248,17 +249,14 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // reaps the stage (see `reap`).
     drop(child);
     let missing = || SpawnError::Pipes(std::io::Error::other("a stage pipe is missing"));
-    let stdout = stdout.ok_or_else(missing)?;
-    let stderr = stderr.ok_or_else(missing)?;
-    if traced {
-        // Copies of the read ends, to tell when what the stage wrote before
-        // it waits for stdin has all been read (see `stage`).
-        let copy = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().map_err(SpawnError::Pipes);
-        stdout_pipe.attach_probe(copy(stdout.as_fd())?);
-        stderr_pipe.attach_probe(copy(stderr.as_fd())?);
-    }
-    stdout_hand_off.give((stdout, traced));
-    stderr_hand_off.give((stderr, traced));
+    // A traced stage's output is counted, to tell when what it wrote before
+    // it waits for stdin has all been read (see `stage`).
+    stdout_pipe
+        .hand_over(stdout_hand_off, stdout.ok_or_else(missing)?, traced)
+        .map_err(SpawnError::Pipes)?;
+    stderr_pipe
+        .hand_over(stderr_hand_off, stderr.ok_or_else(missing)?, traced)
+        .map_err(SpawnError::Pipes)?;
     let stdin = match (stdin_pipe, stdin) {
         (Some((mut pipe, hand_off)), Some(stdin)) => {
             hand_off.give(pipe.share(OwnedFd::from(stdin)));

@@ -120,16 +120,15 @@ pub(crate) async fn run_stage(
         orphan_cpu_ms: 0,
         cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
         exit: None,
-        watch: spec.watch_input && spec.stdin,
+        watch: spec.watches_input(),
         holding: false,
-        input_wait: None,
+        input_wait: false,
         input_wanted_said: false,
     };
-    if run.watch {
-        watch::watch(
-            run.stdin.as_ref().and_then(InputPipe::probe),
-            (ctx.uid, ctx.gid),
-        );
+    if run.watch
+        && let Some(probe) = run.stdin.as_ref().and_then(InputPipe::probe)
+    {
+        watch::watch(probe, ctx.uid, ctx.gid);
     }
     run.supervise(ctx).await?;
     run.close_stdin();
@@ -177,9 +176,9 @@ struct Run {
     watch: bool,
     /// A reader is held at its stop until the stdin thread's write is done.
     holding: bool,
-    /// When a process went to wait for stdin with nothing buffered for it,
-    /// until `input_wanted` is said (after the output written before).
-    input_wait: Option<Instant>,
+    /// A process went to wait for stdin with nothing buffered for it:
+    /// `input_wanted` is to be said (after the output written before).
+    input_wait: bool,
     /// `input_wanted` was said and neither input nor output came since.
     input_wanted_said: bool,
 }
@@ -208,7 +207,6 @@ impl Run {
             let now = Instant::now();
             if now >= self.next_poll {
                 self.reap();
-                self.note_input_wait(ctx);
                 self.poll_cpu(ctx);
                 self.next_poll = now + CPU_POLL;
             }
@@ -216,17 +214,13 @@ impl Run {
             if self.exit.is_some() {
                 break;
             }
-            if self.holding {
-                self.note_input_wait(ctx);
-            }
+            // After every reap: the stops of a watched stage come with them.
+            self.note_input_wait(ctx);
             self.say_input_wanted(ctx).await?;
             let wake = self.next_wake(now);
             tokio::select! {
                 biased;
-                _ = ctx.signals.child.recv() => {
-                    self.reap();
-                    self.note_input_wait(ctx);
-                }
+                _ = ctx.signals.child.recv() => self.reap(),
                 _ = ctx.signals.terminate.recv() => self.terminate(ctx),
                 _ = ctx.signals.interrupt.recv() => self.terminate(ctx),
                 event = ctx.host.recv(), if ctx.host_open => {
@@ -263,7 +257,7 @@ impl Run {
     /// The earliest instant something must be checked.
     fn next_wake(&self, now: Instant) -> Instant {
         let mut wake = self.next_poll;
-        if self.input_wait.is_some() || self.holding {
+        if self.input_wait || self.holding {
             // The output is on its way, or a reader is held until the
             // stdin thread's write is done: look again soon.
             wake = wake.min(now + DRAIN_RECHECK);
@@ -371,14 +365,14 @@ impl Run {
             return;
         }
         if self.stdin.is_some() && !ctx.stdin.has_pending() && !self.input_wanted_said {
-            self.input_wait.get_or_insert_with(Instant::now);
+            self.input_wait = true;
         }
     }
 
     /// Says `input_wanted` for a noted wait once everything the stage wrote
     /// before it has been sent (so that a prompt comes first).
     async fn say_input_wanted(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
-        if self.input_wait.is_none() {
+        if !self.input_wait {
             return Ok(());
         }
         let drained = self.stdout.as_ref().is_none_or(OutputPipe::drained)
@@ -386,7 +380,7 @@ impl Run {
         if !drained {
             return Ok(());
         }
-        self.input_wait = None;
+        self.input_wait = false;
         self.input_wanted_said = true;
         ctx.sink.send(&SandboxMessage::InputWanted).await
     }
@@ -395,9 +389,9 @@ impl Run {
     /// handed over are written): nothing waits for input after that.
     fn close_stdin(&mut self) {
         self.stdin = None;
-        self.input_wait = None;
+        self.input_wait = false;
         if self.watch {
-            watch::watch(None, (0, 0));
+            watch::unwatch();
         }
     }
 
@@ -412,7 +406,7 @@ impl Run {
                 Offer::Taken(written) => {
                     ctx.stdin.consume(written);
                     // Input came: the wait (if any) is over.
-                    self.input_wait = None;
+                    self.input_wait = false;
                     self.input_wanted_said = false;
                 }
                 Offer::Busy => break,

@@ -65,6 +65,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::libc;
@@ -139,7 +140,16 @@ pub(crate) struct StageFilter {
 }
 
 impl StageFilter {
-    pub(crate) fn new(watch: bool) -> Self {
+    /// The filter of a watched stage or of any other: built once, as its
+    /// programs never change.
+    pub(crate) fn get(watch: bool) -> &'static Self {
+        static WATCHED: OnceLock<StageFilter> = OnceLock::new();
+        static UNWATCHED: OnceLock<StageFilter> = OnceLock::new();
+        let slot = if watch { &WATCHED } else { &UNWATCHED };
+        slot.get_or_init(|| Self::new(watch))
+    }
+
+    fn new(watch: bool) -> Self {
         Self {
             program: Self::program(watch),
             untraced: watch.then(|| Self::program(false)),
@@ -235,22 +245,11 @@ impl StageFilter {
     /// stage is watched, then installs the filter (see [`install`]); the
     /// unwatched one if the kernel refuses the trace (the stage then runs,
     /// without `input_wanted`). Only system calls, no allocation.
-    #[allow(unsafe_code)]
     pub(crate) fn apply_in_child(&self, traced: bool) -> std::io::Result<()> {
-        if let (true, Some(untraced)) = (traced, &self.untraced) {
-            // SAFETY: PTRACE_TRACEME takes no pointer; the other arguments
-            // are ignored.
-            let result = unsafe {
-                libc::ptrace(
-                    libc::PTRACE_TRACEME,
-                    0,
-                    std::ptr::null_mut::<libc::c_void>(),
-                    std::ptr::null_mut::<libc::c_void>(),
-                )
-            };
-            if result != 0 {
-                return install(untraced);
-            }
+        if let (true, Some(untraced)) = (traced, &self.untraced)
+            && ptrace_with_value(libc::PTRACE_TRACEME, 0, 0) != 0
+        {
+            return install(untraced);
         }
         install(&self.program)
     }
@@ -313,16 +312,34 @@ struct Tracee {
     epolls: Vec<u32>,
 }
 
+impl Tracee {
+    /// Not seen stopped yet, a process (until a clone says otherwise).
+    fn new(stdin: Stdin) -> Self {
+        Self {
+            started: false,
+            thread: false,
+            stdin,
+            epolls: Vec::new(),
+        }
+    }
+}
+
+/// The stdin being watched and the ids of the job that reads it (to look
+/// at a process's descriptor 0 with).
+struct Watched {
+    probe: StdinProbe,
+    uid: u32,
+    gid: u32,
+}
+
 #[derive(Default)]
 struct Tracer {
     tracees: HashMap<i32, Tracee>,
-    /// The stdin of the watched stage (none: nothing is watched now).
-    probe: Option<StdinProbe>,
-    /// The job's uid and gid, to look at a process's descriptor 0 with.
-    ids: (u32, u32),
-    /// Processes that went to wait for stdin with nothing buffered, since
-    /// the last [`take_waiting`].
-    waiting: Vec<i32>,
+    /// The watched stage's stdin (none: nothing is watched now).
+    watched: Option<Watched>,
+    /// A process went to wait for stdin with nothing buffered, since the
+    /// last [`take_waiting`].
+    waited: bool,
     /// Readers kept at their stop since when, because the stdin thread was
     /// writing when they came ([`Buffered::Unsure`]): only once it is done
     /// does the pipe tell whether the read will wait. Let go by [`settle`].
@@ -336,16 +353,17 @@ thread_local! {
 }
 
 /// Starts watching the stdin `probe` stands for, read by processes of
-/// `ids` (uid, gid) (`None`: stop watching, and let every held reader go on).
-pub(crate) fn watch(probe: Option<StdinProbe>, ids: (u32, u32)) {
+/// `uid`/`gid`.
+pub(crate) fn watch(probe: StdinProbe, uid: u32, gid: u32) {
     TRACER.with_borrow_mut(|tracer| {
-        tracer.probe = probe;
-        tracer.ids = ids;
-        tracer.waiting.clear();
-        for (pid, _) in std::mem::take(&mut tracer.held) {
-            resume(pid, 0);
-        }
+        tracer.unwatch();
+        tracer.watched = Some(Watched { probe, uid, gid });
     });
+}
+
+/// Stops watching, and lets every held reader go on.
+pub(crate) fn unwatch() {
+    TRACER.with_borrow_mut(Tracer::unwatch);
 }
 
 /// Lets the held readers go on whose question the stdin thread has
@@ -359,15 +377,7 @@ pub(crate) fn settle() -> bool {
 /// the watched pipe, once a stage watches it).
 pub(crate) fn adopt(pid: i32) {
     TRACER.with_borrow_mut(|tracer| {
-        tracer.tracees.insert(
-            pid,
-            Tracee {
-                started: false,
-                thread: false,
-                stdin: Stdin::Ours,
-                epolls: Vec::new(),
-            },
-        );
+        tracer.tracees.insert(pid, Tracee::new(Stdin::Ours));
     });
 }
 
@@ -388,21 +398,26 @@ pub(crate) fn stopped(pid: i32, status: libc::c_int) {
 /// Whether a process whose descriptor 0 is the watched pipe went to wait
 /// for it since the last call.
 pub(crate) fn take_waiting() -> bool {
-    TRACER.with_borrow_mut(|tracer| {
-        let waiting = std::mem::take(&mut tracer.waiting);
-        tracer.probe.is_some() && !waiting.is_empty()
-    })
+    TRACER.with_borrow_mut(|tracer| std::mem::take(&mut tracer.waited))
 }
 
 impl Tracer {
+    fn unwatch(&mut self) {
+        self.watched = None;
+        self.waited = false;
+        for (pid, _) in std::mem::take(&mut self.held) {
+            resume(pid, 0);
+        }
+    }
+
     fn settle(&mut self) -> bool {
         if self.held.is_empty() {
             return false;
         }
         let buffered = self
-            .probe
+            .watched
             .as_ref()
-            .map_or(Buffered::Closed, StdinProbe::buffered);
+            .map_or(Buffered::Closed, |watched| watched.probe.buffered());
         let now = Instant::now();
         for (pid, since) in std::mem::take(&mut self.held) {
             match buffered {
@@ -410,7 +425,7 @@ impl Tracer {
                     self.held.push((pid, since));
                     continue;
                 }
-                Buffered::No => self.waiting.push(pid),
+                Buffered::No => self.waited = true,
                 Buffered::Yes | Buffered::Unsure | Buffered::Closed => {}
             }
             resume(pid, 0);
@@ -421,12 +436,10 @@ impl Tracer {
     fn on_stop(&mut self, pid: i32, status: libc::c_int) {
         let signal = libc::WSTOPSIG(status);
         let event = (status >> 16) & 0xff;
-        let tracee = self.tracees.entry(pid).or_insert(Tracee {
-            started: false,
-            thread: false,
-            stdin: Stdin::Unknown,
-            epolls: Vec::new(),
-        });
+        let tracee = self
+            .tracees
+            .entry(pid)
+            .or_insert_with(|| Tracee::new(Stdin::Unknown));
         if !tracee.started {
             tracee.started = true;
             // A TRACEME child stops at its exec with SIGTRAP before the
@@ -449,12 +462,11 @@ impl Tracer {
                 if let Some(child) = event_message(pid).and_then(|m| i32::try_from(m).ok()) {
                     let stdin = tracee.stdin;
                     let epolls = tracee.epolls.clone();
-                    let child = self.tracees.entry(child).or_insert(Tracee {
-                        started: false,
-                        thread: false,
-                        stdin,
-                        epolls: Vec::new(),
-                    });
+                    // Its first stop may have come first: that is kept.
+                    let child = self
+                        .tracees
+                        .entry(child)
+                        .or_insert_with(|| Tracee::new(stdin));
                     child.stdin = stdin;
                     child.epolls = epolls;
                     child.thread = event == libc::PTRACE_EVENT_CLONE;
@@ -505,7 +517,7 @@ impl Tracer {
         if !waits || tracee.stdin == Stdin::Other {
             return Stop::Resume;
         }
-        let Some(probe) = &self.probe else {
+        let Some(Watched { probe, uid, gid }) = &self.watched else {
             return Stop::Resume;
         };
         let buffered = probe.buffered();
@@ -516,8 +528,7 @@ impl Tracer {
             // Looked at now, while the process is stopped: a moment later
             // it may have put the pipe back on descriptor 0 (a shell done
             // with `< file`).
-            let (uid, gid) = self.ids;
-            tracee.stdin = match stdin_is(pid, uid, gid, &probe.link()) {
+            tracee.stdin = match stdin_is(pid, *uid, *gid, &probe.link()) {
                 Some(true) => Stdin::Ours,
                 Some(false) => Stdin::Other,
                 // Cannot tell: no wait is said, and it is asked again.
@@ -529,7 +540,7 @@ impl Tracer {
         }
         match buffered {
             Buffered::No => {
-                self.waiting.push(pid);
+                self.waited = true;
                 Stop::Resume
             }
             _ => Stop::Hold,
@@ -545,67 +556,67 @@ enum Stop {
     Hold,
 }
 
+/// `ptrace(request, pid, NULL, value)` for a request whose `data` is an
+/// integer (PTRACE_TRACEME ignores it, PTRACE_SETOPTIONS takes the options,
+/// PTRACE_CONT the signal): nothing is read or written through a pointer.
 #[allow(unsafe_code)]
-fn set_options(pid: i32) {
-    // SAFETY: PTRACE_SETOPTIONS takes the options as an integer in `data`
-    // and reads no memory.
+fn ptrace_with_value(request: libc::c_uint, pid: i32, value: usize) -> libc::c_long {
+    // SAFETY: `addr` is null and `data` an integer, as the requests above
+    // take them; the kernel touches no memory of this process for them.
     unsafe {
         libc::ptrace(
-            libc::PTRACE_SETOPTIONS,
+            request,
             pid,
             std::ptr::null_mut::<libc::c_void>(),
-            OPTIONS as usize as *mut libc::c_void,
-        );
+            value as *mut libc::c_void,
+        )
     }
+}
+
+/// What a ptrace request of this module writes through `data`: plain C
+/// data, for which all-zero bytes are a valid value.
+trait PtraceOut: Copy {}
+/// PTRACE_GETEVENTMSG's.
+impl PtraceOut for libc::c_ulong {}
+/// PTRACE_GETSIGINFO's.
+impl PtraceOut for libc::siginfo_t {}
+
+/// `ptrace(request, pid, NULL, &value)` for a request that writes one `T`
+/// through `data` (see [`PtraceOut`]). `None` when it fails.
+#[allow(unsafe_code)]
+fn ptrace_get<T: PtraceOut>(request: libc::c_uint, pid: i32) -> Option<T> {
+    // SAFETY: `T` is plain C data, valid when zeroed (`PtraceOut`); the
+    // request writes at most one `T` through `data`, which points to the
+    // live local, for the duration of the call.
+    let mut value: T = unsafe { std::mem::zeroed() };
+    let result = unsafe {
+        libc::ptrace(
+            request,
+            pid,
+            std::ptr::null_mut::<libc::c_void>(),
+            &mut value as *mut T,
+        )
+    };
+    (result == 0).then_some(value)
+}
+
+fn set_options(pid: i32) {
+    ptrace_with_value(libc::PTRACE_SETOPTIONS, pid, OPTIONS as usize);
 }
 
 /// Lets a stopped tracee go on, delivering `signal` (0: none). A tracee
 /// killed meanwhile makes this fail with ESRCH, which is fine.
-#[allow(unsafe_code)]
 fn resume(pid: i32, signal: libc::c_int) {
-    // SAFETY: PTRACE_CONT takes the signal number as an integer in `data`
-    // and reads no memory.
-    unsafe {
-        libc::ptrace(
-            libc::PTRACE_CONT,
-            pid,
-            std::ptr::null_mut::<libc::c_void>(),
-            signal as usize as *mut libc::c_void,
-        );
-    }
+    ptrace_with_value(libc::PTRACE_CONT, pid, signal as usize);
 }
 
-#[allow(unsafe_code)]
 fn event_message(pid: i32) -> Option<libc::c_ulong> {
-    let mut message: libc::c_ulong = 0;
-    // SAFETY: PTRACE_GETEVENTMSG writes one unsigned long through `data`,
-    // which points to the live local above.
-    let result = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETEVENTMSG,
-            pid,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut message as *mut libc::c_ulong,
-        )
-    };
-    (result == 0).then_some(message)
+    ptrace_get(libc::PTRACE_GETEVENTMSG, pid)
 }
 
 /// A stop for a signal (PTRACE_GETSIGINFO works), not a group stop.
-#[allow(unsafe_code)]
 fn is_signal_delivery(pid: i32) -> bool {
-    // SAFETY: siginfo_t is plain data, for which all-zero bytes are valid;
-    // PTRACE_GETSIGINFO writes one through `data`, which points to it.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    let result = unsafe {
-        libc::ptrace(
-            libc::PTRACE_GETSIGINFO,
-            pid,
-            std::ptr::null_mut::<libc::c_void>(),
-            &mut info as *mut libc::siginfo_t,
-        )
-    };
-    result == 0
+    ptrace_get::<libc::siginfo_t>(libc::PTRACE_GETSIGINFO, pid).is_some()
 }
 
 /// Whether descriptor 0 of `pid` is `link` (`pipe:[inode]`), read from a
@@ -655,23 +666,20 @@ mod tests {
         let (read_end, write_end) = nix::unistd::pipe().expect("pipe");
         let (probe, in_flight, pipe) = StdinProbe::for_tests(write_end);
         let pid = i32::MAX - 7;
+        let watched = |probe| Watched {
+            probe,
+            uid: 0,
+            gid: 0,
+        };
         let mut tracer = Tracer {
-            probe: Some(probe),
+            watched: Some(watched(probe)),
             ..Tracer::default()
         };
-        tracer.tracees.insert(
-            pid,
-            Tracee {
-                started: true,
-                thread: false,
-                stdin: Stdin::Ours,
-                epolls: Vec::new(),
-            },
-        );
+        tracer.tracees.insert(pid, Tracee::new(Stdin::Ours));
         let read = KIND_READ << KIND_SHIFT;
         // Nothing anywhere: it waits.
         assert_eq!(tracer.on_call(pid, read), Stop::Resume);
-        assert_eq!(std::mem::take(&mut tracer.waiting), [pid]);
+        assert!(std::mem::take(&mut tracer.waited));
         // A write in progress, the pipe empty: held, still held.
         in_flight.store(3, Ordering::Release);
         assert_eq!(tracer.on_call(pid, read), Stop::Hold);
@@ -680,7 +688,7 @@ mod tests {
         // The write done and the bytes read already: it waits.
         in_flight.store(0, Ordering::Release);
         assert!(!tracer.settle());
-        assert_eq!(std::mem::take(&mut tracer.waiting), [pid]);
+        assert!(std::mem::take(&mut tracer.waited));
         // The write done with the bytes still there: it does not wait.
         in_flight.store(3, Ordering::Release);
         assert_eq!(tracer.on_call(pid, read), Stop::Hold);
@@ -688,19 +696,19 @@ mod tests {
         (&*pipe).write_all(b"abc").expect("write");
         in_flight.store(0, Ordering::Release);
         assert!(!tracer.settle());
-        assert!(tracer.waiting.is_empty());
+        assert!(!tracer.waited);
         // With bytes in the pipe nothing is held at all.
         assert_eq!(tracer.on_call(pid, read), Stop::Resume);
-        assert!(tracer.waiting.is_empty());
+        assert!(!tracer.waited);
         // A write that never ends is given up after the limit.
         drop(read_end);
         let (_read_end, write_end) = nix::unistd::pipe().expect("pipe");
         let (probe, in_flight, _pipe) = StdinProbe::for_tests(write_end);
-        tracer.probe = Some(probe);
+        tracer.watched = Some(watched(probe));
         in_flight.store(3, Ordering::Release);
         tracer.held.push((pid, Instant::now() - HOLD_LIMIT));
         assert!(!tracer.settle());
-        assert!(tracer.waiting.is_empty());
+        assert!(!tracer.waited);
     }
 
     #[test]

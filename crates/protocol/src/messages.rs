@@ -148,6 +148,14 @@ pub struct StageSpec {
     pub limits: StageLimits,
 }
 
+impl StageSpec {
+    /// Whether the supervisor watches this stage's stdin for waits: asked
+    /// (`watch_input`) and there is a stdin to wait on.
+    pub fn watches_input(&self) -> bool {
+        self.stdin && self.watch_input
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StageLimits {
     /// Wall-clock limit of the stage.

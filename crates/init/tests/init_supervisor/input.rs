@@ -166,6 +166,9 @@ fn nothing_is_said_while_the_stage_computes_sleeps_or_reads_a_file() {
 #[test]
 fn nothing_is_said_after_stdin_is_closed_nor_with_input_already_there() {
     let mut sb = Sandbox::start();
+    // A first stage that takes no stdin keeps the watched one from
+    // starting until the input and the close are surely queued for it.
+    let first = sb.stage("compile", &["sleep", "0.3"]);
     let stage = watched(
         &sb,
         &[
@@ -174,14 +177,13 @@ fn nothing_is_said_after_stdin_is_closed_nor_with_input_already_there() {
             "read a; echo \"got $a\"; cat; sleep 0.2; echo end",
         ],
     );
-    // The input and the close are there before the stage starts.
-    sb.send(sb.bundle(vec![], vec![stage]));
+    sb.send(sb.bundle(vec![], vec![first, stage]));
     sb.send(HostMessage::Stdin(b"one\ntwo\n".to_vec()));
     sb.send(HostMessage::StdinClose);
     let outcome = sb.finish(T);
     assert_eq!(
         transcript(&outcome.messages),
-        ["out:got one\ntwo\nend\n", "end:Some(0)"],
+        ["end:Some(0)", "out:got one\ntwo\nend\n", "end:Some(0)"],
         "{}",
         outcome.diagnostics
     );
@@ -205,28 +207,35 @@ fn an_unwatched_stage_says_nothing() {
     );
 }
 
+/// Every ptrace request is refused to a stage, watched or not: among them
+/// the ones the container's profile allows the supervisor (TRACEME, CONT,
+/// SETOPTIONS) and ATTACH.
 #[test]
 fn the_stage_cannot_use_ptrace() {
-    let mut sb = Sandbox::start();
-    let stage = watched(
-        &sb,
-        &[
-            "/usr/bin/python3",
-            "-c",
-            "import ctypes, errno\n\
-             libc = ctypes.CDLL(None, use_errno=True)\n\
-             r = libc.ptrace(0, 0, None, None)\n\
-             print(r, errno.errorcode[ctypes.get_errno()])",
-        ],
-    );
-    sb.send(sb.bundle(vec![], vec![stage]));
-    let outcome = sb.finish(T);
-    assert_eq!(
-        outcome.stdout_text(),
-        "-1 EPERM\n",
-        "{}",
-        outcome.diagnostics
-    );
+    for watch in [true, false] {
+        let mut sb = Sandbox::start();
+        let mut stage = watched(
+            &sb,
+            &[
+                "/usr/bin/python3",
+                "-c",
+                "import ctypes, errno, os\n\
+                 libc = ctypes.CDLL(None, use_errno=True)\n\
+                 for request in (0, 7, 0x4200, 16):\n\
+                 \x20   r = libc.ptrace(request, os.getppid(), None, None)\n\
+                 \x20   print(request, r, errno.errorcode[ctypes.get_errno()])",
+            ],
+        );
+        stage.watch_input = watch;
+        sb.send(sb.bundle(vec![], vec![stage]));
+        let outcome = sb.finish(T);
+        assert_eq!(
+            outcome.stdout_text(),
+            "0 -1 EPERM\n7 -1 EPERM\n16896 -1 EPERM\n16 -1 EPERM\n",
+            "watched: {watch}; {}",
+            outcome.diagnostics
+        );
+    }
 }
 
 /// A fast conversation: each line is sent the moment its wait is said, so
