@@ -109,7 +109,6 @@ struct Student {
     prompt_latencies: Vec<Duration>,
     wait_latencies: Vec<Duration>,
     answer_latencies: Vec<Duration>,
-    exited: Option<Instant>,
 }
 
 impl Student {
@@ -162,10 +161,6 @@ impl EventSink for Student {
             // The job may have ended meanwhile: nobody waits for it then.
             let _ = keyboard.send(Outgoing::Stdin(line)).await;
         });
-    }
-
-    fn exited(&mut self) {
-        self.exited = Some(Instant::now());
     }
 }
 
@@ -242,7 +237,6 @@ async fn one_student(
         prompt_latencies: Vec::new(),
         wait_latencies: Vec::new(),
         answer_latencies: Vec::new(),
-        exited: None,
     };
     let mut follower = Follower::new(&api.base, &id, &api.key, student, Some(frames));
     let followed = follower.follow(&mut NoInterrupts).await;

@@ -38,7 +38,7 @@ use std::time::Duration;
 use clap::{Args, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
-use crate::client::{ApiTarget, language_for, read_source};
+use crate::client::{ApiTarget, ClientError, language_for, read_source};
 use crate::config::SandboxSettings;
 use crate::exit;
 use crate::job::{Encoding, FileSpec, JobSpec, prepare};
@@ -184,6 +184,22 @@ pub struct BenchArgs {
     pub sandbox: SandboxSettings,
 }
 
+impl BenchArgs {
+    /// The first flag given that only the load scenario takes (the others
+    /// run programs of their own, through the API).
+    fn load_only_flag(&self) -> Option<&'static str> {
+        [
+            (self.engine, "--engine"),
+            (self.interactive, "--interactive"),
+            (self.via == Via::Wait, "--via wait"),
+            (self.program.is_some(), "--program"),
+            (self.language.is_some(), "--language"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag))
+    }
+}
+
 fn fail(code: u8, message: impl std::fmt::Display) -> u8 {
     eprintln!("code-runner: {message}");
     code
@@ -286,17 +302,78 @@ fn print_report<T: serde::Serialize>(
     Ok(())
 }
 
+/// The report of a scenario other than `load`.
+trait ScenarioReport: serde::Serialize {
+    fn text(&self) -> String;
+    /// Every job of the scenario went as it should.
+    fn succeeded(&self) -> bool;
+}
+
+impl ScenarioReport for exam::Report {
+    fn text(&self) -> String {
+        exam::Report::text(self)
+    }
+    fn succeeded(&self) -> bool {
+        exam::Report::succeeded(self)
+    }
+}
+
+impl ScenarioReport for grading::Report {
+    fn text(&self) -> String {
+        grading::Report::text(self)
+    }
+    fn succeeded(&self) -> bool {
+        grading::Report::succeeded(self)
+    }
+}
+
+impl ScenarioReport for fairness::FairnessReport {
+    fn text(&self) -> String {
+        fairness::FairnessReport::text(self)
+    }
+    fn succeeded(&self) -> bool {
+        self.all_succeeded()
+    }
+}
+
+/// Why a scenario stopped without a report, and the exit code for it.
+trait ScenarioError: std::fmt::Display {
+    fn exit_code(&self) -> u8;
+}
+
+impl ScenarioError for ClientError {
+    fn exit_code(&self) -> u8 {
+        ClientError::exit_code(self)
+    }
+}
+
+impl ScenarioError for fairness::Stopped {
+    fn exit_code(&self) -> u8 {
+        fairness::Stopped::exit_code(self)
+    }
+}
+
+/// Prints a scenario's report (or its error) and says how it went: 0, or
+/// exit 1 with `failed` when some job did not go as it should.
+fn conclude<R: ScenarioReport>(json: bool, ran: Result<R, impl ScenarioError>, failed: &str) -> u8 {
+    let report = match ran {
+        Ok(report) => report,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    if let Err(code) = print_report(json, &report, || report.text()) {
+        return code;
+    }
+    if report.succeeded() {
+        0
+    } else {
+        fail(SOME_JOBS_DID_NOT_SUCCEED, failed)
+    }
+}
+
 /// `--exam N`: through the API, then the report.
 async fn exam(args: &BenchArgs, students: u32) -> u8 {
-    let misfits = [
-        (args.engine, "--engine"),
-        (args.interactive, "--interactive"),
-        (args.via == Via::Wait, "--via wait"),
-        (args.program.is_some(), "--program"),
-        (args.language.is_some(), "--language"),
-        (args.scenario != Scenario::Load, "--scenario"),
-    ];
-    if let Some((_, flag)) = misfits.iter().find(|(given, _)| *given) {
+    let scenario = (args.scenario != Scenario::Load).then_some("--scenario");
+    if let Some(flag) = args.load_only_flag().or(scenario) {
         return fail(
             exit::USAGE,
             format!(
@@ -313,21 +390,11 @@ async fn exam(args: &BenchArgs, students: u32) -> u8 {
         questions: args.questions,
         think: Duration::from_millis(args.think_ms),
     };
-    let report = match exam::run(&api, plan).await {
-        Ok(report) => report,
-        Err(error) => return fail(error.exit_code(), error),
-    };
-    if let Err(code) = print_report(args.json, &report, || report.text()) {
-        return code;
-    }
-    if report.succeeded() {
-        0
-    } else {
-        fail(
-            SOME_JOBS_DID_NOT_SUCCEED,
-            "some students of the exam did not go through (see the report)",
-        )
-    }
+    conclude(
+        args.json,
+        exam::run(&api, plan).await,
+        "some students of the exam did not go through (see the report)",
+    )
 }
 
 /// `--scenario grading`: through the API, then the report.
@@ -346,33 +413,16 @@ async fn grading(args: &BenchArgs) -> u8 {
         tests: args.tests,
         rounds: args.rounds,
     };
-    let report = match grading::run(&api, plan).await {
-        Ok(report) => report,
-        Err(error) => return fail(error.exit_code(), error),
-    };
-    if let Err(code) = print_report(args.json, &report, || report.text()) {
-        return code;
-    }
-    if report.succeeded() {
-        0
-    } else {
-        fail(
-            SOME_JOBS_DID_NOT_SUCCEED,
-            "some jobs of the grading scenario did not succeed (see the report)",
-        )
-    }
+    conclude(
+        args.json,
+        grading::run(&api, plan).await,
+        "some jobs of the grading scenario did not succeed (see the report)",
+    )
 }
 
 /// `--scenario fairness`: both phases through the API, then the report.
 async fn fairness(args: &BenchArgs) -> u8 {
-    let misfits = [
-        (args.engine, "--engine"),
-        (args.interactive, "--interactive"),
-        (args.via == Via::Wait, "--via wait"),
-        (args.program.is_some(), "--program"),
-        (args.language.is_some(), "--language"),
-    ];
-    if let Some((_, flag)) = misfits.iter().find(|(given, _)| *given) {
+    if let Some(flag) = args.load_only_flag() {
         return fail(
             exit::USAGE,
             format!("{flag} does not go with --scenario fairness (its jobs are python sleeps)"),
@@ -414,21 +464,11 @@ async fn fairness(args: &BenchArgs) -> u8 {
     };
     let ran = fairness::run(&a, &b, plan, &stop).await;
     on_ctrl_c.abort();
-    let report = match ran {
-        Ok(report) => report,
-        Err(error) => return fail(error.exit_code(), error),
-    };
-    if let Err(code) = print_report(args.json, &report, || report.text()) {
-        return code;
-    }
-    if report.all_succeeded() {
-        0
-    } else {
-        fail(
-            SOME_JOBS_DID_NOT_SUCCEED,
-            "some jobs of the fairness scenario did not succeed (see the report)",
-        )
-    }
+    conclude(
+        args.json,
+        ran,
+        "some jobs of the fairness scenario did not succeed (see the report)",
+    )
 }
 
 async fn through_api(args: &BenchArgs, plan: Plan) -> u8 {

@@ -166,18 +166,17 @@ impl RuleJson {
     /// The rule allows one of [`SUPERVISOR_PTRACE_REQUESTS`] and nothing
     /// else: exactly one condition, argument 0 equal to that request.
     fn allows_only_supervisor_ptrace(&self) -> bool {
-        matches!(
-            self.args.as_slice(),
-            [arg] if arg.index == 0
-                && arg.op == "SCMP_CMP_EQ"
-                && SUPERVISOR_PTRACE_REQUESTS.contains(&arg.value)
-        )
+        self.args.len() == 1
+            && self
+                .pinned_argument()
+                .is_some_and(|request| SUPERVISOR_PTRACE_REQUESTS.contains(&request))
     }
 
-    /// The family this rule pins the first argument to, if it does: one
+    /// The value (a family, a request) this rule pins the first argument
+    /// to, if it does: one
     /// `SCMP_CMP_EQ` condition on argument 0 (several conditions on the same
     /// argument would be an AND, which libseccomp refuses anyway).
-    fn pinned_family(&self) -> Option<u64> {
+    fn pinned_argument(&self) -> Option<u64> {
         match self.args.as_slice() {
             [] => None,
             args => args
@@ -288,7 +287,7 @@ fn reopened(profile: &ProfileJson, door: Door) -> Option<String> {
                 .syscalls
                 .iter()
                 .filter(|rule| rule.allows() && rule.covers(syscall))
-                .find_map(|rule| match rule.pinned_family() {
+                .find_map(|rule| match rule.pinned_argument() {
                     None => Some(format!("a rule allows {syscall}() for any address family")),
                     Some(family) if !families.contains(&family) => Some(format!(
                         "a rule allows {syscall}() for address family {family}"
@@ -524,7 +523,7 @@ mod tests {
             .syscalls
             .iter()
             .filter(|rule| rule.allows() && rule.covers("socket"))
-            .filter_map(RuleJson::pinned_family)
+            .filter_map(RuleJson::pinned_argument)
             .collect();
         assert_eq!(socket_families, SOCKET_FAMILIES);
     }
