@@ -18,9 +18,12 @@ use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
+/// Answering a wait with this closes stdin instead (Ctrl-D at a terminal).
+const CLOSE: &str = "\u{4}";
+
 /// Runs `spec` interactively; answers the n-th `input_wanted` with
-/// `answers[n]`, or with `up_front` sends every answer and closes stdin as
-/// the job starts. Returns the transcript: `out:<text>` (adjacent stdout
+/// `answers[n]` ([`CLOSE`]: closes stdin), or with `up_front` sends every
+/// answer and closes stdin as the job starts. Returns the transcript: `out:<text>` (adjacent stdout
 /// joined), `err:<text>`, `wanted`, then `status:<status> exit:<code>`.
 async fn converse(
     harness: &Harness,
@@ -68,8 +71,12 @@ async fn converse(
                 SandboxEvent::InputWanted => {
                     transcript.push("wanted".into());
                     if let Some(answer) = answers.next() {
-                        let line = format!("{answer}\n").into_bytes();
-                        input.send(JobInput::Stdin(line)).await.unwrap();
+                        let frame = if *answer == CLOSE {
+                            JobInput::StdinClose
+                        } else {
+                            JobInput::Stdin(format!("{answer}\n").into_bytes())
+                        };
+                        input.send(frame).await.unwrap();
                     }
                     continue;
                 }
@@ -187,6 +194,29 @@ async fn nothing_is_said_while_the_job_computes_or_sleeps(harness: Harness) {
     harness.assert_clean().await;
 }
 
+async fn nothing_is_said_once_stdin_is_closed(harness: Harness) {
+    // It waits, the student closes stdin (Ctrl-D); every read after that
+    // finds the end of stdin, and none is a wait.
+    let spec = job(
+        "python",
+        "main.py",
+        "import sys, time\nprint('x? ', end='', flush=True)\nfirst = sys.stdin.read()\n\
+         time.sleep(0.3)\nsecond = sys.stdin.read()\nline = sys.stdin.readline()\n\
+         print(repr(first), repr(second), repr(line))\n",
+    );
+    let transcript = converse(&harness, spec, &[CLOSE], false).await;
+    assert_eq!(
+        transcript,
+        [
+            "out:x? ",
+            "wanted",
+            "out:'' '' ''\n",
+            "status:Succeeded exit:Some(0)"
+        ]
+    );
+    harness.assert_clean().await;
+}
+
 async fn a_job_that_is_not_interactive_says_nothing(harness: Harness) {
     let spec = JobSpec {
         stdin: "ada\n42\n".into(),
@@ -251,5 +281,6 @@ per_runtime_and_path!(
     c_scanf_is_said_after_each_prompt,
     node_readline_is_said_after_each_prompt,
     nothing_is_said_while_the_job_computes_or_sleeps,
+    nothing_is_said_once_stdin_is_closed,
     a_job_that_is_not_interactive_says_nothing,
 );
