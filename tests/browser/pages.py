@@ -31,7 +31,7 @@ import urllib.parse
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -199,8 +199,12 @@ class Page(unittest.TestCase):
                   "the page did not become ready")
 
     def wait(self, condition, message, timeout=JOB_DEADLINE):
+        # The dashboard and the queue place re-render their elements while a
+        # condition reads them; an element replaced between find and read is
+        # asked again on the next poll, not taken for a failure.
         try:
-            return WebDriverWait(driver, timeout, poll_frequency=0.1).until(condition)
+            return WebDriverWait(driver, timeout, poll_frequency=0.1,
+                                 ignored_exceptions=[StaleElementReferenceException]).until(condition)
         except TimeoutException:
             self.fail(f"{message}; terminal:\n{self.terminal()}\nerror banner: {self.text('error')!r}")
 
