@@ -5,7 +5,7 @@
 //! with its own redis-server, running real sandboxes.
 //!
 //! Two daemons: one whose playground (at `/`) asks for a key and whose
-//! dashboard the admin key opens, and one with a shared playground key (at
+//! dashboard the operator's key of `scripts/up` opens, and one with a shared playground key (at
 //! `/playground`). `pages.py` checks every state of the issue (the page
 //! loads with no console error, a Python hello world, every language's
 //! hello-world template, an interactive
@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 use common::daemon::{ChildGuard, Daemon, DaemonBuilder, KEY_A, Role};
 use common::drain;
 use common::redis_server::RedisServer;
+use common::up_keys::{ensure_keys, read_key};
 
-const ADMIN_KEY: &str = "key-ops-0123456789";
 const PLAYGROUND_KEY: &str = "key-play-0123456789";
 /// Longest the whole browser run may take.
 const BROWSER_DEADLINE: Duration = Duration::from_secs(300);
@@ -57,14 +57,16 @@ fn require(paths: &[&str]) {
     }
 }
 
-async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon) {
+/// The first daemon, its Redis, and the operator's key it was given: the
+/// two keys `scripts/up` makes (`scripts/lib/keys.sh`), beside key `a`.
+async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon, String) {
+    let state = tempfile::tempdir().expect("a directory for the keys");
+    let (_, up_keys) = ensure_keys(state.path());
+    let admin_key = read_key(state.path(), "admin-key");
     let redis = RedisServer::start();
     // Heartbeats every 500 ms, so the dashboard sees a slot taken at once.
     let own_key = DaemonBuilder::new(Role::Serve, &redis)
-        .env(
-            "CODE_RUNNER_API_KEYS",
-            format!("a:{KEY_A},ops:{ADMIN_KEY}:admin"),
-        )
+        .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A},{up_keys}"))
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 500)
         .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 2000)
         // A warm pool, so the pages show warm starts and warm figures.
@@ -89,19 +91,19 @@ async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon) {
             Duration::from_secs(60),
         )
         .await;
-    (redis, own_key, shared_redis, shared_key)
+    (redis, own_key, shared_redis, shared_key, admin_key)
 }
 
 /// Runs `pages.py` in `browser` against both daemons; fails with its output
 /// unless every test passed.
-fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon) {
+fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon, admin_key: &str) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser/pages.py");
     let mut child = Command::new("/usr/bin/python3")
         .arg(&script)
         .env("CODE_RUNNER_URL", &own_key.url)
         .env("CODE_RUNNER_SHARED_URL", &shared_key.url)
         .env("CODE_RUNNER_KEY", KEY_A)
-        .env("CODE_RUNNER_ADMIN_KEY", ADMIN_KEY)
+        .env("CODE_RUNNER_ADMIN_KEY", admin_key)
         .env("CODE_RUNNER_PLAYGROUND_KEY", PLAYGROUND_KEY)
         .env("CODE_RUNNER_SCREENSHOTS", screenshots())
         .env("CODE_RUNNER_BROWSER", browser)
@@ -147,14 +149,14 @@ async fn playground_and_dashboard_in_chromium() {
         "/usr/bin/chromedriver",
         "/usr/bin/python3",
     ]);
-    let (_redis, own_key, _shared_redis, shared_key) = daemons().await;
-    tokio::task::block_in_place(|| run_pages("chromium", &own_key, &shared_key));
+    let (_redis, own_key, _shared_redis, shared_key, admin_key) = daemons().await;
+    tokio::task::block_in_place(|| run_pages("chromium", &own_key, &shared_key, &admin_key));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "opt-in: needs Firefox ESR (scripts/install-firefox); CODE_RUNNER_TEST_FIREFOX=1 scripts/test runs it"]
 async fn playground_and_dashboard_in_firefox() {
     require(&["/usr/bin/firefox-esr", "/usr/bin/python3"]);
-    let (_redis, own_key, _shared_redis, shared_key) = daemons().await;
-    tokio::task::block_in_place(|| run_pages("firefox", &own_key, &shared_key));
+    let (_redis, own_key, _shared_redis, shared_key, admin_key) = daemons().await;
+    tokio::task::block_in_place(|| run_pages("firefox", &own_key, &shared_key, &admin_key));
 }

@@ -174,7 +174,7 @@ async fn batches_and_polling_through_the_sdk() {
             .iter()
             .all(|s| *s == 1 || *s == 2)
             && statuses.len() > 1,
-        "In Store or Processing before Accepted: {statuses:?}"
+        "In Queue or Processing before Accepted: {statuses:?}"
     );
     assert_eq!(out["final"]["stdout"], "late\n");
 }

@@ -76,6 +76,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower::Layer;
+use tower_http::normalize_path::NormalizePathLayer;
 
 use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
@@ -307,7 +309,7 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             ratelimit::limit,
         ));
-    Router::new()
+    let app = Router::new()
         .merge(pages)
         .merge(keyed)
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
@@ -319,7 +321,11 @@ pub fn router(state: ApiState) -> Router {
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn(log_request))
-        .with_state(state)
+        .with_state(state);
+    // Every route answers the same with a trailing slash (Piston's and
+    // Judge0's clients put one on every path; their servers accept it):
+    // one layer before routing, not a second route per path.
+    Router::new().fallback_service(NormalizePathLayer::trim_trailing_slash().layer(app))
 }
 
 /// Serves the API until `shutdown` is cancelled, then lets requests in

@@ -38,11 +38,14 @@ pub enum Step {
     /// The reaper gives up on a job running on a live worker past its
     /// deadline.
     GiveUpOverdue,
+    /// An ended job's keys are removed before they expire (Judge0's
+    /// `DELETE /submissions/{token}`; no status change).
+    Delete,
 }
 
 impl Step {
     /// Every step, in the order of the job's life.
-    pub const ALL: [Step; 10] = [
+    pub const ALL: [Step; 11] = [
         Step::Submit,
         Step::Claim,
         Step::Start,
@@ -53,6 +56,7 @@ impl Step {
         Step::Release,
         Step::Reap,
         Step::GiveUpOverdue,
+        Step::Delete,
     ];
 
     /// The step's name: its script's file (`store/job/<name>.lua`) and the
@@ -69,6 +73,7 @@ impl Step {
             Step::SendInput => "send_input",
             Step::Reap => "reap",
             Step::GiveUpOverdue => "give_up_overdue",
+            Step::Delete => "delete",
         }
     }
 
@@ -264,7 +269,12 @@ mod tests {
 
     #[test]
     fn steps_that_keep_the_status_have_no_move() {
-        for step in [Step::Release, Step::AppendEvents, Step::SendInput] {
+        for step in [
+            Step::Release,
+            Step::AppendEvents,
+            Step::SendInput,
+            Step::Delete,
+        ] {
             assert_eq!(step.moves().count(), 0, "{step:?}");
         }
     }

@@ -121,3 +121,83 @@ impl Overview {
         Ok(jobs)
     }
 }
+
+/// What the fleet does with one language: the slots of the live workers
+/// that run it, and the jobs of it queued and running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LanguageLoad {
+    /// Slots of the live workers that have the language's image (a slot
+    /// serves any language of its worker, so a slot counts for each).
+    pub slots: u64,
+    /// Of those, the slots free now.
+    pub free: u64,
+    pub queued: u64,
+    pub running: u64,
+}
+
+impl Overview {
+    /// Per language (catalog id): the live workers' slots that run it and
+    /// the queued and running jobs of `api_keys` (their active sets). A
+    /// language nobody runs and nobody waits for is absent. Bounded by the
+    /// workers and the active jobs (each key's `max_active`).
+    pub async fn load_by_language(
+        &self,
+        api_keys: &[&str],
+    ) -> Result<std::collections::BTreeMap<String, LanguageLoad>, StoreError> {
+        let mut loads = std::collections::BTreeMap::<String, LanguageLoad>::new();
+        let workers = self.live_workers().await?;
+        let mut conn = self.redis.conn().await?;
+        if !workers.is_empty() {
+            let keys: Vec<String> = workers
+                .iter()
+                .map(|w| self.redis.keys.languages(&w.id))
+                .collect();
+            let lists: Vec<Option<String>> =
+                redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
+            for (worker, list) in workers.iter().zip(lists) {
+                let value: serde_json::Value =
+                    serde_json::from_str(&worker.heartbeat).unwrap_or_default();
+                let max = value["slots_max"].as_u64().unwrap_or(0);
+                let used = value["slots_used"].as_u64().unwrap_or(0);
+                for language in list.iter().flat_map(|l| l.split(',')) {
+                    if language.is_empty() {
+                        continue;
+                    }
+                    let load = loads.entry(language.to_string()).or_default();
+                    load.slots += max;
+                    load.free += max.saturating_sub(used);
+                }
+            }
+        }
+        if api_keys.is_empty() {
+            return Ok(loads);
+        }
+        let mut pipe = redis::pipe();
+        for key in api_keys {
+            pipe.smembers(self.redis.keys.active(key));
+        }
+        let sets: Vec<Vec<String>> = pipe.query_async(&mut conn).await?;
+        let ids: Vec<String> = sets.into_iter().flatten().collect();
+        for chunk in ids.chunks(500) {
+            let mut pipe = redis::pipe();
+            for id in chunk {
+                pipe.cmd("HMGET")
+                    .arg(self.redis.keys.job(id))
+                    .arg(&["status", "language"]);
+            }
+            let rows: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+            for (id, (status, language)) in chunk.iter().zip(rows) {
+                let (Some(status), Some(language)) = (status, language) else {
+                    continue;
+                };
+                let load = loads.entry(language).or_default();
+                match parse_status(id, &status)? {
+                    Status::Queued => load.queued += 1,
+                    Status::Running => load.running += 1,
+                    _ => {}
+                }
+            }
+        }
+        Ok(loads)
+    }
+}

@@ -13,6 +13,7 @@ pub mod programs;
 pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
+pub mod up_keys;
 
 use std::time::{Duration, Instant};
 

@@ -17,8 +17,7 @@ mod piston;
 use std::net::SocketAddr;
 
 use axum::Router;
-use axum::extract::ConnectInfo;
-use axum::http::HeaderMap;
+use axum::extract::{ConnectInfo, Query};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
@@ -62,15 +61,30 @@ pub(super) fn router(config: &CompatConfig) -> Router<ApiState> {
     router
 }
 
-/// A key presented as `Authorization: Bearer <key>` or `Authorization:
-/// <key>`, or in `header` (Judge0's `X-Auth-Token`).
-fn presented_key<'a>(headers: &'a HeaderMap, header: Option<&str>) -> Option<&'a str> {
-    if let Some(value) = header.and_then(|h| headers.get(h))
+/// A credential presented in the header `name` or, as Judge0 reads them,
+/// in a query parameter of the same name (any case): `?X-Auth-Token=…`.
+pub(super) fn named_credential(parts: &Parts, name: &str) -> Option<String> {
+    if let Some(value) = parts.headers.get(name)
         && let Ok(text) = value.to_str()
     {
-        return Some(text.trim());
+        return Some(text.trim().to_string());
     }
-    let value = headers
+    let Query(pairs) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri).ok()?;
+    pairs
+        .into_iter()
+        .find(|(key, _)| key.eq_ignore_ascii_case(name))
+        .map(|(_, value)| value.trim().to_string())
+}
+
+/// A key presented in `header` (Judge0's `X-Auth-Token`, or the query
+/// parameter of that name), or as `Authorization: Bearer <key>` or
+/// `Authorization: <key>`.
+fn presented_key(parts: &Parts, header: Option<&str>) -> Option<String> {
+    if let Some(key) = header.and_then(|name| named_credential(parts, name)) {
+        return Some(key);
+    }
+    let value = parts
+        .headers
         .get(axum::http::header::AUTHORIZATION)?
         .to_str()
         .ok()?;
@@ -80,7 +94,8 @@ fn presented_key<'a>(headers: &'a HeaderMap, header: Option<&str>) -> Option<&'a
             .strip_prefix("Bearer ")
             .or_else(|| value.strip_prefix("bearer "))
             .unwrap_or(value)
-            .trim(),
+            .trim()
+            .to_string(),
     )
 }
 
@@ -131,8 +146,8 @@ fn compat_caller(
     keyless: bool,
     submission: bool,
 ) -> Result<Caller, CallerRefusal> {
-    let caller = match presented_key(&parts.headers, header) {
-        Some(key) if !key.is_empty() => state.keys().check(key),
+    let caller = match presented_key(parts, header) {
+        Some(key) if !key.is_empty() => state.keys().check(&key),
         _ if keyless && from_loopback(parts) => state
             .compat
             .piston_loopback_key
@@ -240,16 +255,47 @@ fn semver3(version: &str) -> String {
 mod tests {
     use super::*;
 
+    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
+        let mut request = axum::http::Request::builder().uri(uri);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
     #[test]
-    fn keys_come_from_bearer_raw_or_the_named_header() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(presented_key(&headers, None), None);
-        headers.insert("authorization", "Bearer abc".parse().unwrap());
-        assert_eq!(presented_key(&headers, None), Some("abc"));
-        headers.insert("authorization", "rawkey".parse().unwrap());
-        assert_eq!(presented_key(&headers, None), Some("rawkey"));
-        headers.insert("x-auth-token", "judge".parse().unwrap());
-        assert_eq!(presented_key(&headers, Some("x-auth-token")), Some("judge"));
+    fn keys_come_from_bearer_raw_the_named_header_or_its_query_parameter() {
+        let key = |uri, headers: &[(&str, &str)], name| presented_key(&parts(uri, headers), name);
+        assert_eq!(key("/", &[], None), None);
+        assert_eq!(
+            key("/", &[("authorization", "Bearer abc")], None).as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            key("/", &[("authorization", "rawkey")], None).as_deref(),
+            Some("rawkey")
+        );
+        let both = [("authorization", "rawkey"), ("x-auth-token", "judge")];
+        assert_eq!(
+            key("/", &both, Some("x-auth-token")).as_deref(),
+            Some("judge")
+        );
+        // The header's name as a query parameter, percent-decoded, any case;
+        // the header first.
+        let name = Some("x-auth-token");
+        assert_eq!(
+            key("/a?X-Auth-Token=q%2Bkey&b=1", &[], name).as_deref(),
+            Some("q+key")
+        );
+        assert_eq!(
+            key("/a?x-auth-token=lower", &[], name).as_deref(),
+            Some("lower")
+        );
+        assert_eq!(
+            key("/a?X-Auth-Token=q", &both[1..], name).as_deref(),
+            Some("judge")
+        );
+        assert_eq!(key("/a?X-Auth-Token=q", &[], None), None);
     }
 
     #[test]

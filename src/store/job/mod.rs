@@ -14,6 +14,7 @@
 //! | release | [`release`] | none |
 //! | reap | [`reap`] | `queued` → `error`; `running` → `queued`, `cancelled`, `error` |
 //! | give up overdue | [`give_up_overdue`] | `running` → `error` |
+//! | delete | [`delete`] | none (an ended job's keys removed early) |
 //!
 //! The moves themselves are defined once, in
 //! [`crate::job::lifecycle::MOVES`]; every script writes a status only
@@ -37,6 +38,7 @@ pub mod append_events;
 pub mod cancel;
 pub mod claim;
 pub mod control;
+pub mod delete;
 pub mod finish;
 pub mod give_up_overdue;
 pub mod places;
@@ -77,6 +79,7 @@ pub(crate) const SCRIPT_BODIES: &[(&str, &str)] = &[
     ("release", include_str!("release.lua")),
     ("reap", include_str!("reap.lua")),
     ("give_up_overdue", include_str!("give_up_overdue.lua")),
+    ("delete", include_str!("delete.lua")),
 ];
 
 /// Every step's script, loaded once.
@@ -92,6 +95,7 @@ struct Scripts {
     release: StepScript<release::ReleaseInputs>,
     reap: StepScript<reap::ReapInputs>,
     give_up_overdue: StepScript<give_up_overdue::OverdueInputs>,
+    delete: StepScript<delete::DeleteInputs>,
     /// A read, not a step.
     places: deadpool_redis::redis::Script,
 }
@@ -116,6 +120,7 @@ impl Jobs {
             release: release::script(),
             reap: reap::script(),
             give_up_overdue: give_up_overdue::script(),
+            delete: delete::script(),
             places: places::script(),
         };
         Self {

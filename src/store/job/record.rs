@@ -41,6 +41,15 @@ pub struct JobRecord {
 }
 
 impl Jobs {
+    /// The bytes `api_key`'s jobs and idempotency records hold in Redis
+    /// (its storage account's total: reservations of live jobs, sizes of
+    /// ended ones until they expire).
+    pub async fn stored_bytes(&self, api_key: &str) -> Result<u64, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        let total: Option<i64> = conn.hget(self.redis.keys.stored(api_key), "total").await?;
+        Ok(total.map_or(0, |t| t.max(0) as u64))
+    }
+
     /// How many jobs wait in `jobs:queue`.
     pub async fn queue_depth(&self) -> Result<u64, StoreError> {
         let mut conn = self.redis.conn().await?;

@@ -3,6 +3,7 @@
 //! A step's script is, in this order:
 //! 1. `local STEP = '<step>'` and `MOVES`, the job's transition table
 //!    generated from [`crate::job::lifecycle::MOVES`];
+//!    and `TERMINAL`, the set of terminal statuses;
 //! 2. `lib.lua`: the helpers every script shares, among them
 //!    `set_status`, the only code that writes a job's `status` (it refuses
 //!    a move `MOVES` does not give this step, and writes nothing then);
@@ -20,7 +21,7 @@ use std::marker::PhantomData;
 
 use deadpool_redis::redis::{Script, ScriptInvocation};
 
-use crate::job::lifecycle::{MOVES, Step};
+use crate::job::lifecycle::{MOVES, Step, TERMINAL};
 use crate::store::StoreError;
 
 const LIBRARY: &str = include_str!("lib.lua");
@@ -92,11 +93,21 @@ pub(super) fn moves_table() -> String {
     lua
 }
 
+/// The Lua set of the terminal statuses ([`TERMINAL`]).
+fn terminal_table() -> String {
+    let names: Vec<String> = TERMINAL
+        .iter()
+        .map(|s| format!("{} = true", s.as_str()))
+        .collect();
+    format!("local TERMINAL = {{{}}}\n", names.join(", "))
+}
+
 /// The whole source of `step`'s script with `body` and the inputs `I`.
 pub(super) fn source<I: Inputs>(step: Step, body: &str) -> String {
     debug_assert!(MOVES.iter().all(|m| Step::ALL.contains(&m.step)));
     let mut lua = format!("local STEP = '{}'\n", step.name());
     lua.push_str(&moves_table());
+    lua.push_str(&terminal_table());
     lua.push_str(LIBRARY);
     for (i, key) in I::KEYS.iter().enumerate() {
         lua.push_str(&format!("local {key}_key = KEYS[{}]\n", i + 1));

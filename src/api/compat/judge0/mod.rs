@@ -4,17 +4,21 @@
 //! - `POST /submissions` (`?wait=true`, `?base64_encoded=true`, `?fields=`),
 //!   `GET /submissions/{token}`, `POST /submissions/batch`,
 //!   `GET /submissions/batch?tokens=…`;
-//! - `GET /languages`, `GET /languages/{id}`, `GET /statuses`, `GET /about`,
-//!   `GET /config_info`.
+//!   `DELETE /submissions/{token}` (authorized: `X-Auth-User`);
+//! - `GET /languages`, `GET /languages/all`, `GET /languages/{id}`,
+//!   `GET /statuses`, `GET /about`, `GET /config_info`;
+//! - `POST /authenticate`, `POST /authorize`, `GET /system_info`,
+//!   `GET /workers`, `GET /statistics` ([`info`]).
 //!
-//! The key is `X-Auth-Token` (or `Authorization: Bearer`), as Judge0's
-//! `AUTHN_HEADER`; without a valid one every route answers 401 with an empty
+//! The key is `X-Auth-Token` (the header, or the query parameter of that
+//! name; or `Authorization: Bearer`), as Judge0's `AUTHN_HEADER`; without a valid one every route answers 401 with an empty
 //! body, as Judge0 does. A submission is an ordinary job whose id is its
 //! token; what Judge0 shows beside the job (language id, expected output,
 //! limits as asked) is kept in `compat:<id>`. Errors are Judge0's:
 //! `{"error": "…"}`, or `{"<field>": ["…"]}` with 422 for a submission
 //! Judge0 would not save.
 
+mod info;
 mod languages;
 mod request;
 mod view;
@@ -37,6 +41,7 @@ use super::super::error::ApiError;
 use super::super::jobs::{job_id, owned_job};
 use super::super::submit::{Admitted, count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, submit};
+use crate::store::job::delete::DeleteOutcome;
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};
 use view::{STATUSES, requested_fields, submission_view};
@@ -52,12 +57,18 @@ pub(super) fn router() -> Router<ApiState> {
     Router::new()
         .route("/submissions", post(create))
         .route("/submissions/batch", post(batch_create).get(batch_show))
-        .route("/submissions/{token}", get(show))
+        .route("/submissions/{token}", get(show).delete(delete))
         .route("/languages", get(list_languages))
+        .route("/languages/all", get(info::languages_all))
         .route("/languages/{id}", get(show_language))
         .route("/statuses", get(statuses))
         .route("/about", get(about))
         .route("/config_info", get(config_info))
+        .route("/system_info", get(info::system_info))
+        .route("/workers", get(info::workers))
+        .route("/statistics", get(info::statistics))
+        .route("/authenticate", post(info::authenticate))
+        .route("/authorize", post(info::authorize))
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
@@ -66,7 +77,7 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// One of our refusals as Judge0 words them (`{"error"}`), with our status
 /// code and `Retry-After`.
-fn from_api_error(api_error: ApiError) -> Response {
+pub(super) fn from_api_error(api_error: ApiError) -> Response {
     if let ApiError::InvalidJob(invalid) = &api_error {
         return invalid_job(invalid);
     }
@@ -100,9 +111,10 @@ fn invalid_job(invalid: &crate::job::InvalidJob) -> Response {
 }
 
 /// The caller within its key's rate, or Judge0's 401 (no body) or 429.
-/// Refused submissions (POST) are counted.
-fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
-    let submission = parts.method == Method::POST;
+/// Refused submissions (`POST /submissions…`; not `/authenticate`) are
+/// counted.
+pub(super) fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
+    let submission = parts.method == Method::POST && parts.uri.path().contains("/submissions");
     compat_caller(state, parts, Some("x-auth-token"), false, submission).map_err(|refusal| {
         Refusal::from(match refusal {
             CallerRefusal::NoKey => StatusCode::UNAUTHORIZED.into_response(),
@@ -308,6 +320,59 @@ async fn show(State(state): State<ApiState>, token: Path<String>, request: Reque
     match submission_view(&job, &record, catalog, &params.fields, params.base64) {
         Ok(view) => Json(view).into_response(),
         Err(()) => error(StatusCode::BAD_REQUEST, NOT_UTF8),
+    }
+}
+
+/// `DELETE /submissions/{token}`, as Judge0 deletes: authorized
+/// (`X-Auth-User`, an admin key; 403 with no body otherwise), only once the
+/// submission has ended (400 with Judge0's message while it is queued or
+/// running), answered with what it was (`fields`, always base64, as
+/// Judge0 forces). The submission must be the caller's (`X-Auth-Token`).
+async fn delete(State(state): State<ApiState>, token: Path<String>, request: Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let caller = match caller(&state, &parts) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if !info::authorized(&state, &parts) {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    let params = match params(&parts) {
+        Ok(params) => params,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let (job, record) = match find(&state, &caller, &token, &params.fields).await {
+        Ok(Some(found)) => found,
+        Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),
+        Err(e) => return from_api_error(e),
+    };
+    let still = |status: crate::job::Status| {
+        let (id, name) = if status == crate::job::Status::Running {
+            STATUSES[1]
+        } else {
+            STATUSES[0]
+        };
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("submission cannot be deleted because its status is {id} ({name})"),
+        )
+    };
+    if !job.status.is_terminal() {
+        return still(job.status);
+    }
+    let view = submission_view(&job, &record, &state.inner.catalog, &params.fields, true)
+        .unwrap_or(Value::Null);
+    let deleted = state
+        .inner
+        .store
+        .jobs()
+        .delete(&job.id, &job.api_key, job.user.as_deref())
+        .await;
+    match deleted {
+        Ok(DeleteOutcome::Deleted) => Json(view).into_response(),
+        Ok(DeleteOutcome::Active(status)) => still(status),
+        Ok(DeleteOutcome::NotFound) => error(StatusCode::NOT_FOUND, "submission not found"),
+        Err(e) => from_api_error(ApiError::Unavailable(e)),
     }
 }
 
@@ -531,7 +596,7 @@ async fn config_info(State(state): State<ApiState>, request: Request) -> Respons
         "enable_compiler_options": false,
         "allowed_languages_for_compile_options": [],
         "enable_command_line_arguments": true,
-        "enable_submission_delete": false,
+        "enable_submission_delete": true,
         "enable_callbacks": false,
         "callbacks_max_tries": 0,
         "callbacks_timeout": 0.0,

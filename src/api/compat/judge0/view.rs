@@ -22,7 +22,7 @@ use crate::store::JobRecord;
 
 /// Judge0's statuses, id and description.
 pub(super) const STATUSES: &[(u32, &str)] = &[
-    (1, "In Store"),
+    (1, "In Queue"),
     (2, "Processing"),
     (3, "Accepted"),
     (4, "Wrong Answer"),

@@ -45,7 +45,7 @@ fn frame(value: Value) -> Message {
 /// `GET /connect`: the key is checked before the upgrade (401 otherwise).
 pub(super) async fn connect(State(state): State<ApiState>, request: Request) -> Response {
     let (mut parts, _) = request.into_parts();
-    let caller = match piston_caller(&state, &parts) {
+    let caller = match piston_caller(&state, &parts, true) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };

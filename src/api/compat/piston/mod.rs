@@ -97,6 +97,10 @@ pub(super) fn router() -> Router<ApiState> {
         .route("/runtimes", get(runtimes))
         .route("/execute", post(execute))
         .route("/connect", get(connect::connect))
+        .route(
+            "/packages",
+            get(packages).post(change_packages).delete(change_packages),
+        )
 }
 
 /// Piston's name for a language, and its runtime.
@@ -128,10 +132,11 @@ fn from_api_error(error: ApiError) -> Response {
     response
 }
 
-/// The caller of a Piston submission (`/execute`, `/connect`) within its
-/// key's rate, or the 401 or 429 answer in Piston's shape.
-fn piston_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
-    compat_caller(state, parts, None, true, true).map_err(|refusal| {
+/// The caller of a Piston request within its key's rate, or the 401 or 429
+/// answer in Piston's shape; a refused `submission` (`/execute`,
+/// `/connect`) is counted.
+fn piston_caller(state: &ApiState, parts: &Parts, submission: bool) -> Result<Caller, Refusal> {
+    compat_caller(state, parts, None, true, submission).map_err(|refusal| {
         Refusal::from(match refusal {
             CallerRefusal::NoKey => piston_error(
                 StatusCode::UNAUTHORIZED,
@@ -174,10 +179,57 @@ async fn runtimes(State(state): State<ApiState>) -> Response {
     Json(runtimes).into_response()
 }
 
+/// `GET /packages`: the languages on offer as Piston's packages, every one
+/// installed (`[{language, language_version, installed}]`). No key, like
+/// `/runtimes`.
+async fn packages(State(state): State<ApiState>) -> Response {
+    let catalog = state.offered_catalog().await;
+    let packages: Vec<Value> = catalog
+        .all()
+        .iter()
+        .map(|language| {
+            json!({
+                "language": piston_name(language).0,
+                "language_version": semver3(&language.version),
+                "installed": true,
+            })
+        })
+        .collect();
+    Json(packages).into_response()
+}
+
+/// What `POST` and `DELETE /packages` answer: languages are installed by
+/// the operator here (runner images, `scripts/build-images`), never
+/// through the API.
+pub const PACKAGES_BY_OPERATOR: &str = "packages are installed by the operator on this server: languages and their libraries come from runner-images/languages.toml and scripts/build-images, not from the API; GET /api/v2/packages lists what is installed";
+
+/// `POST /packages` and `DELETE /packages`: 501, in Piston's shape. The
+/// caller's key is checked first (an unknown caller learns nothing more);
+/// Piston's own check of the content type comes before everything, as in
+/// Piston.
+async fn change_packages(State(state): State<ApiState>, request: Request) -> Response {
+    let (parts, _) = request.into_parts();
+    let json_body = parts
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !json_body {
+        return piston_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "requests must be of type application/json",
+        );
+    }
+    if let Err(refusal) = piston_caller(&state, &parts, false) {
+        return refusal.into_response();
+    }
+    piston_error(StatusCode::NOT_IMPLEMENTED, PACKAGES_BY_OPERATOR)
+}
+
 /// `POST /execute`.
 async fn execute(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let caller = match piston_caller(&state, &parts) {
+    let caller = match piston_caller(&state, &parts, true) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
