@@ -37,6 +37,107 @@ pub struct Language {
     pub limits: LimitsRequest,
     #[serde(default)]
     pub compile_limits: CompileLimitsRequest,
+    /// Libraries the image carries, installed when it is built
+    /// (`scripts/build-images`); a job still has no network.
+    #[serde(default)]
+    pub libraries: Vec<Library>,
+}
+
+/// Where a library of an image comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LibrarySource {
+    /// A Debian package (`apt-get install name[=version]`).
+    Debian,
+    /// A Python package from PyPI (`pip install name==version`, wheels only).
+    Pypi,
+    /// A JavaScript package from npm (`npm install name@version`).
+    Npm,
+}
+
+/// One library of a language's image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Library {
+    /// The package's name in its source.
+    pub name: String,
+    /// The pinned version (required for PyPI and npm; a Debian package
+    /// without one is the release's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    pub source: LibrarySource,
+    /// What a program imports (`import numpy`, `require("lodash")`), when
+    /// it is not the package's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<String>,
+}
+
+impl Library {
+    /// Why this entry cannot be installed as written, if it cannot: names
+    /// and versions go into a shell script at image build time, so only
+    /// the characters of real package names and versions are accepted.
+    fn problem(&self) -> Option<String> {
+        let name_ok = match self.source {
+            LibrarySource::Debian => is_token(&self.name, "+.-") && self.name.len() >= 2,
+            LibrarySource::Pypi => is_token(&self.name, "._-"),
+            LibrarySource::Npm => {
+                let bare = match self.name.strip_prefix('@') {
+                    Some(scoped) => match scoped.split_once('/') {
+                        Some((scope, name)) if is_token(scope, "._-~") => name,
+                        _ => "",
+                    },
+                    None => &self.name,
+                };
+                is_token(bare, "._-~") && !self.name.chars().any(|c| c.is_ascii_uppercase())
+            }
+        };
+        if !name_ok {
+            return Some(format!(
+                "library name {:?} is not a valid {} package name",
+                self.name,
+                self.source.as_str()
+            ));
+        }
+        match (&self.version, self.source) {
+            (None, LibrarySource::Pypi | LibrarySource::Npm) => Some(format!(
+                "library {} ({}) needs a pinned version",
+                self.name,
+                self.source.as_str()
+            )),
+            (Some(version), _) if !is_token(version, ".+~:_-") => Some(format!(
+                "library {} has version {version:?}: only letters, digits and . + ~ : _ - are allowed",
+                self.name
+            )),
+            _ => None,
+        }
+        .or_else(|| {
+            self.import
+                .as_deref()
+                .filter(|import| !is_token(import, "._-/@"))
+                .map(|import| format!("library {} has import {import:?}: not a module name", self.name))
+        })
+    }
+}
+
+impl LibrarySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LibrarySource::Debian => "debian",
+            LibrarySource::Pypi => "pypi",
+            LibrarySource::Npm => "npm",
+        }
+    }
+}
+
+/// Whether `text` is non-empty, starts with a letter or digit and has only
+/// letters, digits and the characters of `also`.
+fn is_token(text: &str, also: &str) -> bool {
+    text.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric())
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || also.contains(c))
 }
 
 impl Language {
@@ -121,6 +222,12 @@ impl LanguageCatalog {
             if language.compile.as_ref().is_some_and(Vec::is_empty) {
                 return Err(CatalogError::Invalid(format!(
                     "language {} has an empty compile command",
+                    language.id
+                )));
+            }
+            if let Some(problem) = language.libraries.iter().find_map(Library::problem) {
+                return Err(CatalogError::Invalid(format!(
+                    "language {}: {problem}",
                     language.id
                 )));
             }
@@ -217,6 +324,53 @@ mod tests {
             LanguageCatalog::parse(text).unwrap_err().to_string(),
             "invalid language catalog: the default set names cobol, which is not a language"
         );
+    }
+
+    #[test]
+    fn libraries_are_listed_and_a_bad_entry_is_refused_naming_it() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let numpy = catalog
+            .find("python")
+            .unwrap()
+            .libraries
+            .iter()
+            .find(|l| l.name == "numpy");
+        assert_eq!(numpy.map(|l| l.source), Some(LibrarySource::Pypi));
+        let entry = |library: &str| {
+            format!(
+                "[[language]]\nid = \"a\"\nname = \"A\"\nversion = \"1\"\nimage = \"i\"\n\
+                 source_file = \"a\"\nrun = [\"a\"]\nlibraries = [{library}]\n"
+            )
+        };
+        let refused = |library: &str| {
+            LanguageCatalog::parse(&entry(library))
+                .unwrap_err()
+                .to_string()
+        };
+        assert_eq!(
+            refused(r#"{ name = "numpy", source = "pypi" }"#),
+            "invalid language catalog: language a: library numpy (pypi) needs a pinned version"
+        );
+        assert_eq!(
+            refused(r#"{ name = "lodash; rm -rf /", version = "1", source = "npm" }"#),
+            "invalid language catalog: language a: library name \"lodash; rm -rf /\" is not a valid npm package name"
+        );
+        assert_eq!(
+            refused(r#"{ name = "numpy", version = "1.0 && x", source = "pypi" }"#),
+            "invalid language catalog: language a: library numpy has version \"1.0 && x\": only letters, digits and . + ~ : _ - are allowed"
+        );
+        assert!(
+            refused(r#"{ name = "x", version = "1", source = "cran" }"#)
+                .contains("unknown variant `cran`")
+        );
+        for good in [
+            r#"{ name = "python3-scipy", source = "debian" }"#,
+            r#"{ name = "libgmp-dev", version = "2:6.2.1+dfsg1-1.1", source = "debian" }"#,
+            r#"{ name = "@types/node", version = "18.19.0", source = "npm" }"#,
+            r#"{ name = "scikit-learn", version = "1.3.2", source = "pypi", import = "sklearn" }"#,
+        ] {
+            assert!(LanguageCatalog::parse(&entry(good)).is_ok(), "{good}");
+        }
     }
 
     #[test]

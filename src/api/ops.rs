@@ -193,6 +193,9 @@ struct LanguageView<'a> {
     /// The same for the compile stage, for compiled languages.
     #[serde(skip_serializing_if = "Option::is_none")]
     compile_limits: Option<CompileLimits>,
+    /// The libraries the image carries (`[]`: none beyond the standard
+    /// library).
+    libraries: &'a [crate::languages::Library],
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +227,7 @@ pub(super) async fn languages(State(state): State<ApiState>) -> Response {
                     .compile_limits
                     .with_defaults(policy.compile_defaults)
             }),
+            libraries: &language.libraries,
         })
         .collect();
     Json(CatalogView {
