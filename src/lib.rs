@@ -34,6 +34,7 @@ pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod config;
+pub mod egress;
 pub mod exit;
 pub mod job;
 pub mod languages;
