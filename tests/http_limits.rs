@@ -45,6 +45,7 @@ async fn slow_headers_and_idle_connections_are_closed() {
     let redis = RedisServer::start();
     let api = DaemonBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS", 1000)
+        .env("CODE_RUNNER_HTTP_KEEP_ALIVE_MS", 3000)
         .start()
         .await;
     let address = api.url.trim_start_matches("http://").to_string();
@@ -73,16 +74,30 @@ async fn slow_headers_and_idle_connections_are_closed() {
         assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     }
 
-    // A keep-alive connection that stays idle after a request. Timed from
-    // before the connection, so from before the server's timer starts (once
-    // it has answered).
+    // A new connection that sends nothing: closed after the header timeout
+    // too.
     let started = Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut buffer))
+        .await
+        .expect("the server closes a connection that sends nothing");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1000),
+        "closed after {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+
+    // A keep-alive connection that stays idle after a request: kept for the
+    // keep-alive (3 s here), not the header timeout. Timed from after the
+    // answer, so from after the server's timer starts.
     let mut idle = tokio::net::TcpStream::connect(&address).await.unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .unwrap();
     let n = idle.read(&mut buffer).await.unwrap();
     assert!(String::from_utf8_lossy(&buffer[..n]).starts_with("HTTP/1.1 200"));
+    let answered = Instant::now();
     let closed = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             match idle.read(&mut buffer).await {
@@ -94,10 +109,61 @@ async fn slow_headers_and_idle_connections_are_closed() {
     .await;
     assert!(closed.is_ok(), "the idle connection stayed open");
     assert!(
-        started.elapsed() >= Duration::from_millis(1000),
+        answered.elapsed() >= Duration::from_millis(2900),
         "closed after {:?}",
-        started.elapsed()
+        answered.elapsed()
     );
+}
+
+/// The reset a client saw when it sent its next request on a keep-alive
+/// connection just as the server closed it for being idle: now the server
+/// keeps an idle connection for the keep-alive, longer than the header
+/// timeout, and a request sent past the header timeout is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_on_a_connection_idle_past_the_header_timeout_is_answered() {
+    let redis = RedisServer::start();
+    let api = DaemonBuilder::new(Role::Api, &redis)
+        .env("CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS", 500)
+        .env("CODE_RUNNER_HTTP_KEEP_ALIVE_MS", 10_000)
+        .start()
+        .await;
+    let address = api.url.trim_start_matches("http://").to_string();
+    let mut buffer = [0u8; 4096];
+    let mut connection = tokio::net::TcpStream::connect(&address).await.unwrap();
+    // Idle gaps around and past the header timeout, each answered on the
+    // same connection.
+    for gap_ms in [0, 450, 500, 550, 1200, 2000] {
+        tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+        connection
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap_or_else(|e| panic!("after {gap_ms} ms idle: {e}"));
+        let n = connection
+            .read(&mut buffer)
+            .await
+            .unwrap_or_else(|e| panic!("after {gap_ms} ms idle: {e}"));
+        let text = String::from_utf8_lossy(&buffer[..n]);
+        assert!(
+            text.starts_with("HTTP/1.1 200"),
+            "after {gap_ms} ms idle: {text:?}"
+        );
+    }
+    // The same through a client with a connection pool (reqwest, one
+    // connection): every request is answered, none sees a reset.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+        .unwrap();
+    for gap_ms in [0, 490, 500, 510, 1000] {
+        tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+        let response = client
+            .get(format!("{}/healthz", api.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("after {gap_ms} ms idle: {e:?}"));
+        assert_eq!(response.status(), reqwest::StatusCode::OK);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -53,6 +53,7 @@ mod dashboard;
 pub mod error;
 mod feeds;
 mod history;
+mod idle;
 mod jobs;
 mod ops;
 mod places;
@@ -124,31 +125,36 @@ pub struct ApiLimits {
     pub max_attempts: u32,
     /// `max_active` of a key that does not give its own.
     pub key_max_active: u64,
-    /// Most bytes one key's jobs may hold in Redis.
-    pub key_storage_bytes: u64,
+    /// Most bytes one key's jobs may hold in Redis; `None`: each key's
+    /// `max_active` times what a job of the language defaults reserves
+    /// ([`ApiState::storage_budget`]).
+    pub key_storage_bytes: Option<u64>,
     /// Requests per second per key, and the burst above it.
     pub key_rate: u64,
     pub key_burst: u32,
     pub streams: StreamLimits,
-    /// How long a client may take to send a request's headers (and an
-    /// idle keep-alive connection is kept).
+    /// How long a client may take to send a request's headers (from its
+    /// first byte; a new connection's first request from the connect).
     pub header_timeout: Duration,
+    /// How long an idle keep-alive connection is kept between requests.
+    pub keep_alive: Duration,
 }
 
 impl Default for ApiLimits {
     fn default() -> Self {
         Self {
             max_attempts: 1,
-            key_max_active: 64,
-            key_storage_bytes: 512 << 20,
+            key_max_active: 500,
+            key_storage_bytes: None,
             key_rate: 100,
-            key_burst: 200,
+            key_burst: 500,
             streams: StreamLimits {
                 total: 10_000,
                 per_key: 1000,
                 per_job: 256,
             },
             header_timeout: Duration::from_secs(10),
+            keep_alive: server::DEFAULT_KEEP_ALIVE,
         }
     }
 }
@@ -195,6 +201,37 @@ pub struct ApiState {
     stream_caps: stream_caps::StreamCaps,
     /// The per-key request rate, shared by `/v1` and the compatible APIs.
     key_rate: Arc<ratelimit::KeyRate>,
+    /// What a job of the language defaults reserves at most
+    /// ([`default_job_reserve`]).
+    default_job_reserve: u64,
+}
+
+/// The spec a job of the language defaults is sized with: its source and
+/// stdin (a larger spec reserves more, as it is).
+pub const DEFAULT_SPEC_BYTES: u64 = 64 << 10;
+
+/// The most one job of the language defaults can hold in Redis: the
+/// largest [`crate::store::storage_reserve`] over the catalog's languages
+/// with their default output limits (a compiled language's compile output
+/// too) and a spec of [`DEFAULT_SPEC_BYTES`].
+pub fn default_job_reserve(catalog: &LanguageCatalog, policy: &LimitPolicy) -> u64 {
+    catalog
+        .all()
+        .iter()
+        .map(|language| {
+            let run = language.limits.with_defaults(policy.defaults).output_bytes;
+            let compile = language.compile.as_ref().map_or(0, |_| {
+                language
+                    .compile_limits
+                    .with_defaults(policy.compile_defaults)
+                    .output_bytes
+            });
+            crate::store::storage_reserve(DEFAULT_SPEC_BYTES, run + compile)
+        })
+        .max()
+        .unwrap_or_else(|| {
+            crate::store::storage_reserve(DEFAULT_SPEC_BYTES, policy.defaults.output_bytes)
+        })
 }
 
 impl std::fmt::Debug for ApiState {
@@ -227,6 +264,7 @@ impl ApiState {
             config.limits.key_rate,
             config.limits.key_burst,
         ));
+        let default_job_reserve = default_job_reserve(&config.catalog, &config.policy);
         Self {
             inner: Arc::new(config),
             ops,
@@ -238,7 +276,20 @@ impl ApiState {
             places,
             stream_caps,
             key_rate,
+            default_job_reserve,
         }
+    }
+
+    /// The storage budget of a key whose `max_active` is `max_active` (its
+    /// entry's, else the default): the configured one, else enough for
+    /// that many jobs of the language defaults.
+    pub fn storage_budget(&self, max_active: Option<u64>) -> u64 {
+        let limits = &self.inner.limits;
+        limits.key_storage_bytes.unwrap_or_else(|| {
+            max_active
+                .unwrap_or(limits.key_max_active)
+                .saturating_mul(self.default_job_reserve)
+        })
     }
 
     /// What one job's stream clients may send it.
@@ -247,7 +298,8 @@ impl ApiState {
             stdin_bytes: self.inner.policy.max_stdin_bytes as u64,
             signals: streams::MAX_SIGNALS,
             messages: streams::MAX_CONTROL_MESSAGES,
-            key_storage: self.inner.limits.key_storage_bytes,
+            // Only for a job submitted before its budget was kept with it.
+            key_storage: self.storage_budget(None),
         }
     }
 
@@ -346,9 +398,12 @@ pub async fn serve(
     {
         tokio::spawn(dashboard::sample(state.clone(), shutdown.clone()));
     }
-    let header_timeout = state.inner.limits.header_timeout;
+    let timers = server::Timers {
+        header: state.inner.limits.header_timeout,
+        keep_alive: state.inner.limits.keep_alive,
+    };
     let app = router(state.with_shutdown(shutdown.clone()));
-    let served = server::serve(listener, app, shutdown.clone(), header_timeout).await;
+    let served = server::serve(listener, app, shutdown.clone(), timers).await;
     // A failed listener: stop the long requests too.
     shutdown.cancel();
     // The WebSocket sessions saw the same token: each sends its close (1001)
@@ -388,7 +443,7 @@ pub async fn serve_ops(
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));
-    server::serve(listener, app, shutdown, server::OPS_HEADER_TIMEOUT).await
+    server::serve(listener, app, shutdown, server::OPS_TIMERS).await
 }
 
 /// One debug line per request: method, path, status, time taken.

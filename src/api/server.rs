@@ -1,9 +1,12 @@
-//! The HTTP server loop under the API and the ops endpoints: hyper with a
-//! header read timeout, which also closes a keep-alive connection that
-//! stays idle between requests that long (a client that opens connections
-//! and sends nothing cannot hold them), and a graceful shutdown that lets
-//! requests in flight finish. axum's own `serve` sets no timer, so no
-//! timeout; this loop is the same hyper builder with one.
+//! The HTTP server loop under the API and the ops endpoints: hyper with
+//! two timers per connection ([`super::idle`]) — a short header timeout
+//! (a request's headers, once its first byte came, and a new connection's
+//! first request: a client that opens connections and sends nothing cannot
+//! hold them) and a long keep-alive between requests (so a client's pool
+//! closes an idle connection before the server does: a server closing it
+//! races the client's next request, which then sees a reset) — and a
+//! graceful shutdown that lets requests in flight finish. axum's own
+//! `serve` sets no timer; this loop is the same hyper builder with them.
 //!
 //! Each connection gets TCP_NODELAY (an interactive job's echo is one small
 //! frame each way; Nagle's algorithm would hold it back behind the last
@@ -19,6 +22,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -26,7 +31,10 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
+
+use super::idle::{Expired, InFlight, Watch, Watched, track};
 
 /// Header read timeout of the ops endpoints of worker and reaper processes.
 pub const OPS_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,6 +66,27 @@ fn accept_pause(error: &std::io::Error) -> Option<Duration> {
     }
 }
 
+/// A connection's two timers (see [`super::idle`]): how long a request's
+/// headers may take once its first byte came (and how long a new
+/// connection may stay silent), and how long a connection is kept idle
+/// between requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timers {
+    pub header: Duration,
+    pub keep_alive: Duration,
+}
+
+/// The ops endpoints' timers.
+pub const OPS_TIMERS: Timers = Timers {
+    header: OPS_HEADER_TIMEOUT,
+    keep_alive: DEFAULT_KEEP_ALIVE,
+};
+
+/// How long an idle keep-alive connection is kept by default: longer than
+/// the idle time of common clients' pools (reqwest's and Go's 90 s), so
+/// they close it first.
+pub const DEFAULT_KEEP_ALIVE: Duration = Duration::from_secs(120);
+
 /// Serves `app` on `listener` until `shutdown`, then waits for the
 /// connections in flight to finish their requests. `Err` when the listener
 /// failed.
@@ -65,19 +94,21 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     shutdown: CancellationToken,
-    header_timeout: Duration,
+    timers: Timers,
 ) -> std::io::Result<()> {
     let mut builder = Builder::new(TokioExecutor::new());
+    // hyper's own timer starts when a connection waits for a head, idle or
+    // not: a backstop behind ours, which tell the two apart.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
+        .header_read_timeout(timers.keep_alive + timers.header);
     builder
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(HTTP2_KEEP_ALIVE)
-        .keep_alive_timeout(header_timeout);
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+        .keep_alive_timeout(timers.header);
+    let connections = TaskTracker::new();
     let failed = loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -100,23 +131,74 @@ pub async fn serve(
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
         }
-        let service = TowerToHyperService::new(app.clone().map_request(with_peer(peer)));
+        let watch = Watch::new(timers.header, timers.keep_alive);
+        let service = TowerToHyperService::new(tracked(app.clone(), peer, watch.clone()));
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+            .serve_connection_with_upgrades(
+                TokioIo::new(Watched::new(stream, watch.clone())),
+                service,
+            )
             .into_owned();
-        let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
+        let shutdown = shutdown.clone();
+        // Until it ends, or a timer of `watch` runs out (an idle connection
+        // is closed gracefully, one whose headers do not come is dropped),
+        // or `shutdown` (requests in flight finish first).
+        connections.spawn(async move {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => Some(ended),
+                expired = watch.expired() => match expired {
+                    Expired::Header => {
+                        tracing::debug!("a request's headers did not come in time; closing its connection");
+                        return;
+                    }
+                    Expired::KeepAlive => None,
+                },
+                () = shutdown.cancelled() => None,
+            };
+            let ended = match ended {
+                Some(ended) => ended,
+                None => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = ended {
                 tracing::debug!(error = %error, "an HTTP connection ended with an error");
             }
         });
     };
     drop(listener);
-    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
     match failed {
         None => Ok(()),
         Some(error) => Err(error),
     }
+}
+
+/// `app` with the connection's peer address in each request, each request
+/// in flight on `watch` until its response body is done.
+fn tracked(
+    app: Router,
+    peer: SocketAddr,
+    watch: Arc<Watch>,
+) -> impl tower::Service<
+    axum::http::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    let with_peer = with_peer(peer);
+    tower::service_fn(move |request| {
+        let app = app.clone();
+        let flight = InFlight::start(&watch);
+        let request = with_peer(request);
+        async move {
+            let response = app.oneshot(request).await?;
+            Ok(track(flight, response))
+        }
+    })
 }
 
 /// Adds the connection's peer address to each of its requests, as axum's

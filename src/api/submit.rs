@@ -79,7 +79,7 @@ pub(super) async fn submit(
     } = submission;
     let language = prepared.language.id.clone();
     let wait_budget = wait_budget(state, &prepared);
-    let admission = admission(config, caller, &prepared);
+    let admission = admission(state, caller, &prepared);
     let carried = config.carried.as_ref().filter(|_| carry);
     if let Some(carried) = carried {
         // Before the job is queued: this process's worker may claim it at once.
@@ -183,13 +183,14 @@ pub(super) async fn submit(
 
 /// The store and key limits of a new job, its attempts, and the output that
 /// sizes the storage reserved for it.
-fn admission(config: &super::ApiConfig, caller: &Caller, prepared: &PreparedJob) -> Admission {
+fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admission {
+    let config = &state.inner;
     Admission {
         max_queue_depth: config.max_queue_depth,
         key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
         max_attempts: prepared.max_attempts(config.limits.max_attempts),
         output_limit_bytes: prepared.output_limit_bytes(),
-        storage_budget: config.limits.key_storage_bytes,
+        storage_budget: state.storage_budget(caller.max_active),
         wall_budget_ms: prepared.stages_wall_ms(),
         weight: caller.tenancy.weight,
         user_limit: caller.tenancy.max_active_per_user,

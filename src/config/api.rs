@@ -51,14 +51,16 @@ pub struct ApiSettings {
 
     /// `max_active` of a key that does not give its own: most queued +
     /// running jobs of one key.
-    #[arg(long, env = "CODE_RUNNER_KEY_MAX_ACTIVE", default_value_t = 64)]
+    #[arg(long, env = "CODE_RUNNER_KEY_MAX_ACTIVE", default_value_t = 500)]
     pub key_max_active: u64,
 
     /// Most bytes (in MiB) one key's jobs may hold in Redis: reserved at
     /// submit for a job's worst case, its actual size once it ends, freed
-    /// when it expires; a submit over it gets 429 `key_storage`.
-    #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB", default_value_t = 512)]
-    pub key_max_stored_mb: u64,
+    /// when it expires; a submit over it gets 429 `key_storage`. Unset: each
+    /// key's `max_active` times the most a job of the language defaults
+    /// holds (about 2.6 MiB), so a key can always have its `max_active` jobs.
+    #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB")]
+    pub key_max_stored_mb: Option<u64>,
 
     /// Requests per second one key may make (jobs and capacity endpoints;
     /// a token bucket refilled at this rate), 429 `rate_limited` above it.
@@ -66,7 +68,7 @@ pub struct ApiSettings {
     pub key_rate: u64,
 
     /// Requests one key may make at once above its rate (the bucket's size).
-    #[arg(long, env = "CODE_RUNNER_KEY_BURST", default_value_t = 200)]
+    #[arg(long, env = "CODE_RUNNER_KEY_BURST", default_value_t = 500)]
     pub key_burst: u32,
 
     /// Most open job streams (WebSocket and SSE) of this API process.
@@ -82,14 +84,26 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_MAX_STREAMS_PER_JOB", default_value_t = 256)]
     pub max_streams_per_job: usize,
 
-    /// How long a client may take to send a request's headers, and how long
-    /// an idle keep-alive connection is kept, in milliseconds.
+    /// How long a client may take to send a request's headers once its
+    /// first byte came (and a new connection's first request), in
+    /// milliseconds.
     #[arg(
         long,
         env = "CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS",
         default_value_t = 10000
     )]
     pub http_header_timeout_ms: u64,
+
+    /// How long an idle keep-alive connection is kept between requests, in
+    /// milliseconds: longer than clients' pools keep theirs (reqwest's and
+    /// Go's 90 s), so the client closes it first and never sends a request
+    /// on a connection the server is closing.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_HTTP_KEEP_ALIVE_MS",
+        default_value_t = 120_000
+    )]
+    pub http_keep_alive_ms: u64,
 
     #[command(flatten)]
     pub web: WebSettings,
@@ -113,7 +127,10 @@ impl ApiSettings {
                 "must be at least 1",
             ));
         }
-        if !(1..=1 << 20).contains(&self.key_max_stored_mb) {
+        if self
+            .key_max_stored_mb
+            .is_some_and(|mb| !(1..=1 << 20).contains(&mb))
+        {
             return Err(ConfigError::new(
                 "CODE_RUNNER_KEY_MAX_STORED_MB",
                 "must be between 1 and 1048576",
@@ -146,10 +163,16 @@ impl ApiSettings {
                 "must be between 100 and 600000",
             ));
         }
+        if !(100..=3_600_000).contains(&self.http_keep_alive_ms) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_HTTP_KEEP_ALIVE_MS",
+                "must be between 100 and 3600000",
+            ));
+        }
         Ok(crate::api::ApiLimits {
             max_attempts: self.max_attempts,
             key_max_active: self.key_max_active,
-            key_storage_bytes: self.key_max_stored_mb << 20,
+            key_storage_bytes: self.key_max_stored_mb.map(|mb| mb << 20),
             key_rate: self.key_rate,
             key_burst: self.key_burst,
             streams: crate::api::StreamLimits {
@@ -158,6 +181,7 @@ impl ApiSettings {
                 per_job: self.max_streams_per_job,
             },
             header_timeout: std::time::Duration::from_millis(self.http_header_timeout_ms),
+            keep_alive: std::time::Duration::from_millis(self.http_keep_alive_ms),
         })
     }
 

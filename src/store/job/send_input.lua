@@ -36,7 +36,10 @@ local cost = bytes + EVENT_OVERHEAD
 local stored = redis.call('HGET', job_key, 'stored_key')
 if stored then
   local held = tonumber(redis.call('HGET', stored, 'total') or '0')
-  if held + cost > tonumber(storage_budget) then
+  -- The key's budget as it was resolved when the job was submitted (a
+  -- job submitted before it was kept: the one given).
+  local budget = tonumber(redis.call('HGET', job_key, 'storage_budget') or storage_budget)
+  if held + cost > budget then
     return {'storage', tostring(held)}
   end
   redis.call('HINCRBY', stored, 'total', cost)

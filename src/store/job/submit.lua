@@ -70,7 +70,8 @@ set_status(job_key, 'queued')
 redis.call('HSET', job_key, 'id', id, 'spec', spec, 'api_key', api_key,
   'user', user, 'language', language, 'attempts', 0, 'created_ms', now_ms,
   'active_key', active_key, 'metadata', metadata, 'max_attempts', max_attempts,
-  'stored_key', stored_key, 'expiry_key', expiry_key, 'wall_budget_ms', wall_budget_ms,
+  'stored_key', stored_key, 'expiry_key', expiry_key, 'storage_budget', storage_budget,
+  'wall_budget_ms', wall_budget_ms,
   'user_queue', user_queue_key, 'users_ring', users_key, 'user_active_key', user_active_key)
 note_history(job_key, summary_key, key_history_key, user_history_key, history_ms)
 redis.call('SADD', active_key, id)
