@@ -461,3 +461,27 @@ async fn log_request(request: Request, next: Next) -> Response {
     );
     response
 }
+
+#[cfg(test)]
+mod storage_tests {
+    use super::*;
+
+    #[test]
+    fn the_default_budget_holds_max_active_jobs_of_the_largest_language_default() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let policy = LimitPolicy::default();
+        let reserve = default_job_reserve(&catalog, &policy);
+        // A compiled language's compile output comes on top of the run's.
+        let run = policy.defaults.output_bytes;
+        let compile = policy.compile_defaults.output_bytes;
+        assert_eq!(
+            reserve,
+            crate::store::storage_reserve(DEFAULT_SPEC_BYTES, run + compile)
+        );
+        // 2.8 MiB, as the docs say: a 64 KiB spec, 1 MiB + 256 KiB of output
+        // twice, 4096 events of 64 bytes, 4 KiB.
+        assert_eq!(reserve, (64 + 2 * 1280 + 256 + 4) << 10);
+        // A class of 300 on one key is within the default max_active.
+        assert!(ApiLimits::default().key_max_active >= 300);
+    }
+}

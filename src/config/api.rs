@@ -58,7 +58,7 @@ pub struct ApiSettings {
     /// submit for a job's worst case, its actual size once it ends, freed
     /// when it expires; a submit over it gets 429 `key_storage`. Unset: each
     /// key's `max_active` times the most a job of the language defaults
-    /// holds (about 2.6 MiB), so a key can always have its `max_active` jobs.
+    /// holds (2.8 MiB), so a key can always have its `max_active` jobs.
     #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB")]
     pub key_max_stored_mb: Option<u64>,
 

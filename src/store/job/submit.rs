@@ -102,10 +102,12 @@ pub struct Admission {
 /// The most a job can come to hold in Redis, reserved from its API key's
 /// storage budget while it is queued or running: its spec, its output
 /// twice (events and result, each capped at the stages' output limits, raw
-/// bytes), the entries of its output events and the job's fixed overhead.
+/// bytes), the entries of its output events (at most one per byte of
+/// output, at most [`MAX_OUTPUT_EVENTS`]) and the job's fixed overhead.
 /// Stdin a client sends is counted as it comes, not reserved.
 pub fn storage_reserve(spec_bytes: u64, output_limit_bytes: u64) -> u64 {
-    spec_bytes + 2 * output_limit_bytes + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
+    let events = MAX_OUTPUT_EVENTS.min(output_limit_bytes);
+    spec_bytes + 2 * output_limit_bytes + events * EVENT_OVERHEAD + JOB_OVERHEAD
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,6 +334,11 @@ mod tests {
         assert_eq!(
             storage_reserve(100, 1 << 20),
             100 + (2 << 20) + MAX_OUTPUT_EVENTS * EVENT_OVERHEAD + JOB_OVERHEAD
+        );
+        // A job that may print 100 bytes has at most 100 output events.
+        assert_eq!(
+            storage_reserve(100, 100),
+            100 + 200 + 100 * EVENT_OVERHEAD + JOB_OVERHEAD
         );
     }
 }
