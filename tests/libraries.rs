@@ -154,3 +154,32 @@ async fn every_listed_library_is_in_its_image_at_its_pinned_version() {
         json!({"language": "python", "version": "3.11.0", "aliases": ["py", "python3"]})
     );
 }
+
+/// `scripts/build-images` rebuilds only what changed: with every image
+/// built (as `scripts/test` leaves them), building the two languages with
+/// libraries again finds both up to date — the libraries' install step is
+/// part of their inputs, and it is the same step every time.
+#[test]
+fn building_the_images_with_libraries_again_rebuilds_nothing() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(root.join("scripts/build-images"))
+        .args(["python", "javascript"])
+        .current_dir(root)
+        .output()
+        .expect("scripts/build-images runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    for language in ["python", "javascript"] {
+        assert!(
+            text.contains(&format!(
+                "{language}: up to date (code-runner/{language}:latest)"
+            )),
+            "{text}"
+        );
+    }
+    assert!(!text.contains("building code-runner/"), "{text}");
+}
