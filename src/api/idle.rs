@@ -57,10 +57,19 @@ pub enum Expired {
     Header,
 }
 
+/// The first bytes of an HTTP/2 connection (its client preface).
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
 /// One connection's phase and its two timers.
 #[derive(Debug)]
 pub struct Watch {
     phase: Mutex<Phase>,
+    /// An HTTP/2 connection: its frames between requests (pings, settings)
+    /// are no request's head, so only the keep-alive applies (hyper's own
+    /// HTTP/2 keep-alive pings watch a dead peer).
+    http2: std::sync::atomic::AtomicBool,
+    /// Whether the connection's first bytes were looked at.
+    first_read: std::sync::atomic::AtomicBool,
     changed: Notify,
     header: Duration,
     keep_alive: Duration,
@@ -72,6 +81,8 @@ impl Watch {
     pub fn new(header: Duration, keep_alive: Duration) -> Arc<Self> {
         Arc::new(Self {
             phase: Mutex::new(Phase::Head(Instant::now() + header)),
+            http2: std::sync::atomic::AtomicBool::new(false),
+            first_read: std::sync::atomic::AtomicBool::new(true),
             changed: Notify::new(),
             header,
             keep_alive,
@@ -87,7 +98,25 @@ impl Watch {
         }
     }
 
-    fn read_some(&self) {
+    /// Bytes came: the first byte of a request when the connection was
+    /// idle (HTTP/1). `first` are the connection's first bytes, if these
+    /// are: an HTTP/2 preface turns the header timer off for good.
+    fn read_some(&self, first: Option<&[u8]>) {
+        use std::sync::atomic::Ordering;
+        if let Some(bytes) = first
+            && bytes.starts_with(&HTTP2_PREFACE[..bytes.len().min(HTTP2_PREFACE.len())])
+            && bytes.len() >= 3
+        {
+            self.http2.store(true, Ordering::Relaxed);
+            self.set(|phase| match phase {
+                Phase::Head(_) => Phase::Idle(Instant::now()),
+                other => other,
+            });
+            return;
+        }
+        if self.http2.load(Ordering::Relaxed) {
+            return;
+        }
         let header = self.header;
         self.set(|phase| match phase {
             Phase::Idle(_) => Phase::Head(Instant::now() + header),
@@ -151,7 +180,12 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.watch.read_some();
+            let first = self
+                .watch
+                .first_read
+                .swap(false, std::sync::atomic::Ordering::Relaxed);
+            let read = &buf.filled()[before..];
+            self.watch.read_some(first.then_some(read));
         }
         polled
     }
@@ -247,6 +281,22 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
+    async fn an_http2_connection_has_only_the_keep_alive() {
+        let watch = Watch::new(Duration::from_secs(10), Duration::from_secs(120));
+        watch.read_some(Some(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+        // A ping's answer between requests is no request's head.
+        tokio::time::advance(Duration::from_secs(30)).await;
+        watch.read_some(None);
+        let started = Instant::now();
+        assert_eq!(watch.expired().await, Expired::KeepAlive);
+        assert_eq!(started.elapsed(), Duration::from_secs(90));
+        // An HTTP/1 request's first bytes are not the preface.
+        let http1 = Watch::new(Duration::from_secs(10), Duration::from_secs(120));
+        http1.read_some(Some(b"GET / HTTP/1.1\r\n"));
+        assert_eq!(http1.expired().await, Expired::Header);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_idle_connection_expires_after_the_keep_alive_and_a_slow_head_after_the_header_timeout()
      {
         // A new connection has the header timeout for its first request.
@@ -263,7 +313,7 @@ mod tests {
         // A first byte after a while idle: the head has 10 s from then.
         drop(InFlight::start(&watch));
         tokio::time::advance(Duration::from_secs(50)).await;
-        watch.read_some();
+        watch.read_some(None);
         let at = Instant::now();
         assert_eq!(watch.expired().await, Expired::Header);
         assert_eq!(at.elapsed(), Duration::from_secs(10));
@@ -272,7 +322,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn nothing_expires_while_a_request_is_in_flight_and_the_keep_alive_restarts_after_it() {
         let watch = Watch::new(Duration::from_secs(10), Duration::from_secs(120));
-        watch.read_some();
+        watch.read_some(None);
         let flight = InFlight::start(&watch);
         let waiting = tokio::spawn({
             let watch = watch.clone();
