@@ -11,31 +11,13 @@ mod common;
 use std::process::Output;
 
 use common::containers::docker;
-use common::daemon::{self, DaemonBuilder, KEY_A, KEY_B, Role, run_to_end};
+use common::daemon::{
+    self, DaemonBuilder, KEY_A, KEY_B, Role, bench_json, bench_json_with, run_to_end,
+};
 use common::redis_server::{RedisServer, free_port};
 use common::{CliHarness, source};
 use reqwest::StatusCode;
 use serde_json::Value;
-
-/// `code-runner bench ARGS… --json` to its end; the report it printed.
-fn bench_json(args: &[&str]) -> (Output, Value) {
-    bench_json_with(args, &[])
-}
-
-/// The same with environment variables.
-fn bench_json_with(args: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
-    let mut all = vec!["bench"];
-    all.extend_from_slice(args);
-    all.push("--json");
-    let out = run_to_end(&all, env);
-    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "bench --json printed no JSON ({e}): {out:?}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    });
-    (out, report)
-}
 
 fn count(report: &Value, pointer: &str) -> u64 {
     report

@@ -13,9 +13,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::daemon::{DaemonBuilder, KEY_A, Role, metric, run_to_end};
+use common::daemon::{DaemonBuilder, KEY_A, Role, bench_json, metric};
 use common::redis_server::RedisServer;
-use serde_json::Value;
 
 const STUDENTS: u32 = 100;
 const ROUNDS: u32 = 3;
@@ -36,34 +35,23 @@ async fn a_class_of_100_runs_at_once_three_times_on_the_default_settings_with_no
             .wait_metric(ready, f64::from(STUDENTS), Duration::from_secs(240))
             .await;
         let url = daemon.url.clone();
-        let out = tokio::task::spawn_blocking(move || {
-            run_to_end(
-                &[
-                    "bench",
-                    "--url",
-                    &url,
-                    "--key",
-                    KEY_A,
-                    "--interactive",
-                    "--round-trips",
-                    "3",
-                    "--jobs",
-                    &STUDENTS.to_string(),
-                    "--concurrency",
-                    &STUDENTS.to_string(),
-                    "--json",
-                ],
-                &[],
-            )
+        let (out, report) = tokio::task::spawn_blocking(move || {
+            bench_json(&[
+                "--url",
+                &url,
+                "--key",
+                KEY_A,
+                "--interactive",
+                "--round-trips",
+                "3",
+                "--jobs",
+                &STUDENTS.to_string(),
+                "--concurrency",
+                &STUDENTS.to_string(),
+            ])
         })
         .await
         .unwrap();
-        let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!(
-                "round {round}: bench printed no JSON ({e}): {out:?}\n{}",
-                daemon.log()
-            )
-        });
         let what = format!("round {round}: {report:#}");
         assert_eq!(out.status.code(), Some(0), "{what}");
         let counts = &report["counts"];

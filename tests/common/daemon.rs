@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
@@ -610,6 +610,26 @@ impl Drop for ChildGuard {
             let _ = self.0.wait();
         }
     }
+}
+
+/// `code-runner bench ARGS… --json` to its end; the report it printed.
+pub fn bench_json(args: &[&str]) -> (Output, Value) {
+    bench_json_with(args, &[])
+}
+
+/// The same with environment variables.
+pub fn bench_json_with(args: &[&str], env: &[(&str, &str)]) -> (Output, Value) {
+    let mut all = vec!["bench"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let out = run_to_end(&all, env);
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "bench --json printed no JSON ({e}): {out:?}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out, report)
 }
 
 /// Runs `code-runner ARGS…` with `env` to its end (stdin empty), up to 60 s.

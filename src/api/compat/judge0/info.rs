@@ -33,6 +33,7 @@ use super::super::super::error::ApiError;
 use super::super::super::jobs::rfc3339;
 use super::super::named_credential;
 use super::languages::{JUDGE0_IDS, judge0_name};
+use super::view::STATUSES;
 use super::{caller, from_api_error};
 use crate::job::Status;
 use crate::store::history::{HistoryPosition, HistoryQuery};
@@ -201,22 +202,27 @@ pub(super) async fn workers(State(state): State<ApiState>, request: Request) -> 
     Json(list).into_response()
 }
 
-/// A job's status as Judge0 counts it, from what the run history keeps
-/// (its status and reason; not its output, so a run that exited 0 is
-/// Accepted, never Wrong Answer).
+/// A job's status as Judge0 counts it (its id and name in [`STATUSES`]),
+/// from what the run history keeps (its status and reason; not its
+/// output, so a run that exited 0 is Accepted, never Wrong Answer).
 fn history_status(status: Status, reason: Option<&str>) -> (u32, &'static str) {
-    match (status, reason) {
-        (Status::Queued, _) => (1, "In Queue"),
-        (Status::Running, _) => (2, "Processing"),
-        (Status::Succeeded, _) => (3, "Accepted"),
-        (Status::TimedOut, _) => (5, "Time Limit Exceeded"),
+    let id = match (status, reason) {
+        (Status::Queued, _) => 1,
+        (Status::Running, _) => 2,
+        (Status::Succeeded, _) => 3,
+        (Status::TimedOut, _) => 5,
         // Failed with no run stage: its compilation failed.
-        (Status::Failed, None) => (6, "Compilation Error"),
-        (Status::Failed, Some("output_limit")) => (8, "Runtime Error (SIGXFSZ)"),
-        (Status::Failed, Some("exited")) => (11, "Runtime Error (NZEC)"),
-        (Status::Failed, Some(_)) => (12, "Runtime Error (Other)"),
-        (Status::Cancelled | Status::Error, _) => (13, "Internal Error"),
-    }
+        (Status::Failed, None) => 6,
+        (Status::Failed, Some("output_limit")) => 8,
+        (Status::Failed, Some("exited")) => 11,
+        (Status::Failed, Some(_)) => 12,
+        (Status::Cancelled | Status::Error, _) => 13,
+    };
+    STATUSES
+        .iter()
+        .copied()
+        .find(|(known, _)| *known == id)
+        .unwrap_or((13, "Internal Error"))
 }
 
 /// The Judge0 id a language is counted under: its newest (highest).
@@ -413,8 +419,20 @@ mod tests {
             history_status(Status::Failed, Some("memory_limit")),
             (12, "Runtime Error (Other)")
         );
-        assert_eq!(history_status(Status::TimedOut, Some("wall_timeout")).0, 5);
-        assert_eq!(history_status(Status::Error, Some("worker_lost")).0, 13);
+        assert_eq!(
+            history_status(Status::Failed, Some("output_limit")),
+            (8, "Runtime Error (SIGXFSZ)")
+        );
+        assert_eq!(
+            history_status(Status::TimedOut, Some("wall_timeout")),
+            (5, "Time Limit Exceeded")
+        );
+        assert_eq!(
+            history_status(Status::Error, Some("worker_lost")),
+            (13, "Internal Error")
+        );
+        assert_eq!(history_status(Status::Queued, None), (1, "In Queue"));
+        assert_eq!(history_status(Status::Running, None), (2, "Processing"));
         assert_eq!(judge0_id("c"), Some(50));
         assert_eq!(judge0_id("python"), Some(71));
         assert_eq!(judge0_id("nope"), None);

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use axum::Router;
 use axum::extract::{FromRequest, Path, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{Method, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
@@ -110,11 +110,19 @@ fn invalid_job(invalid: &crate::job::InvalidJob) -> Response {
     (StatusCode::UNPROCESSABLE_ENTITY, Json(errors)).into_response()
 }
 
-/// The caller within its key's rate, or Judge0's 401 (no body) or 429.
-/// Refused submissions (`POST /submissions…`; not `/authenticate`) are
-/// counted.
+/// The caller of a read (or of `/authenticate`) within its key's rate, or
+/// Judge0's 401 (no body) or 429.
 pub(super) fn caller(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
-    let submission = parts.method == Method::POST && parts.uri.path().contains("/submissions");
+    judge0_caller(state, parts, false)
+}
+
+/// The same for a submission (`POST /submissions`, `/submissions/batch`),
+/// whose refusal is counted in `submissions_rejected_total`.
+fn submitter(state: &ApiState, parts: &Parts) -> Result<Caller, Refusal> {
+    judge0_caller(state, parts, true)
+}
+
+fn judge0_caller(state: &ApiState, parts: &Parts, submission: bool) -> Result<Caller, Refusal> {
     compat_caller(state, parts, Some("x-auth-token"), false, submission).map_err(|refusal| {
         Refusal::from(match refusal {
             CallerRefusal::NoKey => StatusCode::UNAUTHORIZED.into_response(),
@@ -216,7 +224,7 @@ async fn submit_one(
 /// `POST /submissions`.
 async fn create(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let caller = match caller(&state, &parts) {
+    let caller = match submitter(&state, &parts) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
@@ -300,21 +308,33 @@ async fn find(
     Ok(record.map(|record| (job, record)))
 }
 
+/// The caller's submission `token` with the query's parameters, or what
+/// Judge0 answers instead: 401, 403 when `authorize` and `X-Auth-User` is
+/// no admin key, 400 for bad parameters, 404.
+async fn one_submission(
+    state: &ApiState,
+    parts: &Parts,
+    token: &str,
+    authorize: bool,
+) -> Result<(Params, crate::store::JobRecord, Judge0Record), Response> {
+    let caller = caller(state, parts).map_err(IntoResponse::into_response)?;
+    if authorize && !info::authorized(state, parts) {
+        return Err(StatusCode::FORBIDDEN.into_response());
+    }
+    let params = params(parts).map_err(IntoResponse::into_response)?;
+    match find(state, &caller, token, &params.fields).await {
+        Ok(Some((job, record))) => Ok((params, job, record)),
+        Ok(None) => Err(error(StatusCode::NOT_FOUND, "submission not found")),
+        Err(e) => Err(from_api_error(e)),
+    }
+}
+
 /// `GET /submissions/{token}`.
 async fn show(State(state): State<ApiState>, token: Path<String>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
-    let caller = match caller(&state, &parts) {
-        Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let params = match params(&parts) {
-        Ok(params) => params,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let (job, record) = match find(&state, &caller, &token, &params.fields).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),
-        Err(e) => return from_api_error(e),
+    let (params, job, record) = match one_submission(&state, &parts, &token, false).await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     let catalog = &state.inner.catalog;
     match submission_view(&job, &record, catalog, &params.fields, params.base64) {
@@ -330,21 +350,9 @@ async fn show(State(state): State<ApiState>, token: Path<String>, request: Reque
 /// Judge0 forces). The submission must be the caller's (`X-Auth-Token`).
 async fn delete(State(state): State<ApiState>, token: Path<String>, request: Request) -> Response {
     let (parts, _) = request.into_parts();
-    let caller = match caller(&state, &parts) {
-        Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
-    };
-    if !info::authorized(&state, &parts) {
-        return StatusCode::FORBIDDEN.into_response();
-    }
-    let params = match params(&parts) {
-        Ok(params) => params,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let (job, record) = match find(&state, &caller, &token, &params.fields).await {
-        Ok(Some(found)) => found,
-        Ok(None) => return error(StatusCode::NOT_FOUND, "submission not found"),
-        Err(e) => return from_api_error(e),
+    let (params, job, record) = match one_submission(&state, &parts, &token, true).await {
+        Ok(found) => found,
+        Err(response) => return response,
     };
     let still = |status: crate::job::Status| {
         let (id, name) = if status == crate::job::Status::Running {
@@ -380,7 +388,7 @@ async fn delete(State(state): State<ApiState>, token: Path<String>, request: Req
 /// answer lists a token or the errors of each, in order.
 async fn batch_create(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
-    let caller = match caller(&state, &parts) {
+    let caller = match submitter(&state, &parts) {
         Ok(caller) => caller,
         Err(refusal) => return refusal.into_response(),
     };
