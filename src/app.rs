@@ -90,6 +90,18 @@ pub async fn run(
         Some(Ok(keys)) => Some(keys),
         None => None,
     };
+    let keys = match (keys, api.and_then(|a| a.key_egress.as_deref())) {
+        (Some(keys), Some(egress)) => match keys.with_egress(egress) {
+            Ok(keys) => Some(keys),
+            Err(message) => {
+                return config_error(ConfigError {
+                    setting: "CODE_RUNNER_KEY_EGRESS",
+                    message,
+                });
+            }
+        },
+        (keys, _) => keys,
+    };
     let web = match (api, &keys) {
         (Some(api), Some(keys)) => {
             match api.web.build(api.api_keys.as_deref().unwrap_or(""), keys) {

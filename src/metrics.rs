@@ -49,6 +49,12 @@ pub struct Metrics {
     /// From the claim of a job to the start of its program (its first
     /// stage), by `start`.
     pub claim_to_start: HistogramVec,
+    /// Connections through jobs' egress proxies, by `verdict`: `allowed`,
+    /// or why one was refused (`not_allowed`, `forbidden_address`, …).
+    pub egress_connections: IntCounterVec,
+    /// Bytes relayed by jobs' egress proxies, by `direction` (`up`: to the
+    /// hosts, `down`: from them).
+    pub egress_bytes: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -160,6 +166,16 @@ impl Metrics {
                 "Time from the claim of a job to the start of its program, by start kind.",
                 "start",
             )?,
+            egress_connections: counter(
+                "code_runner_egress_connections_total",
+                "Connections through jobs' egress proxies, by verdict (allowed, or the reason of a refusal).",
+                &["verdict"],
+            )?,
+            egress_bytes: counter(
+                "code_runner_egress_bytes_total",
+                "Bytes relayed by jobs' egress proxies, by direction (up: to the hosts, down: from them).",
+                &["direction"],
+            )?,
             registry,
         })
     }
@@ -206,6 +222,14 @@ mod tests {
             .claim_to_start
             .with_label_values(&["cold"])
             .observe(0.1);
+        metrics
+            .egress_connections
+            .with_label_values(&["not_allowed"])
+            .inc();
+        metrics
+            .egress_bytes
+            .with_label_values(&["down"])
+            .inc_by(512);
         let text = metrics.render();
         for line in [
             "code_runner_slots_max 3",
@@ -221,6 +245,8 @@ mod tests {
             "code_runner_warm_target{language=\"python\"} 4",
             "code_runner_job_starts_total{language=\"python\",start=\"warm\"} 1",
             "code_runner_claim_to_start_seconds_count{start=\"cold\"} 1",
+            "code_runner_egress_connections_total{verdict=\"not_allowed\"} 1",
+            "code_runner_egress_bytes_total{direction=\"down\"} 512",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -397,6 +397,7 @@ async fn the_container_config_is_hardened() {
         created_ms: 1_000,
         deadline_ms: 2_000,
         checker: false,
+        egress_dir: None,
     };
     let body = container_config(&shape, harness.engine.config());
     let host = body.host_config.clone().expect("a host config");

@@ -8,9 +8,11 @@ use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
 
 use super::ApiState;
 use super::error::ApiError;
+use crate::egress::Allowlist;
 
 /// Shortest accepted API key.
 pub const MIN_KEY_CHARS: usize = 16;
@@ -28,6 +30,8 @@ struct ApiKey {
     /// The key may change fleet-wide settings (`/v1/capacity`, the dashboard).
     admin: bool,
     tenancy: Tenancy,
+    /// The hosts the key's jobs may ask to reach (`CODE_RUNNER_KEY_EGRESS`).
+    egress: Arc<Allowlist>,
 }
 
 /// What a key's entry says about the end users behind it and their share:
@@ -100,6 +104,8 @@ pub struct Caller {
     /// The key has the `admin` scope.
     pub admin: bool,
     pub tenancy: Tenancy,
+    /// The hosts the key's jobs may ask to reach (empty: none).
+    pub egress: Arc<Allowlist>,
     /// The end user a compatible API's request names in its
     /// `X-Code-Runner-User` header (`POST /v1/jobs` takes `user` in the
     /// body instead).
@@ -250,12 +256,46 @@ impl ApiKeys {
                 max_active,
                 admin,
                 tenancy,
+                egress: Arc::default(),
             });
         }
         if keys.is_empty() {
             return Err("no API keys configured; set CODE_RUNNER_API_KEYS".into());
         }
         Ok(Self { keys })
+    }
+
+    /// Gives keys their egress allowlists from `CODE_RUNNER_KEY_EGRESS`:
+    /// `name=host host2:8443 *.domain;name2=host`, entries of a key
+    /// separated by spaces or commas, keys by `;` (a key's allowlist cannot
+    /// be part of its `CODE_RUNNER_API_KEYS` entry, whose separator is
+    /// `:`). Every name must be a configured key, at most once; each entry
+    /// is checked as a job's `network.allow` is (a host or `*.domain`, an
+    /// optional port, no IP addresses). Errors name the key and the entry.
+    pub fn with_egress(mut self, text: &str) -> Result<Self, String> {
+        let mut seen: Vec<&str> = Vec::new();
+        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, hosts)) = part.split_once('=') else {
+                return Err(format!("{part:?} is not name=host[ host]..."));
+            };
+            let name = name.trim();
+            let Some(key) = self.keys.iter_mut().find(|k| k.name == name) else {
+                return Err(format!("{name:?} is not the name of a configured API key"));
+            };
+            if seen.contains(&name) {
+                return Err(format!("key {name:?} is given twice"));
+            }
+            seen.push(name);
+            let entries: Vec<String> = hosts
+                .split(|c: char| c == ',' || c.is_whitespace())
+                .filter(|h| !h.is_empty())
+                .map(str::to_string)
+                .collect();
+            let allow = Allowlist::parse_field(&format!("key {name:?}: egress"), &entries)
+                .map_err(|error| error.to_string())?;
+            key.egress = Arc::new(allow);
+        }
+        Ok(self)
     }
 
     /// The caller a presented key belongs to. Compares with every key, in
@@ -274,6 +314,7 @@ impl ApiKeys {
             max_active: key.max_active,
             admin: key.admin,
             tenancy: key.tenancy,
+            egress: Arc::clone(&key.egress),
             end_user: None,
         })
     }
@@ -287,6 +328,7 @@ impl ApiKeys {
             max_active: k.max_active,
             admin: false,
             tenancy: k.tenancy,
+            egress: Arc::clone(&k.egress),
             end_user: None,
         })
     }
@@ -367,6 +409,7 @@ mod tests {
                 max_active: Some(2),
                 admin: false,
                 tenancy: Tenancy::default(),
+                egress: Arc::default(),
                 end_user: None,
             })
         );
@@ -377,6 +420,7 @@ mod tests {
                 max_active: None,
                 admin: true,
                 tenancy: Tenancy::default(),
+                egress: Arc::default(),
                 end_user: None,
             })
         );
@@ -391,6 +435,52 @@ mod tests {
         assert_eq!(keys.check("alice-key-012345678"), None);
         assert_eq!(keys.check(""), None);
         assert_eq!(format!("{keys:?}"), "[\"alice\", \"bob\"]");
+    }
+
+    #[test]
+    fn egress_allowlists_are_given_by_key_name() {
+        let keys = ApiKeys::parse(&format!("alice:{A},bob:{B}"))
+            .unwrap()
+            .with_egress(" alice = pypi.org *.pythonhosted.org,api.example.edu:8443 ; ")
+            .unwrap();
+        let alice = keys.check(A).unwrap();
+        assert_eq!(
+            alice.egress.entries(),
+            ["pypi.org", "*.pythonhosted.org", "api.example.edu:8443"]
+        );
+        assert!(alice.egress.allows("files.pythonhosted.org", 443));
+        assert!(!alice.egress.allows("api.example.edu", 443));
+        // A key not named has none, as every key by default.
+        assert!(keys.check(B).unwrap().egress.is_empty());
+        assert!(keys.caller("alice").unwrap().egress.allows("pypi.org", 80));
+
+        let parse = |text: &str| {
+            ApiKeys::parse(&format!("alice:{A},bob:{B}"))
+                .unwrap()
+                .with_egress(text)
+                .err()
+        };
+        assert_eq!(parse(""), None);
+        assert_eq!(
+            parse("carol=pypi.org").unwrap(),
+            "\"carol\" is not the name of a configured API key"
+        );
+        assert_eq!(
+            parse("pypi.org").unwrap(),
+            "\"pypi.org\" is not name=host[ host]..."
+        );
+        assert_eq!(
+            parse("alice=a.org;alice=b.org").unwrap(),
+            "key \"alice\" is given twice"
+        );
+        assert_eq!(
+            parse("bob=pypi.org 10.0.0.1").unwrap(),
+            "key \"bob\": egress[1]: \"10.0.0.1\" is an IP address; name a host"
+        );
+        assert_eq!(
+            parse("bob=pypi.org:0").unwrap(),
+            "key \"bob\": egress[0]: \"pypi.org:0\" has a bad port"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::ApiState;
 use super::auth::Caller;
 use super::error::ApiError;
-use crate::job::{JobSpec, PreparedJob, Status};
+use crate::job::{InvalidJob, JobSpec, PreparedJob, Status};
 use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutcome, now_ms};
 
 /// What a waiting submit allows beyond the job's own wall limits (queueing,
@@ -77,6 +77,7 @@ pub(super) async fn submit(
         carry,
         via,
     } = submission;
+    check_egress(caller, &prepared)?;
     let language = prepared.language.id.clone();
     let wait_budget = wait_budget(state, &prepared);
     let admission = admission(state, caller, &prepared);
@@ -181,6 +182,27 @@ pub(super) async fn submit(
     }
 }
 
+/// A job may reach only hosts its key allows: a 400 naming the first entry
+/// of its `network.allow` that the key's allowlist does not cover.
+fn check_egress(caller: &Caller, prepared: &PreparedJob) -> Result<(), ApiError> {
+    let Some(allow) = &prepared.egress else {
+        return Ok(());
+    };
+    if caller.egress.is_empty() {
+        return Err(InvalidJob::new(
+            "network.allow",
+            format!(
+                "the api key {:?} allows no outbound network (CODE_RUNNER_KEY_EGRESS)",
+                caller.name
+            ),
+        )
+        .into());
+    }
+    allow
+        .check_subset(&caller.egress)
+        .map_err(|message| InvalidJob::new("network.allow", message).into())
+}
+
 /// The store and key limits of a new job, its attempts, and the output that
 /// sizes the storage reserved for it.
 fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admission {
@@ -189,7 +211,7 @@ fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admis
         max_queue_depth: config.max_queue_depth,
         key_limit: caller.max_active.or(Some(config.limits.key_max_active)),
         max_attempts: prepared.max_attempts(config.limits.max_attempts),
-        output_limit_bytes: prepared.output_limit_bytes(),
+        output_limit_bytes: prepared.record_limit_bytes(),
         storage_budget: state.storage_budget(caller.max_active),
         wall_budget_ms: prepared.stages_wall_ms(),
         weight: caller.tenancy.weight,

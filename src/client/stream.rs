@@ -364,6 +364,17 @@ impl<'a, S: EventSink> Follower<'a, S> {
                 eprintln!("code-runner: the API refused a frame: {message}");
             }
             JobEvent::InputWanted => self.sink.input_wanted(),
+            // A refused connection is worth a line: the program's own error
+            // rarely says that the allowlist stopped it.
+            JobEvent::Egress(connection) if !connection.allowed => {
+                eprintln!(
+                    "code-runner: network: {}:{} refused ({})",
+                    connection.host,
+                    connection.port,
+                    connection.reason.as_deref().unwrap_or("refused")
+                );
+            }
+            JobEvent::Egress(_) => {}
             // The result carries every test's verdict.
             JobEvent::Status { .. } | JobEvent::Test { .. } => {}
         }

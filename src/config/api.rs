@@ -62,6 +62,13 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB")]
     pub key_max_stored_mb: Option<u64>,
 
+    /// The hosts each key's jobs may ask to reach through the egress proxy
+    /// (docs/egress.md), as `name=host *.domain host:port;name2=host`.
+    /// Unset, and for a key not named: none, and a job asking for a
+    /// network is refused.
+    #[arg(long, env = "CODE_RUNNER_KEY_EGRESS")]
+    pub key_egress: Option<String>,
+
     /// Requests per second one key may make (jobs and capacity endpoints;
     /// a token bucket refilled at this rate), 429 `rate_limited` above it.
     #[arg(long, env = "CODE_RUNNER_KEY_RATE", default_value_t = 100)]

@@ -61,6 +61,37 @@ pub struct SandboxSettings {
     /// Directory of the host-wide locks that hand out the uid ranges.
     #[arg(long, env = "CODE_RUNNER_UID_LOCK_DIR", default_value = crate::sandbox::DEFAULT_LOCK_DIR)]
     pub uid_lock_dir: PathBuf,
+
+    /// Directory of the per-job egress sockets (jobs with network; see
+    /// docs/egress.md). On the host of the Docker daemon: it is mounted
+    /// into the sandboxes.
+    #[arg(long, env = "CODE_RUNNER_EGRESS_DIR", default_value = crate::sandbox::DEFAULT_EGRESS_DIR)]
+    pub egress_dir: PathBuf,
+
+    /// The OCI runtime of sandboxes with network. Default: the sandboxes'
+    /// runtime, but `runsc-egress` for `runsc` (runsc with
+    /// `--host-uds=open`, which only those sandboxes need).
+    #[arg(long, env = "CODE_RUNNER_EGRESS_RUNTIME")]
+    pub egress_runtime: Option<String>,
+
+    /// Most bytes (in MiB) one job may relay through its egress proxy, both
+    /// ways together.
+    #[arg(long, env = "CODE_RUNNER_EGRESS_MAX_MB", default_value_t = 64)]
+    pub egress_max_mb: u64,
+
+    /// Most connections one job may open through its egress proxy (refused
+    /// ones count).
+    #[arg(
+        long,
+        env = "CODE_RUNNER_EGRESS_MAX_CONNECTIONS",
+        default_value_t = 256
+    )]
+    pub egress_max_connections: u32,
+
+    /// Tests only: `name=address,…` answers instead of DNS for the egress
+    /// proxy, loopback let through (only non-public addresses accepted).
+    #[arg(long, env = "CODE_RUNNER_TEST_EGRESS_HOSTS", hide = true)]
+    pub test_egress_hosts: Option<String>,
 }
 
 /// Everything the sandbox side needs, validated.
@@ -72,6 +103,59 @@ pub struct SandboxSetup {
 }
 
 impl SandboxSettings {
+    /// The egress settings, checked.
+    fn egress(&self) -> Result<crate::sandbox::EgressConfig, ConfigError> {
+        if !self.egress_dir.is_absolute() {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_EGRESS_DIR",
+                format!("{:?} is not an absolute path", self.egress_dir),
+            ));
+        }
+        let runtime = self.egress_runtime.clone().filter(|r| !r.is_empty());
+        if let Some(runtime) = &runtime
+            && !runtime
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_EGRESS_RUNTIME",
+                format!("{runtime:?} is not a runtime name"),
+            ));
+        }
+        if !(1..=1_048_576).contains(&self.egress_max_mb) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_EGRESS_MAX_MB",
+                "must be between 1 and 1048576",
+            ));
+        }
+        if !(1..=100_000).contains(&self.egress_max_connections) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_EGRESS_MAX_CONNECTIONS",
+                "must be between 1 and 100000",
+            ));
+        }
+        let test_hosts = self
+            .test_egress_hosts
+            .as_deref()
+            .filter(|t| !t.trim().is_empty())
+            .map(crate::sandbox::parse_test_hosts)
+            .transpose()
+            .map_err(|message| ConfigError::new("CODE_RUNNER_TEST_EGRESS_HOSTS", message))?;
+        if test_hosts.is_some() {
+            tracing::warn!(
+                "CODE_RUNNER_TEST_EGRESS_HOSTS is set: the egress proxy resolves only the names it gives and lets loopback through (a test setting)"
+            );
+        }
+        Ok(crate::sandbox::EgressConfig {
+            dir: self.egress_dir.clone(),
+            runtime,
+            max_bytes: self.egress_max_mb << 20,
+            max_connections: self.egress_max_connections,
+            test_hosts,
+            unavailable: None,
+        })
+    }
+
     /// The runtime after the `SANDBOX_RUNTIME` fallback; `None` is Docker's default.
     fn runtime(&self) -> Result<Option<String>, ConfigError> {
         let runtime = self
@@ -132,7 +216,9 @@ impl SandboxSettings {
                 format!("{:?} is not an absolute path", self.uid_lock_dir),
             ));
         }
+        let egress = self.egress()?;
         let mut sandbox = SandboxConfig::new(seccomp, worker_id);
+        sandbox.egress = egress;
         sandbox.runtime = runtime;
         sandbox.cpus = self.sandbox_cpus;
         sandbox.uid_base = self.sandbox_uid_base;

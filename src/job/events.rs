@@ -109,6 +109,11 @@ pub enum JobEvent {
     /// it (interactive jobs): once per wait, after the output written
     /// before it. The next output or input ends the wait.
     InputWanted,
+    /// A connection of a job with network through its egress proxy, when
+    /// it ended: `host`, `port`, `address` (connected to, or the forbidden
+    /// one), `allowed`, `reason` (why refused or cut short), `bytes_up`,
+    /// `bytes_down` (docs/egress.md).
+    Egress(crate::egress::EgressEvent),
 }
 
 impl JobEvent {

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::languages::{Language, LanguageCatalog};
-use crate::protocol::{Bundle, RunPlan, StageSpec};
+use crate::protocol::{Bundle, EgressRelay, RunPlan, StageSpec};
 use grading::{PreparedTests, TestSpec};
 use limits::{CompileLimits, CompileLimitsRequest, LimitPolicy, Limits, LimitsRequest};
 pub use result::{Encoding, JobResult, Output, StageResult, StartKind, Status, Timings};
@@ -84,6 +84,52 @@ pub struct JobSpec {
     /// Skip the remaining tests after the first one not accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_on_failure: Option<bool>,
+    /// Outbound network: the hosts the job may reach through its egress
+    /// proxy, within its key's allowlist (docs/egress.md). Unset or an
+    /// empty `allow`: no network, as every job without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkRequest>,
+}
+
+/// A job's `network`: `{"allow": ["pypi.org", "*.pythonhosted.org:443"]}`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRequest {
+    pub allow: Vec<String>,
+}
+
+impl JobSpec {
+    /// The entries of `network.allow`, when there are any.
+    pub fn network_allow(&self) -> Option<&[String]> {
+        self.network
+            .as_ref()
+            .map(|n| n.allow.as_slice())
+            .filter(|allow| !allow.is_empty())
+    }
+}
+
+/// The port of the egress relay on a sandbox's loopback.
+pub const EGRESS_PORT: u16 = 3128;
+/// Where a job's egress socket is inside its sandbox (a directory the
+/// worker mounts, holding `proxy.sock`).
+pub const EGRESS_MOUNT: &str = "/run/code-runner-egress";
+/// The socket's file name in [`EGRESS_MOUNT`].
+pub const EGRESS_SOCKET: &str = "proxy.sock";
+/// Most connections the relay in the sandbox carries at once (the proxy's
+/// own cap on concurrent connections is the one that counts).
+const EGRESS_RELAY_CONCURRENT: u32 = 16;
+/// Egress events a job's storage reserve makes room for (the worker's
+/// default connection cap), and the most one takes (an event with a
+/// 253-character host and every field).
+pub const EGRESS_RESERVED_EVENTS: u64 = 256;
+pub const EGRESS_EVENT_BYTES: u64 = 512;
+/// The variables that point a job's programs at the relay (both spellings:
+/// curl and Python read the lowercase ones, others the uppercase).
+pub const PROXY_VARIABLES: [&str; 4] = ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"];
+
+/// What [`PROXY_VARIABLES`] say: the relay's address.
+pub fn egress_proxy_url() -> String {
+    format!("http://127.0.0.1:{EGRESS_PORT}")
 }
 
 /// Where the sandbox's writable mounts are: what the runs of a graded job
@@ -167,6 +213,9 @@ pub struct PreparedJob {
     pub tests: Option<PreparedTests>,
     /// The stage every test runs (its argv and limits are the test's).
     pub run_stage: Option<StageSpec>,
+    /// The hosts the job may reach (its `network.allow`); `None`: no
+    /// network. Checked against the key's allowlist when it is submitted.
+    pub egress: Option<crate::egress::Allowlist>,
 }
 
 impl PreparedJob {
@@ -188,6 +237,18 @@ impl PreparedJob {
             Some(tests) => compile + tests.tests.len() as u64 * grading::TEST_RESULT_BYTES,
             None => self.limits.output_bytes + compile,
         }
+    }
+
+    /// What the job's record may hold beyond its spec: its output limit
+    /// ([`Self::output_limit_bytes`]) and, for a job with network, room for
+    /// [`EGRESS_RESERVED_EVENTS`] egress events (more are stored too, and
+    /// counted at their size when the job ends).
+    pub fn record_limit_bytes(&self) -> u64 {
+        let egress = match self.egress {
+            Some(_) => EGRESS_RESERVED_EVENTS * EGRESS_EVENT_BYTES,
+            None => 0,
+        };
+        self.output_limit_bytes() + egress
     }
 
     /// The longest the job may take once its container is up: every stage's
@@ -282,6 +343,18 @@ pub fn prepare(
     if let Some(user) = &spec.user {
         check_user(user).map_err(|message| InvalidJob::new("user", message))?;
     }
+    let egress = spec
+        .network_allow()
+        .map(crate::egress::Allowlist::parse)
+        .transpose()
+        .map_err(|error| {
+            // "network.allow[2]: …": the entry is the field.
+            let text = error.to_string();
+            match text.split_once(": ") {
+                Some((field, message)) => InvalidJob::new(field, message),
+                None => InvalidJob::new("network.allow", text),
+            }
+        })?;
     if let Some(attempts) = spec.max_attempts {
         if !(1..=MAX_ATTEMPTS_LIMIT).contains(&attempts) {
             return Err(InvalidJob::new(
@@ -337,9 +410,15 @@ pub fn prepare(
             files,
             stages,
             runs,
+            egress: egress.as_ref().map(|_| EgressRelay {
+                listen_port: EGRESS_PORT,
+                socket: format!("{EGRESS_MOUNT}/{EGRESS_SOCKET}"),
+                max_concurrent: EGRESS_RELAY_CONCURRENT,
+            }),
         },
         tests,
         run_stage,
+        egress,
     })
 }
 
@@ -369,6 +448,69 @@ mod tests {
             &LimitPolicy::default(),
         )
         .unwrap_err()
+    }
+
+    #[test]
+    fn a_job_with_network_gets_the_relay_its_variables_and_record_room() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let policy = LimitPolicy::default();
+        let mut s = spec("python", &[("a.py", "")]);
+        s.env
+            .insert("HTTP_PROXY".into(), "http://elsewhere:1".into());
+        let plain = prepare(&s, &catalog, &policy).unwrap();
+        assert_eq!((&plain.egress, &plain.bundle.egress), (&None, &None));
+        s.network = Some(NetworkRequest { allow: vec![] });
+        assert_eq!(prepare(&s, &catalog, &policy).unwrap().egress, None);
+
+        s.network = Some(NetworkRequest {
+            allow: vec!["PyPI.org".into(), "*.pythonhosted.org:443".into()],
+        });
+        let job = prepare(&s, &catalog, &policy).unwrap();
+        assert_eq!(
+            job.egress.as_ref().unwrap().entries(),
+            ["pypi.org", "*.pythonhosted.org:443"]
+        );
+        assert_eq!(
+            job.bundle.egress,
+            Some(EgressRelay {
+                listen_port: 3128,
+                socket: "/run/code-runner-egress/proxy.sock".into(),
+                max_concurrent: 16,
+            })
+        );
+        let run = job.bundle.stages.last().unwrap();
+        for name in PROXY_VARIABLES {
+            let value = run
+                .env
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str());
+            assert_eq!(value, Some("http://127.0.0.1:3128"), "{name}");
+        }
+        assert_eq!(
+            job.record_limit_bytes(),
+            plain.record_limit_bytes() + 256 * 512
+        );
+
+        s.network = Some(NetworkRequest {
+            allow: vec!["pypi.org".into(), "10.0.0.1".into()],
+        });
+        let error = refuse(&s);
+        assert_eq!(
+            (error.field.as_str(), error.message.as_str()),
+            (
+                "network.allow[1]",
+                "\"10.0.0.1\" is an IP address; name a host"
+            )
+        );
+        s.network = Some(NetworkRequest {
+            allow: (0..65).map(|i| format!("h{i}.org")).collect(),
+        });
+        let error = refuse(&s);
+        assert_eq!(
+            (error.field.as_str(), error.message.as_str()),
+            ("network.allow", "65 entries; at most 64")
+        );
     }
 
     #[test]

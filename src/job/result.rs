@@ -178,6 +178,11 @@ pub struct JobResult {
     /// `score`, `max_score` and `verdict`, beside the fields above.
     #[serde(flatten)]
     pub grading: Option<super::grading::Grading>,
+    /// A job with network: its connections through the egress proxy
+    /// (`connections`, of which `refused`) and the bytes relayed
+    /// (`bytes_up` to the hosts, `bytes_down` from them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<crate::egress::EgressTotals>,
 }
 
 /// How a job got its sandbox.
@@ -246,6 +251,7 @@ impl JobResult {
             start: None,
             timings: Timings::default(),
             grading: None,
+            egress: None,
         }
     }
 
@@ -410,6 +416,7 @@ mod tests {
             start: None,
             timings: Timings::default(),
             grading: None,
+            egress: None,
         };
         let (bare, outputs) = result.split_output();
         assert_eq!(bare.run.as_ref().unwrap().stdout, Output::default());

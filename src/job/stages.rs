@@ -57,7 +57,11 @@ pub(super) fn source_files(language: &Language, entry: &str, files: &[BundleFile
 
 /// The environment of every stage of a job: a fixed base, the language's,
 /// then the job's own.
-fn stage_env(language: &Language, job_env: &BTreeMap<String, String>) -> Vec<(String, String)> {
+fn stage_env(
+    language: &Language,
+    job_env: &BTreeMap<String, String>,
+    egress: bool,
+) -> Vec<(String, String)> {
     let mut env: BTreeMap<String, String> = BTreeMap::from([
         (
             "PATH".to_string(),
@@ -69,6 +73,14 @@ fn stage_env(language: &Language, job_env: &BTreeMap<String, String>) -> Vec<(St
     ]);
     env.extend(language.env.clone());
     env.extend(job_env.clone());
+    if egress {
+        // The supervisor's relay to the job's egress proxy; set after the
+        // job's own variables, so they always name it.
+        let proxy = super::egress_proxy_url();
+        for name in super::PROXY_VARIABLES {
+            env.insert(name.to_string(), proxy.clone());
+        }
+    }
     env.into_iter().collect()
 }
 
@@ -87,7 +99,7 @@ pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
         gid: uid,
         argv: expand(argv, entry, &sources),
         stage_argv: expand(&language.run, entry, &sources),
-        env: stage_env(language, &BTreeMap::new()),
+        env: stage_env(language, &BTreeMap::new(), false),
         cwd: WORKSPACE.into(),
     })
 }
@@ -107,7 +119,7 @@ pub(super) fn build_stages(
     limits: &Limits,
     compile_limits: Option<&CompileLimits>,
 ) -> Vec<StageSpec> {
-    let env = stage_env(language, &spec.env);
+    let env = stage_env(language, &spec.env, spec.network_allow().is_some());
     let fsize_bytes = limits.disk_mb * 1024 * 1024;
     let nofile = 256;
 

@@ -125,6 +125,7 @@ async fn serve(
         created_ms: unix_ms(SystemTime::now()),
         deadline_ms,
         checker: true,
+        egress_dir: None,
     };
     let outcome = match start(&docker, &config, &guard, &shape).await {
         Ok(mut connection) => {

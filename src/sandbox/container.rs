@@ -132,6 +132,10 @@ pub struct SandboxShape {
     pub deadline_ms: u64,
     /// A graded job's checker sandbox.
     pub checker: bool,
+    /// The host directory of the job's egress socket, mounted read-only at
+    /// [`crate::job::EGRESS_MOUNT`]; the sandbox then runs under the egress
+    /// runtime ([`SandboxConfig::egress_runtime`]). `None`: no network.
+    pub egress_dir: Option<std::path::PathBuf>,
 }
 
 /// The hardened configuration of a sandbox container (DESIGN §4).
@@ -212,7 +216,14 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
             ]),
             ipc_mode: Some("private".into()),
             shm_size: Some(16 * 1024 * 1024),
-            runtime: config.runtime.clone(),
+            binds: shape
+                .egress_dir
+                .as_deref()
+                .map(|dir| vec![super::egress::bind(dir)]),
+            runtime: match shape.egress_dir {
+                Some(_) => config.egress_runtime(),
+                None => config.runtime.clone(),
+            },
             init: Some(false),
             // Output travels over the attach stream; nothing is logged to disk.
             log_config: Some(HostConfigLogConfig {

@@ -13,11 +13,13 @@
 //! - `session`: starting a sandbox, and one job's frames until its end.
 //! - [`pool`]: warm sandboxes, their lifecycle and refill.
 //! - `uids`: one uid per live sandbox on a host.
+//! - `egress`: a job's egress proxy on a socket mounted into its sandbox.
 //! - `seccomp`: loading and checking the profile.
 
 mod checker;
 mod connection;
 mod container;
+mod egress;
 mod grading;
 mod outcome;
 pub mod pool;
@@ -37,6 +39,7 @@ pub use container::{
     LABEL_UID, LABEL_WARM, LABEL_WORKER, SandboxClass, SandboxContainer, SandboxShape,
     container_config, container_name, force_remove, list_sandboxes,
 };
+pub use egress::{DEFAULT_EGRESS_DIR, EgressConfig, parse_test_hosts};
 pub use pool::{WarmPool, WarmSandbox, WarmSpec, WarmStatus};
 pub use seccomp::{Door, EMBEDDED_PROFILE, MUST_DENY, SeccompError, SeccompProfile};
 pub use session::{Cleanup, RunOutcome};
@@ -73,6 +76,8 @@ pub struct SandboxConfig {
     pub uid_base: u32,
     /// Where the host-wide uid range locks live.
     pub uid_lock_dir: PathBuf,
+    /// How jobs with outbound network get it.
+    pub egress: EgressConfig,
 }
 
 impl SandboxConfig {
@@ -86,7 +91,13 @@ impl SandboxConfig {
             deadline_grace: Duration::from_secs(3),
             uid_base: DEFAULT_UID_BASE,
             uid_lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
+            egress: EgressConfig::default(),
         }
+    }
+
+    /// The OCI runtime of a sandbox with egress ([`egress::egress_runtime`]).
+    pub fn egress_runtime(&self) -> Option<String> {
+        egress::egress_runtime(&self.egress, self.runtime.as_deref())
     }
 
     /// What a job's deadline adds to the wall limits of its stages: the
@@ -145,6 +156,8 @@ pub enum SandboxEvent {
     TestEnd(Box<crate::job::grading::TestResult>),
     /// A process of the job waits for stdin with nothing buffered for it.
     InputWanted,
+    /// A connection through the job's egress proxy ended.
+    Egress(crate::egress::EgressEvent),
 }
 
 /// Input for a running job (interactive jobs, or signals for any job).
@@ -203,6 +216,20 @@ impl SandboxEngine {
             .unwrap_or_default()
             .into();
         let uids = UidRange::acquire(&config.uid_lock_dir, config.uid_base)?;
+        egress::clear_stale(&egress::engine_dir(&config.egress, uids.first()));
+        let mut config = config;
+        if let Some(runtime) = config.egress_runtime()
+            && !info
+                .runtimes
+                .as_ref()
+                .is_some_and(|r| r.contains_key(&runtime))
+        {
+            let message = format!(
+                "this worker cannot run jobs with network: Docker has no runtime {runtime:?} (gVisor needs one with --host-uds=open for the egress socket; see docs/egress.md)"
+            );
+            tracing::warn!("{message}");
+            config.egress.unavailable = Some(message);
+        }
         let engine = Self {
             docker,
             config,
@@ -325,12 +352,16 @@ impl SandboxEngine {
         let outcome = match warm {
             Some(warm) => {
                 let started = std::time::Instant::now();
+                let run = run::Run {
+                    job_id,
+                    job,
+                    egress_dir: None,
+                };
                 run::run_in(
                     &self.docker,
                     &self.config,
                     &self.uids,
-                    job_id,
-                    job,
+                    run,
                     io,
                     warm.into_started(),
                     started,

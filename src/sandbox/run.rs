@@ -4,6 +4,7 @@
 //! a test (gVisor's whole sandbox dies when a test exceeds the memory
 //! limit), the remaining tests in a new sandbox.
 
+use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use bollard::Docker;
@@ -11,6 +12,7 @@ use bollard::Docker;
 use super::checker::Checker;
 use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::egress::{JobEgress, engine_dir};
 use super::grading::Grader;
 use super::outcome::{Cleanup, RunOutcome, Started};
 use super::session::{Failure, drive, unix_ms};
@@ -51,6 +53,7 @@ async fn start_cold(
     job_id: &str,
     job: &PreparedJob,
     deadline_ms: u64,
+    egress_dir: Option<&Path>,
 ) -> Result<(ContainerGuard, Connection), (ContainerGuard, String)> {
     let name = container_name(job_id);
     let lease = match uids.lease() {
@@ -71,9 +74,19 @@ async fn start_cold(
         created_ms: unix_ms(SystemTime::now()),
         deadline_ms,
         checker: false,
+        egress_dir: egress_dir.map(Path::to_path_buf),
     };
     match start(docker, config, &guard, &shape).await {
         Ok(connection) => Ok((guard, connection)),
+        Err(StartFailure(message)) if egress_dir.is_some() && message.contains("runtime") => {
+            let runtime = config.egress_runtime().unwrap_or_else(|| "runc".into());
+            Err((
+                guard,
+                format!(
+                    "{message} (a job with network runs under the runtime {runtime:?}; see docs/egress.md)"
+                ),
+            ))
+        }
         Err(StartFailure(message)) => Err((guard, message)),
     }
 }
@@ -89,17 +102,70 @@ pub(super) async fn run_cold(
 ) -> RunOutcome {
     let started = Instant::now();
     let deadline_ms = deadline_ms(&io, config, job);
-    match start_cold(docker, config, uids, job_id, job, deadline_ms).await {
+    let egress = match &job.egress {
+        None => None,
+        Some(allow) => {
+            let name = container_name(job_id);
+            let proxy = match &config.egress.unavailable {
+                Some(message) => Err(message.clone()),
+                None => JobEgress::start(
+                    &config.egress,
+                    &engine_dir(&config.egress, uids.first()),
+                    &name,
+                    allow,
+                    io.events.clone(),
+                ),
+            };
+            match proxy {
+                Ok(proxy) => Some(proxy),
+                Err(message) => {
+                    let guard = ContainerGuard::new(docker.clone(), name, None);
+                    return failed(job, started, guard, StartKind::Cold, message);
+                }
+            }
+        }
+    };
+    let egress_dir = egress.as_ref().map(|e| e.dir().to_path_buf());
+    let mut outcome = match start_cold(
+        docker,
+        config,
+        uids,
+        job_id,
+        job,
+        deadline_ms,
+        egress_dir.as_deref(),
+    )
+    .await
+    {
         Ok((guard, connection)) => {
             let sandbox = Started {
                 guard,
                 connection,
                 kind: StartKind::Cold,
             };
-            run_in(docker, config, uids, job_id, job, io, sandbox, started).await
+            let run = Run {
+                job_id,
+                job,
+                egress_dir: egress_dir.as_deref(),
+            };
+            run_in(docker, config, uids, run, io, sandbox, started).await
         }
         Err((guard, message)) => failed(job, started, guard, StartKind::Cold, message),
+    };
+    if let Some(egress) = egress {
+        // Every connection's event is handed on before the result is.
+        outcome.result.egress = Some(egress.finish().await);
     }
+    outcome
+}
+
+/// The job a session runs, and where its egress socket is (cold starts of
+/// a job with network; a new sandbox after one died mounts it too).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Run<'a> {
+    pub job_id: &'a str,
+    pub job: &'a PreparedJob,
+    pub egress_dir: Option<&'a Path>,
 }
 
 /// The outcome of a job whose sandbox never ran it.
@@ -131,17 +197,20 @@ fn failed(
 
 /// Runs `job` in a started sandbox (warm or cold) to its end; the container
 /// is left for the caller's [`Cleanup`].
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn run_in(
     docker: &Docker,
     config: &SandboxConfig,
     uids: &UidRange,
-    job_id: &str,
-    job: &PreparedJob,
+    run: Run<'_>,
     io: JobIo,
     sandbox: Started,
     started: Instant,
 ) -> RunOutcome {
+    let Run {
+        job_id,
+        job,
+        egress_dir,
+    } = run;
     let Started {
         mut guard,
         mut connection,
@@ -197,7 +266,7 @@ pub(super) async fn run_in(
         tracing::info!(job.id = %job_id, "the sandbox died in a test; the remaining tests run in a new one");
 
         guard.remove().await;
-        match start_cold(docker, config, uids, job_id, job, deadline_ms).await {
+        match start_cold(docker, config, uids, job_id, job, deadline_ms, egress_dir).await {
             Ok((new_guard, new_connection)) => {
                 (guard, connection) = (new_guard, new_connection);
                 grader = session.grader;
@@ -268,6 +337,7 @@ pub(super) async fn run_in(
             reason: None,
             start: Some(kind),
             grading,
+            egress: None,
         },
         cleanup: Cleanup {
             guard: Some(guard),

@@ -309,6 +309,21 @@ impl Shared {
                 .with_label_values(&[start.as_str()])
                 .observe(program_started.duration_since(claimed_at).as_secs_f64());
         }
+        let egress = stream.egress();
+        for (verdict, count) in &egress.verdicts {
+            self.metrics
+                .egress_connections
+                .with_label_values(&[verdict])
+                .inc_by(*count);
+        }
+        for (direction, bytes) in [("up", egress.bytes_up), ("down", egress.bytes_down)] {
+            if bytes > 0 {
+                self.metrics
+                    .egress_bytes
+                    .with_label_values(&[direction])
+                    .inc_by(bytes);
+            }
+        }
         tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
         stream.close(&result, self).await;
         (result, outcome.cleanup)

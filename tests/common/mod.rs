@@ -56,6 +56,11 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
         compile_max_limits: None,
         sandbox_uid_base: code_runner::sandbox::DEFAULT_UID_BASE,
         uid_lock_dir: code_runner::sandbox::DEFAULT_LOCK_DIR.into(),
+        egress_dir: code_runner::sandbox::DEFAULT_EGRESS_DIR.into(),
+        egress_runtime: None,
+        egress_max_mb: 64,
+        egress_max_connections: 256,
+        test_egress_hosts: None,
     }
 }
 

@@ -39,6 +39,26 @@ pub struct Bundle {
     /// stage per `run` frame until `runs_end`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<RunPlan>,
+    /// Outbound network by allowlist: when set, the supervisor relays the
+    /// sandbox's loopback port to the job's egress proxy before any stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressRelay>,
+}
+
+/// The sandbox's half of a job's egress (kind `bundle`): the sandbox has no
+/// network, only loopback. Before the first stage the supervisor listens on
+/// `127.0.0.1:listen_port` and relays every connection, byte for byte in
+/// both directions, to a new connection to the Unix socket `socket` (the
+/// job's egress proxy in the worker, mounted into this one sandbox). It
+/// looks at none of the bytes: the proxy decides what may pass. At most
+/// `max_concurrent` connections are relayed at once; further ones wait in
+/// the listen backlog. The programs find the relay in `HTTP_PROXY` and
+/// `HTTPS_PROXY`, which the host puts into the stages' environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressRelay {
+    pub listen_port: u16,
+    pub socket: String,
+    pub max_concurrent: u32,
 }
 
 /// How the supervisor runs the `run` frames that follow the stages.
@@ -472,6 +492,11 @@ mod tests {
                 gid: 4_000_001,
                 scratch: vec!["/tmp".into()],
                 files_dir: "/tmp/run".into(),
+            }),
+            egress: Some(EgressRelay {
+                listen_port: 3128,
+                socket: "/run/code-runner/egress/proxy.sock".into(),
+                max_concurrent: 16,
             }),
         }));
         let run = HostMessage::Run(Box::new(RunSpec {

@@ -73,7 +73,11 @@ impl WarmSpec {
     /// Whether `job` can run in a sandbox of this spec: same language,
     /// image and container-level limits.
     pub fn fits(&self, job: &PreparedJob) -> bool {
-        self.language == job.language.id
+        // A job with egress needs its proxy's socket mounted when its
+        // sandbox is created (and, under gVisor, another runtime): it
+        // always starts cold.
+        job.egress.is_none()
+            && self.language == job.language.id
             && self.image == job.language.image_ref()
             && self.class == SandboxClass::of(&job.limits)
     }
@@ -440,6 +444,7 @@ impl Inner {
             created_ms: unix_ms(now),
             deadline_ms: unix_ms(now + lifetime + self.settings.longest_job),
             checker: false,
+            egress_dir: None,
         };
         // Not raced with `discard`: a create call in flight may still make
         // the container, and only its end says there is one to remove.

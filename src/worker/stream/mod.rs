@@ -108,6 +108,29 @@ pub(super) struct EventStream {
     /// Counts the input delivered to the job (the control relay adds one
     /// per stdin message); output after new input goes out at once.
     input_marks: Arc<AtomicU64>,
+    /// The job's egress connections by verdict (`allowed` or the refusal's
+    /// reason), and the bytes relayed up and down: for the metrics.
+    egress: EgressTally,
+}
+
+/// What a job's egress events add to the metrics.
+#[derive(Debug, Default)]
+pub(super) struct EgressTally {
+    pub verdicts: std::collections::BTreeMap<String, u64>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+}
+
+impl EgressTally {
+    fn count(&mut self, event: &crate::egress::EgressEvent) {
+        let verdict = match (&event.reason, event.allowed) {
+            (_, true) | (None, _) => "allowed",
+            (Some(reason), false) => reason.as_str(),
+        };
+        *self.verdicts.entry(verdict.to_string()).or_default() += 1;
+        self.bytes_up += event.bytes_up;
+        self.bytes_down += event.bytes_down;
+    }
 }
 
 impl EventStream {
@@ -132,12 +155,18 @@ impl EventStream {
             ended: false,
             dropped: false,
             first_stage_at: None,
+            egress: EgressTally::default(),
         }
     }
 
     /// When the job's program started (its first stage), if it did.
     pub(super) fn first_stage_at(&self) -> Option<std::time::Instant> {
         self.first_stage_at
+    }
+
+    /// The job's egress so far, by verdict.
+    pub(super) fn egress(&self) -> &EgressTally {
+        &self.egress
     }
 
     /// Streams the sandbox's events until the channel closes (the job
@@ -210,6 +239,9 @@ impl EventStream {
         if matches!(event, SandboxEvent::StageStart { .. }) && self.first_stage_at.is_none() {
             self.first_stage_at = Some(std::time::Instant::now());
         }
+        if let SandboxEvent::Egress(connection) = &event {
+            self.egress.count(connection);
+        }
         if self.ended {
             return false;
         }
@@ -251,6 +283,10 @@ impl EventStream {
                 // After the output before it (the coalescer keeps the order),
                 // and at once: the student is looking at the prompt.
                 self.coalescer.push_event(JobEvent::InputWanted);
+                true
+            }
+            SandboxEvent::Egress(connection) => {
+                self.coalescer.push_event(JobEvent::Egress(connection));
                 true
             }
         }

@@ -379,6 +379,7 @@ mod tests {
             start: None,
             timings: Default::default(),
             grading: None,
+            egress: None,
         }
     }
 

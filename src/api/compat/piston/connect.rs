@@ -295,8 +295,9 @@ async fn follow(state: ApiState, id: String, outbox: mpsc::Sender<Message>) {
                 | JobEvent::Error { .. }
                 | JobEvent::Attempt { .. }
                 | JobEvent::Test { .. }
-                // Piston's protocol has no such message.
-                | JobEvent::InputWanted => {
+                // Piston's protocol has no such messages.
+                | JobEvent::InputWanted
+                | JobEvent::Egress(_) => {
                     continue;
                 }
             };
