@@ -78,7 +78,9 @@ ensure_test_packages() {
 	ensure_packages "${CODE_RUNNER_TEST_PACKAGES[@]}"
 }
 
-# Makes daemon.json register runsc with --network=none, keeping every other setting.
+# Makes daemon.json register runsc with --network=none, and runsc-egress (the
+# same with --host-uds=open: only sandboxes of jobs with network run under it,
+# to reach their egress socket; docs/egress.md), keeping every other setting.
 # Prints what changed; returns 0 when unchanged, 10 when it wrote a change.
 _svc_daemon_json() {
 	local runsc
@@ -88,7 +90,10 @@ _svc_daemon_json() {
 	"$CODE_RUNNER_PYTHON" - "$CODE_RUNNER_DAEMON_JSON" "$runsc" <<'PY'
 import json, os, sys
 path, runsc = sys.argv[1], sys.argv[2]
-want = {"path": runsc, "runtimeArgs": ["--network=none"]}
+want = {
+    "runsc": {"path": runsc, "runtimeArgs": ["--network=none"]},
+    "runsc-egress": {"path": runsc, "runtimeArgs": ["--network=none", "--host-uds=open"]},
+}
 conf = {}
 if os.path.exists(path):
     raw = open(path).read()
@@ -102,16 +107,18 @@ if os.path.exists(path):
 runtimes = conf.get("runtimes")
 if runtimes is not None and not isinstance(runtimes, dict):
     sys.exit(f"services: ERROR: {path}: \"runtimes\" is not an object; fix it")
-have = (runtimes or {}).get("runsc")
+have = {name: (runtimes or {}).get(name) for name in want}
 if have == want:
     sys.exit(0)
-conf.setdefault("runtimes", {})["runsc"] = want
+conf.setdefault("runtimes", {}).update(want)
 tmp = path + ".code-runner.tmp"
 with open(tmp, "w") as f:
     json.dump(conf, f, indent=2)
     f.write("\n")
 os.replace(tmp, path)
-print(f"services: {path}: runtimes.runsc was {json.dumps(have)}, now {json.dumps(want)}")
+for name in want:
+    if have[name] != want[name]:
+        print(f"services: {path}: runtimes.{name} was {json.dumps(have[name])}, now {json.dumps(want[name])}")
 sys.exit(10)
 PY
 }
@@ -120,7 +127,12 @@ _svc_docker_up() { docker info >/dev/null 2>&1; }
 _svc_runtimes() {
 	docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null | sed 's/ $//'
 }
-_svc_docker_has_runsc() { _svc_runtimes | grep -qw runsc; }
+# Both gVisor runtimes are listed (by their exact names).
+_svc_docker_has_runsc() {
+	local listed
+	listed=" $(_svc_runtimes) "
+	[[ "$listed" == *" runsc "* && "$listed" == *" runsc-egress "* ]]
+}
 
 # Waits up to $1 seconds for `docker info` to answer.
 _svc_wait_docker() {
@@ -147,14 +159,14 @@ ensure_dockerd() {
 			local pid
 			pid="$(cat /var/run/docker.pid 2>/dev/null || true)"
 			[[ -n "$pid" ]] || _svc_die "dockerd answers but its pid is unknown; restart it to load $CODE_RUNNER_DAEMON_JSON" || return 1
-			_svc_say "dockerd: reloading its configuration (SIGHUP to pid $pid) for the runsc runtime"
+			_svc_say "dockerd: reloading its configuration (SIGHUP to pid $pid) for the runsc runtimes"
 			kill -HUP "$pid"
 			local deadline=$((SECONDS + 10))
 			until _svc_docker_has_runsc || ((SECONDS >= deadline)); do
 				sleep 0.5
 			done
 		fi
-		_svc_docker_has_runsc || _svc_die "dockerd is running but does not list the runsc runtime (see $CODE_RUNNER_DAEMON_JSON)" || return 1
+		_svc_docker_has_runsc || _svc_die "dockerd is running but does not list the runsc and runsc-egress runtimes (see $CODE_RUNNER_DAEMON_JSON)" || return 1
 		_svc_say "dockerd: running ($(docker info --format '{{.ServerVersion}}' 2>/dev/null), runtimes: $(_svc_runtimes))"
 		return 0
 	fi
@@ -175,7 +187,7 @@ ensure_dockerd() {
 		tail -n 20 "$CODE_RUNNER_DOCKERD_LOG" >&2 || true
 		_svc_die "dockerd did not answer 'docker info' within 60 s" || return 1
 	fi
-	_svc_docker_has_runsc || _svc_die "dockerd started but does not list the runsc runtime (see $CODE_RUNNER_DAEMON_JSON)" || return 1
+	_svc_docker_has_runsc || _svc_die "dockerd started but does not list the runsc and runsc-egress runtimes (see $CODE_RUNNER_DAEMON_JSON)" || return 1
 	_svc_say "dockerd: up ($(docker info --format '{{.ServerVersion}}' 2>/dev/null), runtimes: $(_svc_runtimes))"
 }
 
