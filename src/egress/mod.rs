@@ -1,10 +1,9 @@
 //! The egress proxy: outbound network by allowlist.
 //!
-//! **Status:** this is the worker's half, complete and tested on its own
-//! (`cargo test --lib egress`). Nothing runs it yet: no job can ask for a
-//! network, and a sandbox has none. The sandbox's half (the supervisor's
-//! relay on the sandbox's loopback to the job's socket, `HTTP_PROXY` for
-//! the program), the keys' allowlists and a job's `network.allow` come next.
+//! Used by the sandbox engine (`sandbox/egress.rs`) for every job with
+//! network: the job's `network.allow`, within its key's allowlist
+//! (docs/egress.md). The sandbox's half is the supervisor's relay on its
+//! loopback.
 //!
 //! A sandbox has no network. A job whose API key allows it may reach named
 //! hosts through this proxy, which the worker runs for the job on a Unix
