@@ -38,14 +38,17 @@
 //! - `watch`: the filter of every stage (no ptrace), and tracing a watched
 //!   stage to notice that it waits for stdin (`input_wanted`).
 //! - `bpf`: the BPF opcodes of both filters, and installing one.
+//! - `egress`: the relay from `127.0.0.1:<port>` to the job's egress proxy
+//!   on a Unix socket, one thread polling every connection.
 
 // `unsafe` only where a system call needs it, each block allowed and
-// explained where it is (`spawn`, `reap`, `creds`).
+// explained where it is (`spawn`, `reap`, `creds`, `egress`).
 #![deny(unsafe_code)]
 
 mod accounting;
 mod bpf;
 mod creds;
+mod egress;
 mod files;
 mod io;
 mod kill;
@@ -103,6 +106,8 @@ pub enum InitError {
     UnexpectedFrame(&'static str),
     #[error("terminated by a signal before the bundle arrived")]
     TerminatedBeforeBundle,
+    #[error("cannot listen for the egress relay on 127.0.0.1:{port}: {source}")]
+    EgressListen { port: u16, source: std::io::Error },
     #[error("invalid bundle: {0}")]
     InvalidBundle(String),
     #[error("invalid bundle file path {path:?}: {reason}")]

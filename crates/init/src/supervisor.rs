@@ -7,8 +7,9 @@
 //! do the blocking work around it: the frame reader on stdin, the frame
 //! writer on stdout, the signaller of [`super::kill`], for each stage the
 //! readers of its stdout and stderr and the writer of its stdin
-//! ([`super::pipes`]), and, once, the short-lived thread that writes the
-//! files as the job's uid ([`super::files`]).
+//! ([`super::pipes`]), once, the short-lived thread that writes the
+//! files as the job's uid ([`super::files`]), and, if the bundle has one,
+//! the egress relay ([`super::egress`]), from the bundle to the end.
 
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::setgroups;
@@ -16,6 +17,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 
 use super::accounting::MemoryProbe;
+use super::egress::{MAX_SOCKET_PATH, Relay};
 use super::files::write_bundle_files;
 use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
 use super::kill::{Killer, Signaller, Target};
@@ -26,8 +28,8 @@ use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, InitError};
 use code_runner_protocol::{
-    Bundle, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, RunSpec, SandboxMessage,
-    SignalKind as HostSignal, StageReport,
+    Bundle, EgressRelay, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, RunSpec,
+    SandboxMessage, SignalKind as HostSignal, StageReport,
 };
 use std::collections::VecDeque;
 
@@ -231,6 +233,10 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     let mut host = spawn_host_reader()?;
     let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
     check_bundle(&bundle)?;
+    // Before anything of the job runs (a warm runtime released into the
+    // first stage included), as that stage may connect at once. It relays
+    // until this returns: after `done`, or before `fatal`.
+    let _egress = bundle.egress.as_ref().map(Relay::start).transpose()?;
     let mut killer = Killer::new(bundle.uid, signaller);
     let runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
@@ -444,6 +450,37 @@ fn check_bundle(bundle: &Bundle) -> Result<(), InitError> {
             "the workspace {:?} is not an absolute path",
             bundle.workspace
         )));
+    }
+    if let Some(egress) = &bundle.egress {
+        check_egress(egress)?;
+    }
+    Ok(())
+}
+
+/// What an egress relay needs: a port to listen on, a socket path a
+/// connect can take, room for at least one connection.
+fn check_egress(egress: &EgressRelay) -> Result<(), InitError> {
+    if egress.listen_port == 0 {
+        return Err(InitError::InvalidBundle(
+            "egress.listen_port must not be 0".into(),
+        ));
+    }
+    if !egress.socket.starts_with('/') {
+        return Err(InitError::InvalidBundle(format!(
+            "egress.socket {:?} is not an absolute path",
+            egress.socket
+        )));
+    }
+    if egress.socket.len() > MAX_SOCKET_PATH || egress.socket.contains('\0') {
+        return Err(InitError::InvalidBundle(format!(
+            "egress.socket {:?} is not a usable Unix socket path (at most {MAX_SOCKET_PATH} bytes, no NUL)",
+            egress.socket
+        )));
+    }
+    if egress.max_concurrent == 0 {
+        return Err(InitError::InvalidBundle(
+            "egress.max_concurrent must be at least 1".into(),
+        ));
     }
     Ok(())
 }

@@ -8,6 +8,9 @@
 //! and whatever is left of the job's uid is killed by a `kill -9 -1` run as
 //! that uid.
 
+/// The egress relay from a loopback port to the job's proxy socket.
+#[path = "init_supervisor/egress.rs"]
+mod egress;
 #[path = "init_supervisor/harness.rs"]
 mod harness;
 /// `input_wanted`: a process of the stage waits for stdin.

@@ -204,6 +204,7 @@ impl Sandbox {
             files,
             stages,
             runs,
+            egress: None,
         }))
     }
 
