@@ -102,6 +102,22 @@ pub struct SandboxSetup {
     pub policy: LimitPolicy,
 }
 
+/// `name` when it can be an OCI runtime's name (letters, digits, `-_.`),
+/// else the error of `setting`.
+fn runtime_name(setting: &'static str, name: String) -> Result<String, ConfigError> {
+    if name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        Ok(name)
+    } else {
+        Err(ConfigError::new(
+            setting,
+            format!("{name:?} is not a runtime name"),
+        ))
+    }
+}
+
 impl SandboxSettings {
     /// The egress settings, checked.
     fn egress(&self) -> Result<crate::sandbox::EgressConfig, ConfigError> {
@@ -111,17 +127,12 @@ impl SandboxSettings {
                 format!("{:?} is not an absolute path", self.egress_dir),
             ));
         }
-        let runtime = self.egress_runtime.clone().filter(|r| !r.is_empty());
-        if let Some(runtime) = &runtime
-            && !runtime
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(ConfigError::new(
-                "CODE_RUNNER_EGRESS_RUNTIME",
-                format!("{runtime:?} is not a runtime name"),
-            ));
-        }
+        let runtime = self
+            .egress_runtime
+            .clone()
+            .filter(|r| !r.is_empty())
+            .map(|name| runtime_name("CODE_RUNNER_EGRESS_RUNTIME", name))
+            .transpose()?;
         if !(1..=1_048_576).contains(&self.egress_max_mb) {
             return Err(ConfigError::new(
                 "CODE_RUNNER_EGRESS_MAX_MB",
@@ -163,19 +174,10 @@ impl SandboxSettings {
             .clone()
             .or_else(|| std::env::var("SANDBOX_RUNTIME").ok())
             .filter(|r| !r.is_empty());
-        match runtime.as_deref() {
-            None | Some("runc") => Ok(None),
-            Some(name)
-                if name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) =>
-            {
-                Ok(Some(name.to_string()))
-            }
-            Some(name) => Err(ConfigError::new(
-                "CODE_RUNNER_SANDBOX_RUNTIME",
-                format!("{name:?} is not a runtime name"),
-            )),
+        match runtime {
+            None => Ok(None),
+            Some(name) if name == "runc" => Ok(None),
+            Some(name) => runtime_name("CODE_RUNNER_SANDBOX_RUNTIME", name).map(Some),
         }
     }
 
