@@ -75,6 +75,30 @@ pub enum AllowlistError {
     },
 }
 
+impl AllowlistError {
+    /// What the error is about: the entry (`network.allow[2]`), or the
+    /// whole field for too many entries.
+    pub fn field(&self) -> String {
+        match self {
+            AllowlistError::TooMany { field, .. } => field.clone(),
+            AllowlistError::TooLong { field, index, .. }
+            | AllowlistError::IpAddress { field, index, .. }
+            | AllowlistError::BadHost { field, index, .. }
+            | AllowlistError::BadPort { field, index, .. } => format!("{field}[{index}]"),
+        }
+    }
+
+    /// The error without its [`Self::field`] (what follows it in the
+    /// message).
+    pub fn problem(&self) -> String {
+        let message = self.to_string();
+        message
+            .strip_prefix(&format!("{}: ", self.field()))
+            .map(str::to_string)
+            .unwrap_or(message)
+    }
+}
+
 impl Allowlist {
     /// Parses the entries of a job's `network.allow`.
     pub fn parse(entries: &[String]) -> Result<Allowlist, AllowlistError> {

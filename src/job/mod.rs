@@ -347,14 +347,7 @@ pub fn prepare(
         .network_allow()
         .map(crate::egress::Allowlist::parse)
         .transpose()
-        .map_err(|error| {
-            // "network.allow[2]: …": the entry is the field.
-            let text = error.to_string();
-            match text.split_once(": ") {
-                Some((field, message)) => InvalidJob::new(field, message),
-                None => InvalidJob::new("network.allow", text),
-            }
-        })?;
+        .map_err(|error| InvalidJob::new(error.field(), error.problem()))?;
     if let Some(attempts) = spec.max_attempts {
         if !(1..=MAX_ATTEMPTS_LIMIT).contains(&attempts) {
             return Err(InvalidJob::new(
