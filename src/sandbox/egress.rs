@@ -168,9 +168,8 @@ impl JobEgress {
             )
         };
         std::fs::create_dir_all(engine_dir).map_err(|e| fail("create the socket directory", e))?;
-        // A late leftover of an attempt with the same name cannot exist (the
-        // name has a random suffix); a directory of our own goes first.
-        let _ = std::fs::remove_dir_all(&dir);
+        // The name has a random suffix: no other attempt's directory is
+        // there (an existing one is an error, not something to remove).
         std::fs::create_dir(&dir).map_err(|e| fail("create the socket directory", e))?;
         // Mounted into the sandbox: its supervisor (uid 0 without
         // capabilities, not the directory's owner when the worker is not

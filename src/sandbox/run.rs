@@ -78,15 +78,6 @@ async fn start_cold(
     };
     match start(docker, config, &guard, &shape).await {
         Ok(connection) => Ok((guard, connection)),
-        Err(StartFailure(message)) if egress_dir.is_some() && message.contains("runtime") => {
-            let runtime = config.egress_runtime().unwrap_or_else(|| "runc".into());
-            Err((
-                guard,
-                format!(
-                    "{message} (a job with network runs under the runtime {runtime:?}; see docs/egress.md)"
-                ),
-            ))
-        }
         Err(StartFailure(message)) => Err((guard, message)),
     }
 }
