@@ -309,15 +309,14 @@ impl Shared {
                 .with_label_values(&[start.as_str()])
                 .observe(program_started.duration_since(claimed_at).as_secs_f64());
         }
-        let egress = stream.egress();
-        for (verdict, count) in &egress.verdicts {
+        for (verdict, count) in stream.egress_verdicts() {
             self.metrics
                 .egress_connections
                 .with_label_values(&[verdict])
                 .inc_by(*count);
         }
-        for (direction, bytes) in [("up", egress.bytes_up), ("down", egress.bytes_down)] {
-            if bytes > 0 {
+        if let Some(totals) = &result.egress {
+            for (direction, bytes) in [("up", totals.bytes_up), ("down", totals.bytes_down)] {
                 self.metrics
                     .egress_bytes
                     .with_label_values(&[direction])

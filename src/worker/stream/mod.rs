@@ -109,28 +109,8 @@ pub(super) struct EventStream {
     /// per stdin message); output after new input goes out at once.
     input_marks: Arc<AtomicU64>,
     /// The job's egress connections by verdict (`allowed` or the refusal's
-    /// reason), and the bytes relayed up and down: for the metrics.
-    egress: EgressTally,
-}
-
-/// What a job's egress events add to the metrics.
-#[derive(Debug, Default)]
-pub(super) struct EgressTally {
-    pub verdicts: std::collections::BTreeMap<String, u64>,
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-}
-
-impl EgressTally {
-    fn count(&mut self, event: &crate::egress::EgressEvent) {
-        let verdict = match (&event.reason, event.allowed) {
-            (_, true) | (None, _) => "allowed",
-            (Some(reason), false) => reason.as_str(),
-        };
-        *self.verdicts.entry(verdict.to_string()).or_default() += 1;
-        self.bytes_up += event.bytes_up;
-        self.bytes_down += event.bytes_down;
-    }
+    /// reason), for the metrics (the bytes are in the result's totals).
+    egress_verdicts: std::collections::BTreeMap<String, u64>,
 }
 
 impl EventStream {
@@ -155,7 +135,7 @@ impl EventStream {
             ended: false,
             dropped: false,
             first_stage_at: None,
-            egress: EgressTally::default(),
+            egress_verdicts: Default::default(),
         }
     }
 
@@ -164,9 +144,9 @@ impl EventStream {
         self.first_stage_at
     }
 
-    /// The job's egress so far, by verdict.
-    pub(super) fn egress(&self) -> &EgressTally {
-        &self.egress
+    /// The job's egress connections so far, by verdict.
+    pub(super) fn egress_verdicts(&self) -> &std::collections::BTreeMap<String, u64> {
+        &self.egress_verdicts
     }
 
     /// Streams the sandbox's events until the channel closes (the job
@@ -240,7 +220,11 @@ impl EventStream {
             self.first_stage_at = Some(std::time::Instant::now());
         }
         if let SandboxEvent::Egress(connection) = &event {
-            self.egress.count(connection);
+            let verdict = match &connection.reason {
+                Some(reason) if !connection.allowed => reason.as_str(),
+                _ => "allowed",
+            };
+            *self.egress_verdicts.entry(verdict.to_string()).or_default() += 1;
         }
         if self.ended {
             return false;
