@@ -22,7 +22,6 @@ use code_runner::egress::EgressEvent;
 use code_runner::job::{Encoding, FileSpec, JobSpec, NetworkRequest, Status};
 use code_runner::sandbox::SandboxEvent;
 use common::{Harness, default_settings, job, runsc_enabled, stdout};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// Bytes `/big` answers with: more than the byte cap of [`capped`].
 const BIG: usize = 4 << 20;
@@ -37,29 +36,18 @@ struct Upstream {
 
 /// The test CA's PEM and a rustls config for `upstream.test` signed by it.
 fn tls() -> (String, Arc<rustls::ServerConfig>) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "code-runner egress test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(vec!["upstream.test".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "upstream.test");
-    let cert = params.signed_by(&key, &ca).unwrap();
+    let certs = common::certs::test_certs("code-runner egress test CA", &["upstream.test"]);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            vec![certs.server_der.into()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(certs.key_der.into()),
         )
         .unwrap();
-    (ca.pem(), Arc::new(config))
+    (certs.ca_pem, Arc::new(config))
 }
 
 impl Upstream {

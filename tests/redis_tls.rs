@@ -13,30 +13,15 @@ use std::time::{Duration, Instant};
 
 use common::daemon::{self, DaemonBuilder, Role};
 use common::redis_server::free_port;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use reqwest::StatusCode;
 
 /// A CA and a server certificate for `localhost` and `127.0.0.1`, written
 /// as PEM files into `dir`: `ca.pem`, `server.pem`, `server.key`.
 fn write_certificates(dir: &Path) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "code-runner test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-
-    let server_key = KeyPair::generate().unwrap();
-    let mut params =
-        CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "localhost");
-    let server = params.signed_by(&server_key, &ca).unwrap();
-
-    std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
-    std::fs::write(dir.join("server.pem"), server.pem()).unwrap();
-    std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+    let certs = common::certs::test_certs("code-runner test CA", &["localhost", "127.0.0.1"]);
+    std::fs::write(dir.join("ca.pem"), certs.ca_pem).unwrap();
+    std::fs::write(dir.join("server.pem"), certs.server_pem).unwrap();
+    std::fs::write(dir.join("server.key"), certs.key_pem).unwrap();
 }
 
 /// A redis-server that speaks only TLS, killed by its pid when dropped.

@@ -6,6 +6,7 @@
 //! test if anything was left behind by the engine.
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod compat;
 pub mod containers;
 pub mod daemon;
