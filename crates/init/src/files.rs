@@ -14,6 +14,12 @@
 //! files are created relative to directory file descriptors with
 //! `O_NOFOLLOW`, `O_EXCL` and `O_DIRECTORY`, so a symlink in the workspace is
 //! never followed.
+//!
+//! One exception to `O_EXCL`: a warm runtime that opens its main script at
+//! its start (ruby, php) is given an empty [`Placeholder`] made here before
+//! it starts; the job's file of that name is then written into that same
+//! file (opened without `O_CREAT`, `O_NOFOLLOW`, and checked to be the very
+//! inode made for it), which the runtime reads once released.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -21,8 +27,9 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 
 use nix::errno::Errno;
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, fchmod, mkdirat};
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{Mode, fchmod, fstat, fstatat, mkdirat};
+use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::InitError;
 use super::creds::drop_thread_to;
@@ -74,29 +81,110 @@ pub fn validate_relative_path(path: &str) -> Result<Vec<&str>, &'static str> {
     Ok(components)
 }
 
-/// Checks every path, then writes the files under `workspace` as
-/// `uid`/`gid` on a short-lived thread (see the module docs).
-pub(crate) fn write_bundle_files(
+/// The empty file a warm runtime holds open for its job's entry file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Placeholder {
+    /// A file name in the workspace.
+    pub name: String,
+    dev: u64,
+    ino: u64,
+}
+
+/// Makes the empty `name` in `workspace` as `uid`/`gid` (on a short-lived
+/// thread, as the files are written). `name` must be one path component.
+pub(crate) fn create_placeholder(
     workspace: &str,
     uid: u32,
     gid: u32,
-    files: Vec<BundleFile>,
-) -> Result<(), InitError> {
-    for file in &files {
-        validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
-            path: file.path.clone(),
-            reason,
-        })?;
+    name: &str,
+) -> Result<Placeholder, InitError> {
+    let bad = |reason| InitError::BadPath {
+        path: name.to_owned(),
+        reason,
+    };
+    if validate_relative_path(name).map_err(bad)?.len() != 1 {
+        return Err(bad(
+            "a warm runtime's preopened file must be a name in its cwd",
+        ));
     }
+    let (workspace, name) = (workspace.to_owned(), name.to_owned());
+    on_thread_as(uid, gid, move || {
+        let root = open_workspace(&workspace)?;
+        let fail = |step| {
+            let path = name.clone();
+            move |errno: Errno| InitError::WriteFile {
+                path,
+                step,
+                source: std::io::Error::from(errno),
+            }
+        };
+        let fd = openat(
+            &root,
+            name.as_str(),
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(FILE_MODE),
+        )
+        .map_err(fail("create placeholder"))?;
+        fchmod(&fd, Mode::from_bits_truncate(FILE_MODE)).map_err(fail("set mode"))?;
+        let stat = fstat(&fd).map_err(fail("stat placeholder"))?;
+        Ok(Placeholder {
+            name,
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+        })
+    })
+}
+
+/// Removes an unused placeholder (as `uid`/`gid`), if it is still the file
+/// made for it.
+pub(crate) fn remove_placeholder(
+    workspace: &str,
+    uid: u32,
+    gid: u32,
+    placeholder: Placeholder,
+) -> Result<(), InitError> {
     let workspace = workspace.to_owned();
-    let writer = std::thread::Builder::new()
+    on_thread_as(uid, gid, move || {
+        let root = open_workspace(&workspace)?;
+        let fail = |step| {
+            let path = placeholder.name.clone();
+            move |errno: Errno| InitError::WriteFile {
+                path,
+                step,
+                source: std::io::Error::from(errno),
+            }
+        };
+        let stat = fstatat(
+            &root,
+            placeholder.name.as_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(fail("stat placeholder"))?;
+        if (stat.st_dev, stat.st_ino) != (placeholder.dev, placeholder.ino) {
+            return Err(fail("check placeholder")(Errno::EEXIST));
+        }
+        unlinkat(&root, placeholder.name.as_str(), UnlinkatFlags::NoRemoveDir)
+            .map_err(fail("remove placeholder"))
+    })
+}
+
+/// Runs `work` on a short-lived thread dropped to `uid`/`gid`.
+fn on_thread_as<T: Send + 'static>(
+    uid: u32,
+    gid: u32,
+    work: impl FnOnce() -> Result<T, InitError> + Send + 'static,
+) -> Result<T, InitError> {
+    let thread = std::thread::Builder::new()
         .name("write-files".into())
-        .spawn(move || write_as(&workspace, uid, gid, &files))
+        .spawn(move || {
+            drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
+            work()
+        })
         .map_err(|source| InitError::Thread {
             thread: "file writer",
             source,
         })?;
-    match writer.join() {
+    match thread.join() {
         Ok(result) => result,
         Err(_) => Err(InitError::WriteFile {
             path: String::new(),
@@ -106,11 +194,8 @@ pub(crate) fn write_bundle_files(
     }
 }
 
-/// Runs on the file-writing thread only: drops this thread to the job's
-/// ids, then writes. The thread ends right after.
-fn write_as(workspace: &str, uid: u32, gid: u32, files: &[BundleFile]) -> Result<(), InitError> {
-    drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
-    let root: OwnedFd = OpenOptions::new()
+fn open_workspace(workspace: &str) -> Result<OwnedFd, InitError> {
+    Ok(OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
         .open(workspace)
@@ -118,23 +203,50 @@ fn write_as(workspace: &str, uid: u32, gid: u32, files: &[BundleFile]) -> Result
             workspace: workspace.to_owned(),
             source,
         })?
-        .into();
-    for file in files {
-        write_one(&root, file)?;
+        .into())
+}
+
+/// Checks every path, then writes the files under `workspace` as
+/// `uid`/`gid` on a short-lived thread (see the module docs); the file named
+/// by `placeholder` goes into that file.
+pub(crate) fn write_bundle_files(
+    workspace: &str,
+    uid: u32,
+    gid: u32,
+    files: Vec<BundleFile>,
+    placeholder: Option<Placeholder>,
+) -> Result<(), InitError> {
+    for file in &files {
+        validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
+            path: file.path.clone(),
+            reason,
+        })?;
     }
-    Ok(())
+    let workspace = workspace.to_owned();
+    on_thread_as(uid, gid, move || {
+        let root = open_workspace(&workspace)?;
+        for file in &files {
+            let reuse = placeholder.as_ref().filter(|p| p.name == file.path);
+            write_one(&root, file, reuse)?;
+        }
+        Ok(())
+    })
 }
 
 /// Writes `files` below the directory open at `root`, as the calling
 /// thread's ids (a thread already dropped to the right uid).
 pub(crate) fn write_files_at(root: &OwnedFd, files: &[BundleFile]) -> Result<(), InitError> {
     for file in files {
-        write_one(root, file)?;
+        write_one(root, file, None)?;
     }
     Ok(())
 }
 
-fn write_one(root: &OwnedFd, file: &BundleFile) -> Result<(), InitError> {
+fn write_one(
+    root: &OwnedFd,
+    file: &BundleFile,
+    placeholder: Option<&Placeholder>,
+) -> Result<(), InitError> {
     let fail = |step: &'static str| {
         let path = file.path.clone();
         move |errno: Errno| InitError::WriteFile {
@@ -176,14 +288,32 @@ fn write_one(root: &OwnedFd, file: &BundleFile) -> Result<(), InitError> {
         FILE_MODE
     });
     let at = parent.as_ref().unwrap_or(root);
-    // O_EXCL: never reuse an existing file or follow an existing symlink.
-    let fd = openat(
-        at,
-        *name,
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        mode,
-    )
-    .map_err(fail("create file"))?;
+    let fd = match placeholder {
+        // O_EXCL: never reuse an existing file or follow an existing symlink.
+        None => openat(
+            at,
+            *name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            mode,
+        )
+        .map_err(fail("create file"))?,
+        // The one file made for it, and nothing else.
+        Some(placeholder) => {
+            let fd = openat(
+                at,
+                *name,
+                OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(fail("open placeholder"))?;
+            let stat = fstat(&fd).map_err(fail("stat placeholder"))?;
+            if (stat.st_dev, stat.st_ino) != (placeholder.dev, placeholder.ino) || stat.st_size != 0
+            {
+                return Err(fail("check placeholder")(Errno::EEXIST));
+            }
+            fd
+        }
+    };
     // The exact mode, whatever the umask.
     fchmod(&fd, mode).map_err(fail("set mode"))?;
     File::from(fd)

@@ -24,10 +24,11 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::creds::drop_thread_to;
+use super::files::{Placeholder, create_placeholder, remove_placeholder};
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
-use code_runner_protocol::{Prestart, StageSpec};
+use code_runner_protocol::{BundleFile, Prestart, StageSpec};
 
 /// How long a killed runtime may take to be reaped.
 const KILL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -35,6 +36,8 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(3);
 /// A started runtime waiting for its job.
 pub(crate) struct WarmRuntime {
     prestart: Prestart,
+    /// The empty entry file it holds open (`Prestart::preopened`).
+    placeholder: Option<Placeholder>,
     process: SpawnedStage,
     /// The write end of the control pipe.
     control: OwnedFd,
@@ -51,6 +54,13 @@ impl WarmRuntime {
         if prestart.stage_argv.is_empty() {
             return Err("a warm runtime must name the stage command it stands for".into());
         }
+        let placeholder = match &prestart.preopened {
+            Some(name) => Some(
+                create_placeholder(&prestart.cwd, prestart.uid, prestart.gid, name)
+                    .map_err(|error| format!("cannot make its entry file: {error}"))?,
+            ),
+            None => None,
+        };
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|errno| format!("cannot create the control pipe: {errno}"))?;
         let launched = spawn(&Launch {
@@ -71,13 +81,19 @@ impl WarmRuntime {
         });
         // The child has its copy; ours would keep the pipe open forever.
         drop(read);
-        let process = launched.map_err(|error| match error {
-            SpawnError::Start(error) | SpawnError::Pipes(error) => {
-                format!("cannot start {:?}: {error}", prestart.argv)
+        let process = match launched {
+            Ok(process) => process,
+            Err(SpawnError::Start(error) | SpawnError::Pipes(error)) => {
+                if let Some(placeholder) = placeholder {
+                    let _ =
+                        remove_placeholder(&prestart.cwd, prestart.uid, prestart.gid, placeholder);
+                }
+                return Err(format!("cannot start {:?}: {error}", prestart.argv));
             }
-        })?;
+        };
         Ok(Self {
             prestart,
+            placeholder,
             process,
             control: write,
             ended: false,
@@ -86,6 +102,20 @@ impl WarmRuntime {
 
     pub(crate) fn pid(&self) -> i32 {
         self.process.pid
+    }
+
+    /// The empty entry file it holds open, into which the job's file of
+    /// that name is written.
+    pub(crate) fn placeholder(&self) -> Option<&Placeholder> {
+        self.placeholder.as_ref()
+    }
+
+    /// Whether the bundle's files (written into `workspace`) give the file
+    /// it holds open: a runtime with a placeholder runs nothing else.
+    pub(crate) fn has_its_file(&self, workspace: &str, files: &[BundleFile]) -> bool {
+        self.placeholder.as_ref().is_none_or(|placeholder| {
+            workspace == self.prestart.cwd && files.iter().any(|file| file.path == placeholder.name)
+        })
     }
 
     /// The job's args when `spec`, run as `uid`/`gid`, is the command this
@@ -110,8 +140,10 @@ impl WarmRuntime {
         !self.ended
     }
 
-    /// Kills the runtime's session and waits until it is reaped.
-    pub(crate) async fn discard(self, killer: &mut Killer, job_uid: u32) {
+    /// Kills the runtime's session, waits until it is reaped, and removes
+    /// its placeholder when `unused` (its job's file was not written into
+    /// it).
+    pub(crate) async fn discard(self, killer: &mut Killer, job_uid: u32, unused: bool) {
         if !self.ended {
             killer.set_uid(self.prestart.uid);
             killer.signal(Target::Group(self.process.pid), Signal::SIGKILL);
@@ -132,6 +164,16 @@ impl WarmRuntime {
                     self.process.pid,
                     KILL_TIMEOUT.as_secs()
                 );
+            }
+        }
+        if let Some(placeholder) = self.placeholder.filter(|_| unused) {
+            let prestart = &self.prestart;
+            if let Err(error) =
+                remove_placeholder(&prestart.cwd, prestart.uid, prestart.gid, placeholder)
+            {
+                // The job's own file of that name then fails to be written,
+                // saying so.
+                eprintln!("code-runner-init: cannot remove the warm runtime's entry file: {error}");
             }
         }
     }

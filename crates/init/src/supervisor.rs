@@ -240,7 +240,14 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     let mut killer = Killer::new(bundle.uid, signaller);
     let runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
-    write_bundle_files(&bundle.workspace, bundle.uid, bundle.gid, files)?;
+    let placeholder = runtime.as_ref().and_then(|r| r.placeholder().cloned());
+    write_bundle_files(
+        &bundle.workspace,
+        bundle.uid,
+        bundle.gid,
+        files,
+        placeholder,
+    )?;
 
     let mut context = Context {
         sink,
@@ -285,7 +292,9 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     }
     if let Some(runtime) = context.runtime.take() {
         // No stage ran (a kill came first).
-        runtime.discard(&mut context.killer, context.uid).await;
+        runtime
+            .discard(&mut context.killer, context.uid, false)
+            .await;
     }
     sink.send(&SandboxMessage::Done).await
 }
@@ -420,6 +429,7 @@ async fn keep_if_fits(
     let mut runtime = runtime?;
     let alive = runtime.check_alive();
     let fits = bundle.runs.is_none()
+        && runtime.has_its_file(&bundle.workspace, &bundle.files)
         && bundle
             .stages
             .first()
@@ -433,7 +443,7 @@ async fn keep_if_fits(
             runtime.pid()
         );
     }
-    runtime.discard(killer, bundle.uid).await;
+    runtime.discard(killer, bundle.uid, true).await;
     None
 }
 

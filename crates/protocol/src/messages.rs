@@ -101,6 +101,14 @@ pub struct RunPlan {
 /// supervisor sets the runtime's rlimits to the stage's. Otherwise the
 /// runtime is killed before the first stage and the stages start as
 /// always.
+///
+/// Some runtimes (ruby, php) open their main script before any hook can
+/// run, and read it only after: for them `preopened` names that file (in
+/// `cwd`). The supervisor creates it empty, as the runtime's ids, before
+/// starting the runtime; the runtime fits only a bundle that carries that
+/// file, whose content is then written into the same file (the one the
+/// runtime holds open); an unused runtime's empty file is removed before
+/// the bundle's files are written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prestart {
     pub uid: u32,
@@ -111,6 +119,9 @@ pub struct Prestart {
     pub stage_argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: String,
+    /// The file (a name in `cwd`) the runtime opens at its start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preopened: Option<String>,
 }
 
 impl Prestart {
@@ -524,6 +535,7 @@ mod tests {
             stage_argv: vec!["node".into(), "main.js".into()],
             env: vec![("HOME".into(), "/tmp".into())],
             cwd: "/workspace".into(),
+            preopened: Some("main.rb".into()),
         }));
         for message in [
             bundle,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use code_runner_protocol::{HostMessage, Prestart, Reason, SandboxMessage, StageSpec};
 
-use super::harness::{Sandbox, live_processes_of};
+use super::harness::{Sandbox, file, live_processes_of};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -27,7 +27,32 @@ fn prestart(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
         stage_argv: vec!["not-a-command-anywhere".into()],
         env: stage.env.clone(),
         cwd: stage.cwd.clone(),
+        preopened: None,
     }))
+}
+
+/// Like ruby and php: opens `main.rb` at its start (before the job came),
+/// waits for its args, then prints what it reads from that descriptor.
+const PREOPENING: &str =
+    "exec 3<main.rb; args=$(tr '\\0' '|' <&200); exec 200<&-; echo \"runtime got: $args\"; cat <&3";
+
+fn preopening(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
+    let HostMessage::Prestart(mut prestart) = prestart(sb, stage) else {
+        unreachable!()
+    };
+    prestart.argv = vec!["/bin/bash".into(), "-c".into(), PREOPENING.into()];
+    prestart.preopened = Some("main.rb".into());
+    HostMessage::Prestart(prestart)
+}
+
+/// The workspace's entries, sorted.
+fn listing(sb: &Sandbox) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(sb.workspace())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The stage the runtime stands for, with `args`.
@@ -126,4 +151,94 @@ fn a_runtime_that_died_while_waiting_is_not_used() {
     assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
     // Nothing the dead runtime wrote reaches the job.
     assert_eq!(outcome.stdout_text(), "fresh\n");
+}
+
+#[test]
+fn a_runtime_that_opened_its_entry_file_reads_the_jobs_content_from_it() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &["x"]);
+    sb.send(preopening(&sb, &stage));
+    // The empty file is there before the job, as the runtime's uid.
+    let until = std::time::Instant::now() + T;
+    while listing(&sb).is_empty() {
+        assert!(std::time::Instant::now() < until, "no placeholder");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let made = std::fs::metadata(sb.workspace().join("main.rb")).unwrap();
+    assert_eq!(made.len(), 0);
+    let bundle = sb.bundle(
+        vec![
+            file("main.rb", b"puts :job\n", true),
+            file("lib.rb", b"", false),
+        ],
+        vec![stage],
+    );
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "runtime got: x|\nputs :job\n");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let written = std::fs::metadata(sb.workspace().join("main.rb")).unwrap();
+    assert_eq!(written.ino(), made.ino(), "the same file, written in place");
+    assert_eq!(written.uid(), sb.uid);
+    assert_eq!(written.permissions().mode() & 0o777, 0o755);
+    assert_eq!(listing(&sb), ["lib.rb", "main.rb"]);
+}
+
+#[test]
+fn a_bundle_without_the_entry_file_starts_cold_and_the_empty_file_is_gone() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    sb.send(preopening(&sb, &stage));
+    let mut cold = stage;
+    cold.argv = vec!["/bin/sh".into(), "-c".into(), "ls; cat other.rb".into()];
+    let bundle = sb.bundle(vec![file("other.rb", b"other\n", false)], vec![cold]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "other.rb\nother\n");
+    assert!(live_processes_of(sb.uid).is_empty());
+}
+
+#[test]
+fn a_stage_that_does_not_fit_gets_its_entry_file_fresh() {
+    let mut sb = Sandbox::start();
+    let fitting = fitting_stage(&sb, &[]);
+    sb.send(preopening(&sb, &fitting));
+    let mut stage = sb.stage("run", &["/bin/sh", "-c", "cat main.rb"]);
+    stage.stdin = true;
+    let bundle = sb.bundle(vec![file("main.rb", b"fresh\n", false)], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "fresh\n");
+    assert_eq!(listing(&sb), ["main.rb"]);
+}
+
+#[test]
+fn a_preopened_name_that_is_a_path_gives_no_runtime() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    let HostMessage::Prestart(mut prestart) = preopening(&sb, &stage) else {
+        unreachable!()
+    };
+    prestart.preopened = Some("../main.rb".into());
+    sb.send(HostMessage::Prestart(prestart));
+    let mut cold = stage;
+    cold.argv = vec!["/bin/sh".into(), "-c".into(), "echo cold".into()];
+    let bundle = sb.bundle(vec![], vec![cold]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    assert_eq!(outcome.stdout_text(), "cold\n");
+    assert!(
+        outcome
+            .diagnostics
+            .contains("no warm runtime: cannot make its entry file"),
+        "{outcome:?}"
+    );
+    assert!(listing(&sb).is_empty());
 }
