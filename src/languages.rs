@@ -31,6 +31,11 @@ pub struct Language {
     /// before the job, without the job's args; `None`: no warm runtime.
     #[serde(default)]
     pub warm_runtime: Option<Vec<String>>,
+    /// The warm runtime opens its entry file at its start, before its hook
+    /// waits (ruby, php): the supervisor makes it empty beforehand and
+    /// writes the job's into that same file (`Prestart::preopened`).
+    #[serde(default)]
+    pub warm_runtime_opens_entry: bool,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -210,6 +215,12 @@ impl LanguageCatalog {
             if language.warm_runtime.is_some() && language.compile.is_some() {
                 return Err(CatalogError::Invalid(format!(
                     "language {} has a compile stage and a warm runtime; a warm runtime runs the job's first stage, which must be its run stage",
+                    language.id
+                )));
+            }
+            if language.warm_runtime_opens_entry && language.warm_runtime.is_none() {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} sets warm_runtime_opens_entry without a warm_runtime",
                     language.id
                 )));
             }

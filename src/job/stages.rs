@@ -101,6 +101,7 @@ pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
         stage_argv: expand(&language.run, entry, &sources),
         env: stage_env(language, &BTreeMap::new(), false),
         cwd: WORKSPACE.into(),
+        preopened: language.warm_runtime_opens_entry.then(|| entry.to_string()),
     })
 }
 
