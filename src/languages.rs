@@ -32,7 +32,7 @@ pub struct Language {
     #[serde(default)]
     pub warm_runtime: Option<Vec<String>>,
     /// The warm runtime opens its entry file at its start, before its hook
-    /// waits (ruby, php): the supervisor makes it empty beforehand and
+    /// waits (php): the supervisor makes it empty beforehand and
     /// writes the job's into that same file (`Prestart::preopened`).
     #[serde(default)]
     pub warm_runtime_opens_entry: bool,

@@ -16,7 +16,7 @@
 //! never followed.
 //!
 //! One exception to `O_EXCL`: a warm runtime that opens its main script at
-//! its start (ruby, php) is given an empty [`Placeholder`] made here before
+//! its start (php) is given an empty [`Placeholder`] made here before
 //! it starts; the job's file of that name is then written into that same
 //! file (opened without `O_CREAT`, `O_NOFOLLOW`, and checked to be the very
 //! inode made for it), which the runtime reads once released.

@@ -102,7 +102,7 @@ pub struct RunPlan {
 /// runtime is killed before the first stage and the stages start as
 /// always.
 ///
-/// Some runtimes (ruby, php) open their main script before any hook can
+/// Some runtimes (php) open their main script before any hook can
 /// run, and read it only after: for them `preopened` names that file (in
 /// `cwd`). The supervisor creates it empty, as the runtime's ids, before
 /// starting the runtime; the runtime fits only a bundle that carries that

@@ -31,7 +31,7 @@ fn prestart(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
     }))
 }
 
-/// Like ruby and php: opens `main.rb` at its start (before the job came),
+/// Like php: opens `main.rb` at its start (before the job came),
 /// waits for its args, then prints what it reads from that descriptor.
 const PREOPENING: &str =
     "exec 3<main.rb; args=$(tr '\\0' '|' <&200); exec 200<&-; echo \"runtime got: $args\"; cat <&3";
