@@ -14,14 +14,19 @@
 // into that same file. PHP then compiles and runs it exactly as on a cold
 // start. A closure, so no name of this file is left defined.
 (static function (): void {
-    $control = '/proc/self/fd/200';
-    $warm = file_exists($control) && filetype($control) === 'fifo';
-    clearstatcache(true);
-    if (!$warm) {
+    // Not a file test of /proc/self/fd/200: PHP resolves that link itself,
+    // to "pipe:[…]", and finds nothing. php://fd/200 is a dup(2) of the
+    // descriptor, which fails when there is none.
+    $pipe = @fopen('php://fd/200', 'rb');
+    if ($pipe === false) {
+        error_clear_last();
+        return;
+    }
+    if ((fstat($pipe)['mode'] & 0170000) !== 0010000) {
+        fclose($pipe);
         return;
     }
     $libc = FFI::cdef('int close(int fd);');
-    $pipe = fopen('php://fd/200', 'rb');
     $data = stream_get_contents($pipe);
     fclose($pipe);
     $libc->close(200);
