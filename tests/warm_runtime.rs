@@ -12,6 +12,8 @@
 //! sandboxes by design (their uid, pid or host name).
 
 mod common;
+#[path = "warm_runtime_cases/php.rs"]
+mod php;
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,7 @@ use code_runner::protocol::Reason;
 use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, WarmPool};
 use common::*;
+use php::PHP;
 
 /// One program of a suite.
 struct Case {
@@ -423,11 +426,18 @@ async fn claim(
 }
 
 /// Runs `job` in a ready member of `pool` and removes its container.
+///
+/// It waits a moment first, so that the member's runtime has surely reached
+/// its hook: a job that came while the runtime was still starting would
+/// pass even with a hook that never waits (its file written before the
+/// runtime read it), and a runtime that did not wait has ended by now (the
+/// job then starts `warm`, not `warm_runtime`, and the test says so).
 async fn run_warm(
     harness: &Harness,
     pool: &WarmPool,
     job: &code_runner::job::PreparedJob,
 ) -> code_runner::job::JobResult {
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let sandbox = claim(pool, job).await;
     let id = uuid::Uuid::new_v4().to_string();
     let outcome = harness
@@ -505,7 +515,8 @@ fn pids_in_node_warnings_are_masked() {
 fn the_suites_are_as_large_as_promised() {
     assert!(PYTHON.len() >= 30, "{}", PYTHON.len());
     assert!(JAVASCRIPT.len() >= 20, "{}", JAVASCRIPT.len());
-    for suite in [PYTHON, JAVASCRIPT] {
+    assert!(PHP.len() >= 20, "{}", PHP.len());
+    for suite in [PYTHON, JAVASCRIPT, PHP] {
         let mut names: Vec<&str> = suite.iter().map(|c| c.name).collect();
         names.sort_unstable();
         names.dedup();
@@ -521,6 +532,19 @@ async fn python_programs_conform_on_a_warm_runtime_under_runc() {
 #[tokio::test]
 async fn javascript_programs_conform_on_a_warm_runtime_under_runc() {
     conform(Harness::new().await, "javascript", "main.js", JAVASCRIPT).await;
+}
+
+#[tokio::test]
+async fn php_programs_conform_on_a_warm_runtime_under_runc() {
+    conform(Harness::new().await, "php", "main.php", PHP).await;
+}
+
+#[tokio::test]
+async fn php_programs_conform_on_a_warm_runtime_under_runsc() {
+    if let Some(harness) = runsc_harness("php_programs_conform_on_a_warm_runtime_under_runsc").await
+    {
+        conform(harness, "php", "main.php", PHP).await;
+    }
 }
 
 #[tokio::test]
@@ -583,5 +607,139 @@ async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one
     let result = on_runtime_pool(&harness, &plain).await;
     assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
     assert_eq!(stdout(&result), "on the runtime\n");
+    harness.assert_clean().await;
+}
+
+#[tokio::test]
+async fn a_job_that_does_not_fit_a_runtime_holding_its_entry_file_never_sees_that_file() {
+    let harness = Harness::new().await.on(StartKind::WarmRuntime);
+    // A PHP runtime holds an empty main.php open: a job with another entry
+    // runs in a plain warm sandbox without it.
+    let listing = "<?php echo basename(__FILE__), ' ', implode(',', scandir('.')), ' ', getenv('PHPRC') ?: '-', \"\\n\";\n";
+    let other = job("php", "index.php", listing);
+    let result = on_runtime_pool(&harness, &other).await;
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(stdout(&result), "index.php .,..,index.php -\n");
+    // An env var PHP reads at its start.
+    let mut configured = job("php", "main.php", listing);
+    configured.env.insert("PHPRC".into(), "/tmp".into());
+    let result = on_runtime_pool(&harness, &configured).await;
+    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
+    assert_eq!(stdout(&result), "main.php .,..,main.php /tmp\n");
+    // The same job on its default entry, without env, runs on the runtime,
+    // its own content read from the file the runtime held open.
+    let plain = job("php", "main.php", listing);
+    let result = on_runtime_pool(&harness, &plain).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(stdout(&result), "main.php .,..,main.php -\n");
+    harness.assert_clean().await;
+}
+
+/// A hostile program on php's warm runtime, and how it must end.
+struct Hostile {
+    language: &'static str,
+    entry: &'static str,
+    source: &'static str,
+    limits: code_runner::job::limits::LimitsRequest,
+    status: Status,
+    reason: Reason,
+    /// What stdout must start with.
+    stdout: &'static str,
+}
+
+/// The limits the supervisor sets on a released runtime (rlimits by
+/// `prlimit`, its watch of wall, CPU and output) and the container's
+/// (memory, pids) hold on php's warm runtime (the one that holds its entry
+/// file open) as on any stage; python's run every hostile test of
+/// `sandbox_limits.rs` and `sandbox_escape.rs`.
+#[tokio::test]
+async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
+    use code_runner::job::limits::LimitsRequest;
+    let harness = Harness::new().await.on(StartKind::WarmRuntime);
+    let cases = [
+        Hostile {
+            language: "php",
+            entry: "main.php",
+            source: "<?php ini_set('memory_limit', '-1'); $c = []; for (;;) { $c[] = str_repeat('x', 8 << 20); }\n",
+            limits: LimitsRequest {
+                memory_mb: Some(64),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::MemoryLimit,
+            stdout: "",
+        },
+        Hostile {
+            language: "php",
+            entry: "main.php",
+            source: "<?php echo \"forking\\n\"; $said = false;\nfor (;;) { $p = pcntl_fork(); if ($p === 0) { sleep(30); exit(0); } if ($p < 0 && !$said) { echo \"fork refused\\n\"; $said = true; } }\n",
+            limits: LimitsRequest {
+                pids: Some(16),
+                wall_ms: Some(2000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "forking\nfork refused\n",
+        },
+        Hostile {
+            language: "php",
+            entry: "main.php",
+            source: "<?php for (;;) {}\n",
+            limits: LimitsRequest {
+                cpu_ms: Some(1000),
+                wall_ms: Some(20_000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::CpuTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "php",
+            entry: "main.php",
+            source: "<?php sleep(3600);\n",
+            limits: LimitsRequest {
+                wall_ms: Some(1000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "php",
+            entry: "main.php",
+            source: "<?php for ($i = 0; ; $i++) { printf(\"%08d\\n\", $i); }\n",
+            limits: LimitsRequest {
+                output_bytes: Some(100_000),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::OutputLimit,
+            stdout: "00000000\n00000001\n",
+        },
+    ];
+    for case in &cases {
+        let spec = job_with_limits(case.language, case.entry, case.source, case.limits.clone());
+        let result = on_runtime_pool(&harness, &spec).await;
+        assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+        assert_eq!(result.status, case.status, "{}: {result:#?}", case.source);
+        let run = result.run.as_ref().unwrap();
+        assert_eq!(run.reason, case.reason, "{}: {result:#?}", case.source);
+        assert!(stdout(&result).starts_with(case.stdout), "{result:#?}");
+    }
+    // As the sandbox's uid, not root, with no file of an earlier job.
+    let who = job(
+        "php",
+        "main.php",
+        "<?php var_export([posix_getuid() != 0, scandir('/tmp'), is_readable('/proc/1/environ')]); echo \"\\n\";\n",
+    );
+    let result = on_runtime_pool(&harness, &who).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(
+        stdout(&result),
+        "array (\n  0 => true,\n  1 => \n  array (\n    0 => '.',\n    1 => '..',\n  ),\n  2 => false,\n)\n"
+    );
     harness.assert_clean().await;
 }
