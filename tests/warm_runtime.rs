@@ -721,7 +721,7 @@ async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
         },
     ];
     for case in &cases {
-        let spec = job_with_limits(case.language, case.entry, case.source, case.limits.clone());
+        let spec = job_with_limits(case.language, case.entry, case.source, case.limits);
         let result = on_runtime_pool(&harness, &spec).await;
         assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
         assert_eq!(result.status, case.status, "{}: {result:#?}", case.source);
