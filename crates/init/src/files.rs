@@ -81,6 +81,16 @@ pub fn validate_relative_path(path: &str) -> Result<Vec<&str>, &'static str> {
     Ok(components)
 }
 
+/// The error of a failed `step` on `path`, for `map_err`.
+fn failed(path: &str, step: &'static str) -> impl FnOnce(Errno) -> InitError {
+    let path = path.to_owned();
+    move |errno| InitError::WriteFile {
+        path,
+        step,
+        source: std::io::Error::from(errno),
+    }
+}
+
 /// The empty file a warm runtime holds open for its job's entry file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placeholder {
@@ -88,6 +98,13 @@ pub(crate) struct Placeholder {
     pub name: String,
     dev: u64,
     ino: u64,
+}
+
+impl Placeholder {
+    /// Whether `stat` is of the very file made for it.
+    fn is(&self, stat: &nix::sys::stat::FileStat) -> bool {
+        (stat.st_dev, stat.st_ino) == (self.dev, self.ino)
+    }
 }
 
 /// Makes the empty `name` in `workspace` as `uid`/`gid` (on a short-lived
@@ -110,14 +127,7 @@ pub(crate) fn create_placeholder(
     let (workspace, name) = (workspace.to_owned(), name.to_owned());
     on_thread_as(uid, gid, move || {
         let root = open_workspace(&workspace)?;
-        let fail = |step| {
-            let path = name.clone();
-            move |errno: Errno| InitError::WriteFile {
-                path,
-                step,
-                source: std::io::Error::from(errno),
-            }
-        };
+        let fail = |step| failed(&name, step);
         let fd = openat(
             &root,
             name.as_str(),
@@ -146,21 +156,14 @@ pub(crate) fn remove_placeholder(
     let workspace = workspace.to_owned();
     on_thread_as(uid, gid, move || {
         let root = open_workspace(&workspace)?;
-        let fail = |step| {
-            let path = placeholder.name.clone();
-            move |errno: Errno| InitError::WriteFile {
-                path,
-                step,
-                source: std::io::Error::from(errno),
-            }
-        };
+        let fail = |step| failed(&placeholder.name, step);
         let stat = fstatat(
             &root,
             placeholder.name.as_str(),
             AtFlags::AT_SYMLINK_NOFOLLOW,
         )
         .map_err(fail("stat placeholder"))?;
-        if (stat.st_dev, stat.st_ino) != (placeholder.dev, placeholder.ino) {
+        if !placeholder.is(&stat) {
             return Err(fail("check placeholder")(Errno::EEXIST));
         }
         unlinkat(&root, placeholder.name.as_str(), UnlinkatFlags::NoRemoveDir)
@@ -247,14 +250,7 @@ fn write_one(
     file: &BundleFile,
     placeholder: Option<&Placeholder>,
 ) -> Result<(), InitError> {
-    let fail = |step: &'static str| {
-        let path = file.path.clone();
-        move |errno: Errno| InitError::WriteFile {
-            path,
-            step,
-            source: std::io::Error::from(errno),
-        }
-    };
+    let fail = |step| failed(&file.path, step);
     let components = validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
         path: file.path.clone(),
         reason,
@@ -307,8 +303,7 @@ fn write_one(
             )
             .map_err(fail("open placeholder"))?;
             let stat = fstat(&fd).map_err(fail("stat placeholder"))?;
-            if (stat.st_dev, stat.st_ino) != (placeholder.dev, placeholder.ino) || stat.st_size != 0
-            {
+            if !placeholder.is(&stat) || stat.st_size != 0 {
                 return Err(fail("check placeholder")(Errno::EEXIST));
             }
             fd

@@ -104,10 +104,11 @@ impl WarmRuntime {
         self.process.pid
     }
 
-    /// The empty entry file it holds open, into which the job's file of
-    /// that name is written.
-    pub(crate) fn placeholder(&self) -> Option<&Placeholder> {
-        self.placeholder.as_ref()
+    /// The empty entry file it holds open, for the job's file of that name
+    /// to be written into: from then on the file is the job's, and
+    /// [`Self::discard`] leaves it.
+    pub(crate) fn take_placeholder(&mut self) -> Option<Placeholder> {
+        self.placeholder.take()
     }
 
     /// Whether the bundle's files (written into `workspace`) give the file
@@ -141,9 +142,8 @@ impl WarmRuntime {
     }
 
     /// Kills the runtime's session, waits until it is reaped, and removes
-    /// its placeholder when `unused` (its job's file was not written into
-    /// it).
-    pub(crate) async fn discard(self, killer: &mut Killer, job_uid: u32, unused: bool) {
+    /// its placeholder if it still holds one (no job's file went into it).
+    pub(crate) async fn discard(self, killer: &mut Killer, job_uid: u32) {
         if !self.ended {
             killer.set_uid(self.prestart.uid);
             killer.signal(Target::Group(self.process.pid), Signal::SIGKILL);
@@ -166,7 +166,7 @@ impl WarmRuntime {
                 );
             }
         }
-        if let Some(placeholder) = self.placeholder.filter(|_| unused) {
+        if let Some(placeholder) = self.placeholder {
             let prestart = &self.prestart;
             if let Err(error) =
                 remove_placeholder(&prestart.cwd, prestart.uid, prestart.gid, placeholder)

@@ -57,7 +57,7 @@ pub(crate) async fn run_stage(
     if let Some(warm) = ctx.runtime.take() {
         match warm.args_for(spec, ctx.uid, ctx.gid) {
             Some(args) => runtime = Some((warm, args)),
-            None => warm.discard(&mut ctx.killer, ctx.uid, false).await,
+            None => warm.discard(&mut ctx.killer, ctx.uid).await,
         }
     }
     ctx.sink
@@ -69,7 +69,7 @@ pub(crate) async fn run_stage(
     ctx.apply_waiting_host_events()?;
     if ctx.kill_requested {
         if let Some((warm, _)) = runtime {
-            warm.discard(&mut ctx.killer, ctx.uid, false).await;
+            warm.discard(&mut ctx.killer, ctx.uid).await;
         }
         return Ok(not_started(spec, Reason::Killed));
     }

@@ -238,9 +238,9 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     // until this returns: after `done`, or before `fatal`.
     let _egress = bundle.egress.as_ref().map(Relay::start).transpose()?;
     let mut killer = Killer::new(bundle.uid, signaller);
-    let runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
+    let mut runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
-    let placeholder = runtime.as_ref().and_then(|r| r.placeholder().cloned());
+    let placeholder = runtime.as_mut().and_then(WarmRuntime::take_placeholder);
     write_bundle_files(
         &bundle.workspace,
         bundle.uid,
@@ -292,9 +292,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     }
     if let Some(runtime) = context.runtime.take() {
         // No stage ran (a kill came first).
-        runtime
-            .discard(&mut context.killer, context.uid, false)
-            .await;
+        runtime.discard(&mut context.killer, context.uid).await;
     }
     sink.send(&SandboxMessage::Done).await
 }
@@ -443,7 +441,7 @@ async fn keep_if_fits(
             runtime.pid()
         );
     }
-    runtime.discard(killer, bundle.uid, true).await;
+    runtime.discard(killer, bundle.uid).await;
     None
 }
 
