@@ -728,6 +728,12 @@ async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
         let run = result.run.as_ref().unwrap();
         assert_eq!(run.reason, case.reason, "{}: {result:#?}", case.source);
         assert!(stdout(&result).starts_with(case.stdout), "{result:#?}");
+        if case.reason == Reason::OutputLimit {
+            // Cut at the limit, keeping exactly the first bytes.
+            assert!(run.truncated);
+            let expected: String = (0..20_000).map(|i| format!("{i:08}\n")).collect();
+            assert_eq!(stdout(&result), expected[..100_000]);
+        }
     }
     // As the sandbox's uid, not root, with no file of an earlier job.
     let who = job(
