@@ -1309,3 +1309,81 @@ async fn a_warm_pool_starts_jobs_warm_and_is_emptied_at_shutdown() {
     world.harness.assert_clean().await;
     assert_eq!(world.processing_len().await, 0);
 }
+
+/// The warm pool's `ready` count in the worker's heartbeat.
+async fn warm_ready(world: &World) -> Option<u64> {
+    world.heartbeat().await?["warm"]["python"]["ready"].as_u64()
+}
+
+/// Runs a 4 s python job on a worker whose pool holds `floor` ready
+/// sandboxes and samples the pool's ready count while the job runs; the job
+/// took one of them. Returns the samples, and checks that the job was still
+/// running after the last one and that the pool is full again after it.
+async fn ready_while_a_job_runs(floor: usize) -> Vec<u64> {
+    let world = World::new().await;
+    let mut worker = world.start_worker_with(4, Duration::from_secs(30), |config| {
+        config.warm_max = 4;
+        config.warm_floors = [("python".to_string(), floor)].into();
+    });
+    let full = floor as u64;
+    wait_for("a full pool", JOB_DEADLINE, || async {
+        (warm_ready(&world).await == Some(full)).then_some(())
+    })
+    .await;
+    let id = world
+        .submit(&python("import time\ntime.sleep(4)\nprint('done')\n"))
+        .await;
+    world
+        .wait_status(&id, JOB_DEADLINE, |s| s == Status::Running)
+        .await;
+    // A heartbeat written after the claim (one every 500 ms), then 2.5 s
+    // of samples: a refill, when it is started, is ready within that here.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut samples = Vec::new();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        samples.push(warm_ready(&world).await.expect("a heartbeat with the pool"));
+    }
+    assert_eq!(
+        world.record(&id).await.status,
+        Status::Running,
+        "sampled while the job ran"
+    );
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "done\n");
+    let result = record.result.as_ref().unwrap();
+    assert_eq!(
+        result.start,
+        Some(StartKind::WarmRuntime),
+        "the job took a pool sandbox"
+    );
+    wait_for("the pool refilled after the job", JOB_DEADLINE, || async {
+        (warm_ready(&world).await == Some(full)).then_some(())
+    })
+    .await;
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(30)).await;
+    world.harness.assert_clean().await;
+    samples
+}
+
+/// A refill takes CPU from the job running: while a job runs and the pool
+/// still holds at least half its target ready, the sandbox the job took is
+/// replaced only once the job has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_holding_half_its_target_refills_after_the_running_job() {
+    let samples = ready_while_a_job_runs(2).await;
+    assert_eq!(samples, vec![1; 10], "ready sandboxes while the job ran");
+}
+
+/// A pool left under half its target refills at once, job or no job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_under_half_its_target_refills_while_the_job_runs() {
+    let samples = ready_while_a_job_runs(1).await;
+    assert_eq!(
+        samples.last(),
+        Some(&1),
+        "ready sandboxes while the job ran: {samples:?}"
+    );
+}

@@ -309,9 +309,11 @@ impl Shared {
         change(&mut running);
         self.metrics.slots_used.set(running.len() as i64);
         let busy = self.config.yield_while_busy && self.is_busy(running.len());
+        let count = running.len();
         drop(running);
         if let Some(pool) = &self.pool {
             pool.set_busy(busy);
+            pool.set_running(count);
         }
     }
 

@@ -259,6 +259,20 @@ impl WarmPool {
         }
     }
 
+    /// Says how many jobs the worker runs. While one runs and the pool
+    /// still holds at least half its target of a spec ready, that spec's
+    /// refill waits until no job runs: a start takes CPU from the job
+    /// running (measured on the job's own latency, docs/performance.md).
+    pub fn set_running(&self, running: usize) {
+        let mut state = self.inner.lock();
+        let fewer = running < state.jobs_running;
+        state.jobs_running = running;
+        drop(state);
+        if fewer {
+            self.inner.wake.notify_one();
+        }
+    }
+
     /// A ready sandbox for `job`, if the pool has one of its spec; `None`
     /// sends the job down the cold path.
     pub async fn claim(&self, job: &PreparedJob) -> Option<WarmSandbox> {
@@ -358,6 +372,9 @@ impl WarmPool {
         };
         let specs: Vec<(WarmSpec, usize)> = state.targets.values().cloned().collect();
         for (spec, target) in specs {
+            if state.jobs_running > 0 && 2 * state.ready(&spec) >= target {
+                continue;
+            }
             while state.live(&spec) < target
                 && state.members.len() < settings.max
                 && state.creating() < parallel

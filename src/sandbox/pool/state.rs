@@ -67,6 +67,8 @@ pub(super) struct State {
     /// The worker's slots are busy (see `WarmPool::set_busy`): one start
     /// at a time.
     pub(super) busy: bool,
+    /// Jobs running on the worker (see `WarmPool::set_running`).
+    pub(super) jobs_running: usize,
 }
 
 impl State {
@@ -144,6 +146,13 @@ impl State {
         self.members
             .values()
             .filter(|m| m.state != MemberState::Discarding && &m.spec == spec)
+            .count()
+    }
+
+    pub(super) fn ready(&self, spec: &WarmSpec) -> usize {
+        self.members
+            .values()
+            .filter(|m| m.state == MemberState::Ready && &m.spec == spec)
             .count()
     }
 
