@@ -309,11 +309,16 @@ impl Shared {
         change(&mut running);
         self.metrics.slots_used.set(running.len() as i64);
         let busy = self.config.yield_while_busy && self.is_busy(running.len());
-        let count = running.len();
+        // With yielding off, the pool never waits for a job (0 running).
+        let running_for_pool = if self.config.yield_while_busy {
+            running.len()
+        } else {
+            0
+        };
         drop(running);
         if let Some(pool) = &self.pool {
             pool.set_busy(busy);
-            pool.set_running(count);
+            pool.set_running(running_for_pool);
         }
     }
 

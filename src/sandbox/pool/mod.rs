@@ -263,6 +263,7 @@ impl WarmPool {
     /// still holds at least half its target of a spec ready, that spec's
     /// refill waits until no job runs: a start takes CPU from the job
     /// running (measured on the job's own latency, docs/performance.md).
+    /// The worker says 0 when `CODE_RUNNER_YIELD_WHILE_BUSY` is off.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
         let fewer = running < state.jobs_running;
