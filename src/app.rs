@@ -201,6 +201,7 @@ pub async fn run(
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
             warm_runtimes: settings.warm_runtimes,
             yield_while_busy: settings.yield_while_busy,
+            refill_hold: crate::worker::REFILL_HOLD,
             max_requeues,
         };
         let worker = Worker::new(config, services(engine));

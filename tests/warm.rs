@@ -152,6 +152,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             lifetime: Duration::from_secs(600),
             longest_job: Duration::from_secs(60),
             parallel_starts: 1,
+            refill_hold: code_runner::worker::REFILL_HOLD,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
@@ -185,6 +186,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             lifetime: Duration::from_secs(2),
             longest_job: Duration::from_secs(60),
             parallel_starts: 1,
+            refill_hold: code_runner::worker::REFILL_HOLD,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);

@@ -112,6 +112,7 @@ impl World {
             warm_lifetime: Duration::from_secs(600),
             warm_runtimes: true,
             yield_while_busy: true,
+            refill_hold: code_runner::worker::REFILL_HOLD,
             max_requeues: 3,
         };
         adjust(&mut config);
@@ -1315,15 +1316,25 @@ async fn warm_ready(world: &World) -> Option<u64> {
     world.heartbeat().await?["warm"]["python"]["ready"].as_u64()
 }
 
-/// Runs a 4 s python job on a worker whose pool holds `floor` ready
-/// sandboxes and samples the pool's ready count while the job runs; the job
-/// took one of them. Returns the samples, and checks that the job was still
-/// running after the last one and that the pool is full again after it.
-async fn ready_while_a_job_runs(floor: usize) -> Vec<u64> {
+/// What the pool did while a 6 s job took one of its sandboxes.
+struct WhileRunning {
+    /// The ready count every 250 ms from 0.6 s to 2.6 s after the start.
+    samples: Vec<u64>,
+    /// The pool was full again while the job still ran.
+    refilled_while_running: bool,
+}
+
+/// Runs a 6 s python job on a worker (yielding as asked, refills holding
+/// `hold`) whose pool keeps `floor` ready sandboxes, and watches the pool's
+/// ready count while the job runs. Checks that the job ran on a pool
+/// sandbox and that the pool is full again after it.
+async fn while_a_job_runs(floor: usize, yield_while_busy: bool, hold: Duration) -> WhileRunning {
     let world = World::new().await;
     let mut worker = world.start_worker_with(4, Duration::from_secs(30), |config| {
         config.warm_max = 4;
         config.warm_floors = [("python".to_string(), floor)].into();
+        config.yield_while_busy = yield_while_busy;
+        config.refill_hold = hold;
     });
     let full = floor as u64;
     wait_for("a full pool", JOB_DEADLINE, || async {
@@ -1331,16 +1342,16 @@ async fn ready_while_a_job_runs(floor: usize) -> Vec<u64> {
     })
     .await;
     let id = world
-        .submit(&python("import time\ntime.sleep(4)\nprint('done')\n"))
+        .submit(&python("import time\ntime.sleep(6)\nprint('done')\n"))
         .await;
     world
         .wait_status(&id, JOB_DEADLINE, |s| s == Status::Running)
         .await;
-    // A heartbeat written after the claim (one every 500 ms), then 2.5 s
-    // of samples: a refill, when it is started, is ready within that here.
+    // A heartbeat written after the claim (one every 500 ms), then 2 s of
+    // samples: a refill that is started is ready within that here.
     tokio::time::sleep(Duration::from_millis(600)).await;
     let mut samples = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..8 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         samples.push(warm_ready(&world).await.expect("a heartbeat with the pool"));
     }
@@ -1349,6 +1360,23 @@ async fn ready_while_a_job_runs(floor: usize) -> Vec<u64> {
         Status::Running,
         "sampled while the job ran"
     );
+    let refilled = wait_for(
+        "the pool full again or the job ended",
+        JOB_DEADLINE,
+        || async {
+            if warm_ready(&world).await == Some(full) {
+                return Some(true);
+            }
+            world
+                .record(&id)
+                .await
+                .status
+                .is_terminal()
+                .then_some(false)
+        },
+    )
+    .await;
+    let refilled_while_running = refilled && world.record(&id).await.status == Status::Running;
     let record = world.wait_terminal(&id, JOB_DEADLINE).await;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
     assert_eq!(run_stdout(&record), "done\n");
@@ -1365,25 +1393,52 @@ async fn ready_while_a_job_runs(floor: usize) -> Vec<u64> {
     worker.shut_down();
     worker.stopped(Duration::from_secs(30)).await;
     world.harness.assert_clean().await;
-    samples
+    WhileRunning {
+        samples,
+        refilled_while_running,
+    }
 }
 
 /// A refill takes CPU from the job running: while a job runs and the pool
 /// still holds at least half its target ready, the sandbox the job took is
-/// replaced only once the job has ended.
+/// replaced once the job has ended, or once the hold is over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_pool_holding_half_its_target_refills_after_the_running_job() {
-    let samples = ready_while_a_job_runs(2).await;
-    assert_eq!(samples, vec![1; 10], "ready sandboxes while the job ran");
+async fn a_pool_holding_half_its_target_refills_after_the_running_job_or_the_hold() {
+    let seen = while_a_job_runs(2, true, Duration::from_secs(3)).await;
+    assert_eq!(
+        seen.samples,
+        vec![1; 8],
+        "ready sandboxes within the 3 s hold"
+    );
+    assert!(
+        seen.refilled_while_running,
+        "the hold ended before the 6 s job: the pool refilled"
+    );
 }
 
 /// A pool left under half its target refills at once, job or no job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_under_half_its_target_refills_while_the_job_runs() {
-    let samples = ready_while_a_job_runs(1).await;
+    let seen = while_a_job_runs(1, true, Duration::from_secs(60)).await;
     assert_eq!(
-        samples.last(),
+        seen.samples.last(),
         Some(&1),
-        "ready sandboxes while the job ran: {samples:?}"
+        "ready sandboxes while the job ran: {:?}",
+        seen.samples
     );
+    assert!(seen.refilled_while_running);
+}
+
+/// With yielding off (`CODE_RUNNER_YIELD_WHILE_BUSY=off`) the pool refills
+/// at once, however many it still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_yielding_off_a_pool_refills_while_the_job_runs() {
+    let seen = while_a_job_runs(2, false, Duration::from_secs(60)).await;
+    assert_eq!(
+        seen.samples.last(),
+        Some(&2),
+        "ready sandboxes while the job ran: {:?}",
+        seen.samples
+    );
+    assert!(seen.refilled_while_running);
 }

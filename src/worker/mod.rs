@@ -68,6 +68,10 @@ const DOCKER_FRESH: Duration = Duration::from_secs(2);
 const POOL_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
 /// Warm sandboxes started at the same time.
 const WARM_PARALLEL_STARTS: usize = 2;
+/// How long a refill waits for running jobs to end (see
+/// `WarmPool::set_running`): a short job ends within it, so its own refill
+/// does not run beside it; a long one keeps the pool short this long at most.
+pub const REFILL_HOLD: Duration = Duration::from_millis(500);
 /// A claim that took this long blocked on an empty queue: Docker is asked
 /// again after it (see `claim_loop`).
 const CLAIM_BLOCKED: Duration = Duration::from_millis(100);
@@ -100,6 +104,10 @@ pub struct WorkerConfig {
     /// at a time and finished containers wait to be removed
     /// (`CODE_RUNNER_YIELD_WHILE_BUSY`; see `removals`).
     pub yield_while_busy: bool,
+    /// How long a refill waits for running jobs to end while the pool
+    /// still holds half its target ready ([`REFILL_HOLD`] as served;
+    /// yielding off: no wait).
+    pub refill_hold: Duration,
     /// Times a job claimed but never started is put back in the queue when
     /// its worker is lost (here: when this worker recovers its own list).
     pub max_requeues: u32,
@@ -207,6 +215,7 @@ impl Worker {
                     lifetime: self.config.warm_lifetime,
                     longest_job,
                     parallel_starts: WARM_PARALLEL_STARTS,
+                    refill_hold: self.config.refill_hold,
                 },
             )
         });

@@ -178,6 +178,7 @@ impl Harness {
                 lifetime: Duration::from_secs(600),
                 longest_job: Duration::from_secs(600),
                 parallel_starts: 2,
+                refill_hold: code_runner::worker::REFILL_HOLD,
             },
         );
         pool.set_targets(vec![(self.warm_spec(job), count)]);

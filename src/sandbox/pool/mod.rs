@@ -96,6 +96,9 @@ pub struct PoolSettings {
     pub longest_job: Duration,
     /// Members started at the same time.
     pub parallel_starts: usize,
+    /// How long a refill waits for the running jobs to end while the pool
+    /// still holds half its target ready (see `WarmPool::set_running`).
+    pub refill_hold: Duration,
 }
 
 /// The pool's figures for one language.
@@ -261,8 +264,9 @@ impl WarmPool {
 
     /// Says how many jobs the worker runs. While one runs and the pool
     /// still holds at least half its target of a spec ready, that spec's
-    /// refill waits until no job runs: a start takes CPU from the job
-    /// running (measured on the job's own latency, docs/performance.md).
+    /// refill waits until no job runs, for at most `refill_hold`: a start
+    /// takes CPU from the job running (measured on the job's own latency,
+    /// docs/performance.md), and a long job does not keep the pool short.
     /// The worker says 0 when `CODE_RUNNER_YIELD_WHILE_BUSY` is off.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
@@ -353,7 +357,11 @@ impl WarmPool {
                 if state.retry_at.is_none_or(|at| at <= now) {
                     self.start_missing(&mut state);
                 }
-                state.retry_at
+                let hold_ends = state.refill_hold_until.filter(|until| *until > now);
+                match (state.retry_at, hold_ends) {
+                    (Some(retry), Some(hold)) => Some(retry.min(hold)),
+                    (retry, hold) => retry.or(hold),
+                }
             };
             tokio::select! {
                 () = self.inner.stop.cancelled() => return,
@@ -372,8 +380,19 @@ impl WarmPool {
             settings.parallel_starts
         };
         let specs: Vec<(WarmSpec, usize)> = state.targets.values().cloned().collect();
+        // The hold begins when a start is first needed while jobs run.
+        let now = tokio::time::Instant::now();
+        let needed = specs
+            .iter()
+            .any(|(spec, target)| state.live(spec) < *target);
+        if !needed || state.jobs_running == 0 {
+            state.refill_hold_until = None;
+        } else if state.refill_hold_until.is_none() {
+            state.refill_hold_until = Some(now + settings.refill_hold);
+        }
+        let holding = state.refill_hold_until.is_some_and(|until| now < until);
         for (spec, target) in specs {
-            if state.jobs_running > 0 && 2 * state.ready(&spec) >= target {
+            if holding && 2 * state.ready(&spec) >= target {
                 continue;
             }
             while state.live(&spec) < target
