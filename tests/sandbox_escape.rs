@@ -512,6 +512,13 @@ async fn docker_applies_the_hardened_config_to_a_running_sandbox() {
     let cancel = io.cancel.clone();
     let engine = harness.engine.clone();
     let id = job_id.clone();
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("the clock is past 1970")
+            .as_millis() as u64
+    };
+    let before_ms = unix_ms();
     let running = tokio::spawn(async move { engine.run(&id, &job, io).await });
 
     // Inspect once the program runs: the container is then surely started.
@@ -523,6 +530,7 @@ async fn docker_applies_the_hardened_config_to_a_running_sandbox() {
             None => panic!("the job ended before it printed"),
         }
     }
+    let printed_ms = unix_ms();
     let containers = harness.leftovers().await;
     assert_eq!(containers.len(), 1);
     let inspect = harness
@@ -581,8 +589,17 @@ async fn docker_applies_the_hardened_config_to_a_running_sandbox() {
     }
     let created: u64 = labels[LABEL_CREATED].parse().unwrap();
     let deadline: u64 = labels[LABEL_DEADLINE].parse().unwrap();
-    // Start timeout (30 s) + the stage's wall limit (60 s) + grace (3 s).
-    assert_eq!(deadline - created, 93_000);
+    // Both are read from the clock while the run starts (the deadline first,
+    // then the container's creation): the deadline is the start timeout
+    // (30 s) + the stage's wall limit (60 s) + grace (3 s) from then.
+    assert!(
+        (before_ms..=printed_ms).contains(&created),
+        "created {created} not in {before_ms}..={printed_ms}"
+    );
+    assert!(
+        (before_ms + 93_000..=created + 93_000).contains(&deadline),
+        "deadline {deadline} is not 93 s from the run's start ({before_ms}..={created})"
+    );
     harness.assert_clean().await;
 }
 
