@@ -9,12 +9,7 @@ async fn connect_relays_both_ways_with_exact_counts() {
     let port = upstream.port();
     let mut proxy = Proxy::start(policy(&[format!("allowed.test:{port}")], resolver()));
 
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("Allowed.Test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("Allowed.Test", port).await;
     client.write_all(b"ping").await.unwrap();
     assert_eq!(read_to_end(&mut client).await, "pong!");
     drop(client);
@@ -101,12 +96,7 @@ async fn the_resolver_is_consulted_once_per_connection_and_pinned() {
 
     // The first answer is loopback (let through here); the connection goes
     // there, and the second answer is not consulted for it.
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("rebind.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("rebind.test", port).await;
     assert_eq!(script.calls(), 1);
     client.write_all(b"?").await.unwrap();
     assert_eq!(read_to_end(&mut client).await, "!");

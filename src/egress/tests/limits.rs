@@ -12,12 +12,7 @@ async fn the_byte_cap_ends_a_download_flood_and_refuses_new_connections() {
     p.max_bytes = CAP;
     let mut proxy = Proxy::start(p);
 
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("allowed.test", port).await;
     let got = read_to_end(&mut client).await;
     let event = proxy.next_event().await;
     assert!(event.allowed);
@@ -46,12 +41,7 @@ async fn the_byte_cap_ends_an_upload_flood() {
     p.max_bytes = CAP;
     let mut proxy = Proxy::start(p);
 
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("allowed.test", port).await;
     let chunk = vec![b'u'; 8192];
     let flood = tokio::time::timeout(WAIT, async {
         while client.write_all(&chunk).await.is_ok() {}
@@ -89,12 +79,7 @@ async fn the_connection_cap_answers_429() {
             .starts_with("HTTP/1.1 403 ")
     );
     refused(&proxy.next_event().await, reason::NOT_ALLOWED);
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("allowed.test", port).await;
     client.write_all(b"?").await.unwrap();
     assert_eq!(read_to_end(&mut client).await, "!");
     drop(client);
@@ -121,12 +106,7 @@ async fn an_idle_tunnel_is_closed() {
     p.idle_timeout = Duration::from_millis(300);
     let mut proxy = Proxy::start(p);
 
-    let mut client = proxy.connect().await;
-    client
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut client).await, ESTABLISHED);
+    let mut client = proxy.tunnel("allowed.test", port).await;
     client.write_all(b"abc").await.unwrap();
     assert_eq!(read_to_end(&mut client).await, "");
     let event = proxy.next_event().await;
@@ -142,12 +122,7 @@ async fn stop_ends_open_connections() {
     let port = upstream.port();
     let proxy = Proxy::start(policy(&[format!("allowed.test:{port}")], resolver()));
 
-    let mut tunnel = proxy.connect().await;
-    tunnel
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut tunnel).await, ESTABLISHED);
+    let mut tunnel = proxy.tunnel("allowed.test", port).await;
     // And one still sending its head.
     let mut slow = proxy.connect().await;
     slow.write_all(b"CONNECT allowed.test").await.unwrap();
@@ -174,12 +149,7 @@ async fn connections_past_max_concurrent_wait_their_turn() {
     p.max_concurrent = 1;
     let mut proxy = Proxy::start(p);
 
-    let mut first = proxy.connect().await;
-    first
-        .write_all(&connect_request("allowed.test", port))
-        .await
-        .unwrap();
-    assert_eq!(read_head(&mut first).await, ESTABLISHED);
+    let first = proxy.tunnel("allowed.test", port).await;
 
     let mut second = proxy.connect().await;
     second

@@ -177,6 +177,17 @@ impl Proxy {
         UnixStream::connect(&self.path).await.unwrap()
     }
 
+    /// A new connection on which a CONNECT to `host:port` was established.
+    async fn tunnel(&self, host: &str, port: u16) -> UnixStream {
+        let mut stream = self.connect().await;
+        stream
+            .write_all(&connect_request(host, port))
+            .await
+            .unwrap();
+        assert_eq!(read_head(&mut stream).await, ESTABLISHED);
+        stream
+    }
+
     /// Sends `request` on a new connection and reads the answer to EOF.
     async fn exchange(&self, request: &[u8]) -> String {
         let mut stream = self.connect().await;
