@@ -1360,23 +1360,20 @@ async fn while_a_job_runs(floor: usize, yield_while_busy: bool, hold: Duration) 
         Status::Running,
         "sampled while the job ran"
     );
-    let refilled = wait_for(
+    // The status is read first: a full pool seen after it was seen while
+    // the job ran (or once it had ended).
+    let refilled_while_running = wait_for(
         "the pool full again or the job ended",
         JOB_DEADLINE,
         || async {
+            let running = world.record(&id).await.status == Status::Running;
             if warm_ready(&world).await == Some(full) {
-                return Some(true);
+                return Some(running);
             }
-            world
-                .record(&id)
-                .await
-                .status
-                .is_terminal()
-                .then_some(false)
+            (!running).then_some(false)
         },
     )
     .await;
-    let refilled_while_running = refilled && world.record(&id).await.status == Status::Running;
     let record = world.wait_terminal(&id, JOB_DEADLINE).await;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
     assert_eq!(run_stdout(&record), "done\n");

@@ -215,7 +215,12 @@ impl Worker {
                     lifetime: self.config.warm_lifetime,
                     longest_job,
                     parallel_starts: WARM_PARALLEL_STARTS,
-                    refill_hold: self.config.refill_hold,
+                    // Yielding off: refills never wait for a job.
+                    refill_hold: if self.config.yield_while_busy {
+                        self.config.refill_hold
+                    } else {
+                        Duration::ZERO
+                    },
                 },
             )
         });
@@ -318,16 +323,11 @@ impl Shared {
         change(&mut running);
         self.metrics.slots_used.set(running.len() as i64);
         let busy = self.config.yield_while_busy && self.is_busy(running.len());
-        // With yielding off, the pool never waits for a job (0 running).
-        let running_for_pool = if self.config.yield_while_busy {
-            running.len()
-        } else {
-            0
-        };
+        let count = running.len();
         drop(running);
         if let Some(pool) = &self.pool {
             pool.set_busy(busy);
-            pool.set_running(running_for_pool);
+            pool.set_running(count);
         }
     }
 

@@ -267,7 +267,6 @@ impl WarmPool {
     /// refill waits until no job runs, for at most `refill_hold`: a start
     /// takes CPU from the job running (measured on the job's own latency,
     /// docs/performance.md), and a long job does not keep the pool short.
-    /// The worker says 0 when `CODE_RUNNER_YIELD_WHILE_BUSY` is off.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
         let fewer = running < state.jobs_running;
@@ -358,10 +357,7 @@ impl WarmPool {
                     self.start_missing(&mut state);
                 }
                 let hold_ends = state.refill_hold_until.filter(|until| *until > now);
-                match (state.retry_at, hold_ends) {
-                    (Some(retry), Some(hold)) => Some(retry.min(hold)),
-                    (retry, hold) => retry.or(hold),
-                }
+                [state.retry_at, hold_ends].into_iter().flatten().min()
             };
             tokio::select! {
                 () = self.inner.stop.cancelled() => return,
