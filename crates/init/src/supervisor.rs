@@ -236,7 +236,8 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     // Before anything of the job runs (a warm runtime released into the
     // first stage included), as that stage may connect at once. It relays
     // until this returns: after `done`, or before `fatal`.
-    let _egress = bundle.egress.as_ref().map(Relay::start).transpose()?;
+    let egress = bundle.egress.as_ref().map(Relay::start).transpose()?;
+    let linger = std::time::Duration::from_millis(bundle.linger_ms);
     let mut killer = Killer::new(bundle.uid, signaller);
     let mut runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
@@ -294,7 +295,34 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         // No stage ran (a kill came first).
         runtime.discard(&mut context.killer, context.uid).await;
     }
-    sink.send(&SandboxMessage::Done).await
+    sink.send(&SandboxMessage::Done).await?;
+    drop(egress);
+    if !linger.is_zero() {
+        linger_until_closed(&mut context, linger).await;
+    }
+    Ok(())
+}
+
+/// After `done`, when the bundle asked for it: stays, idle, until the host
+/// closes its stream (or SIGTERM or SIGINT comes, or `within` passes), so
+/// that the host decides when the container exits. Nothing of the job is
+/// left to run meanwhile: each stage's end killed every process of the job
+/// and checked that none was left, the runs' uid's too, and the egress
+/// relay is closed. Frames that still come (late stdin) are dropped.
+async fn linger_until_closed(context: &mut Context<'_>, within: std::time::Duration) {
+    let deadline = tokio::time::sleep(within);
+    tokio::pin!(deadline);
+    while context.host_open {
+        tokio::select! {
+            () = &mut deadline => return,
+            _ = context.signals.terminate.recv() => return,
+            _ = context.signals.interrupt.recv() => return,
+            event = context.host.recv() => match event {
+                Some(HostEvent::Message(_)) => {}
+                None | Some(HostEvent::Eof | HostEvent::ReadError(_) | HostEvent::Malformed(_)) => return,
+            },
+        }
+    }
 }
 
 /// The runs after the stages: one per `run` frame until `runs_end`, each

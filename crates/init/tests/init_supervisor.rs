@@ -23,6 +23,9 @@ mod input_cost;
 /// Limits and hostile programs.
 #[path = "init_supervisor/limits.rs"]
 mod limits;
+/// Staying after `done` until the host closes its stream.
+#[path = "init_supervisor/linger.rs"]
+mod linger;
 /// The runs after the stages (a graded job's tests).
 #[path = "init_supervisor/runs.rs"]
 mod runs;

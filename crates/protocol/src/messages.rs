@@ -43,6 +43,16 @@ pub struct Bundle {
     /// sandbox's loopback port to the job's egress proxy before any stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<EgressRelay>,
+    /// After `done`, how long the supervisor stays (idle, every process of
+    /// the job gone) until the host closes its stream, in ms; 0: it exits at
+    /// once. The host then decides when the container's exit, and the
+    /// teardown Docker does for it, happens: not beside the jobs running.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub linger_ms: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// The sandbox's half of a job's egress (kind `bundle`): the sandbox has no
@@ -509,6 +519,7 @@ mod tests {
                 socket: "/run/code-runner/egress/proxy.sock".into(),
                 max_concurrent: 16,
             }),
+            linger_ms: 30_000,
         }));
         let run = HostMessage::Run(Box::new(RunSpec {
             stage: StageSpec {

@@ -205,6 +205,7 @@ impl Sandbox {
             stages,
             runs,
             egress: None,
+            linger_ms: 0,
         }))
     }
 

@@ -1,0 +1,104 @@
+//! After `done`, a bundle with `linger_ms` keeps the supervisor, idle, until
+//! the host closes its stream: nothing of the job may run meanwhile.
+
+use std::time::{Duration, Instant};
+
+use code_runner_protocol::{HostMessage, SandboxMessage};
+
+use super::T;
+use super::harness::{Sandbox, live_processes_of};
+
+fn lingering(message: HostMessage, linger_ms: u64) -> HostMessage {
+    let HostMessage::Bundle(mut bundle) = message else {
+        panic!("not a bundle: {message:?}");
+    };
+    bundle.linger_ms = linger_ms;
+    HostMessage::Bundle(bundle)
+}
+
+/// Reads frames until `done`.
+fn until_done(sb: &mut Sandbox) {
+    while !matches!(sb.next(T), SandboxMessage::Done) {}
+}
+
+/// A job that leaves a process behind (in the background, its own session,
+/// ignoring SIGHUP and SIGTERM) and a sleeping child.
+fn leaves_processes(sb: &Sandbox) -> HostMessage {
+    let stage = sb.stage(
+        "run",
+        &[
+            "/bin/sh",
+            "-c",
+            "setsid sh -c 'trap \"\" HUP TERM; while :; do :; done' & sleep 1000 & echo started",
+        ],
+    );
+    sb.bundle(vec![], vec![stage])
+}
+
+#[test]
+fn a_lingering_supervisor_stays_until_the_host_closes_its_stream_with_no_process_of_the_job_left() {
+    let mut sb = Sandbox::start();
+    sb.send(lingering(leaves_processes(&sb), 60_000));
+    until_done(&mut sb);
+    // Well past `done` the supervisor is still there, alone.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sb.child.try_wait().unwrap(), None, "the supervisor exited");
+    assert_eq!(live_processes_of(sb.uid), Vec::<u32>::new());
+    // Late frames are dropped, not an error.
+    sb.send(HostMessage::Stdin(b"late\n".to_vec()));
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(sb.child.try_wait().unwrap(), None, "a late frame ended it");
+    let closed = Instant::now();
+    sb.close_stdin();
+    let outcome = sb.finish(T);
+    assert!(
+        closed.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        closed.elapsed()
+    );
+    assert_eq!(outcome.exit_code, Some(0));
+    assert_eq!(outcome.stdout, b"started\n");
+    assert_eq!(outcome.diagnostics, "");
+    assert!(matches!(
+        outcome.messages.last(),
+        Some(SandboxMessage::Done)
+    ));
+}
+
+#[test]
+fn a_lingering_supervisor_exits_by_itself_after_linger_ms() {
+    let mut sb = Sandbox::start();
+    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
+    sb.send(lingering(sb.bundle(vec![], vec![stage]), 1_000));
+    until_done(&mut sb);
+    let done = Instant::now();
+    // The host never closes its stream.
+    let outcome = sb.finish(T);
+    let lingered = done.elapsed();
+    assert!(lingered >= Duration::from_millis(900), "{lingered:?}");
+    assert!(lingered < Duration::from_secs(10), "{lingered:?}");
+    assert_eq!(outcome.exit_code, Some(0));
+    assert!(sb.stdin.is_some());
+}
+
+#[test]
+fn sigterm_ends_a_lingering_supervisor() {
+    let mut sb = Sandbox::start();
+    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
+    sb.send(lingering(sb.bundle(vec![], vec![stage]), 60_000));
+    until_done(&mut sb);
+    sb.signal_supervisor(nix::sys::signal::Signal::SIGTERM);
+    let outcome = sb.finish(Duration::from_secs(5));
+    assert_eq!(outcome.exit_code, Some(0));
+}
+
+#[test]
+fn without_linger_the_supervisor_exits_after_done_with_its_stream_open() {
+    let mut sb = Sandbox::start();
+    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
+    sb.send(sb.bundle(vec![], vec![stage]));
+    until_done(&mut sb);
+    let outcome = sb.finish(Duration::from_secs(5));
+    assert_eq!(outcome.exit_code, Some(0));
+    assert!(sb.stdin.is_some());
+}
