@@ -25,7 +25,7 @@ use crate::job::carry::CarriedJobs;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::reaper::{Reaper, ReaperHandles};
-use crate::sandbox::SandboxEngine;
+use crate::sandbox::{SandboxConfig, SandboxEngine};
 use crate::worker::backoff::{Backoff, sleep_unless_cancelled};
 use crate::worker::{Services, Worker, WorkerConfig};
 
@@ -142,7 +142,17 @@ pub async fn run(
         }
     };
     let engine = match (worker, reaper) {
-        (Some(_), _) | (_, Some(_)) => match SandboxEngine::connect(setup.sandbox.clone()).await {
+        (Some(_), _) | (_, Some(_)) => match SandboxEngine::connect(SandboxConfig {
+            // Yielding on: a finished job's container lingers for the
+            // removal queue (see `worker::removals`).
+            linger: match worker {
+                Some(settings) if settings.yield_while_busy => crate::worker::LINGER,
+                _ => Duration::ZERO,
+            },
+            ..setup.sandbox.clone()
+        })
+        .await
+        {
             Ok(engine) => Some(engine),
             Err(error) => {
                 eprintln!("code-runner: {error}");

@@ -408,6 +408,8 @@ pub fn prepare(
                 socket: format!("{EGRESS_MOUNT}/{EGRESS_SOCKET}"),
                 max_concurrent: EGRESS_RELAY_CONCURRENT,
             }),
+            // Set by the engine that runs it (`SandboxConfig::linger`).
+            linger_ms: 0,
         },
         tests,
         run_stage,

@@ -78,6 +78,10 @@ pub struct SandboxConfig {
     pub uid_lock_dir: PathBuf,
     /// How jobs with outbound network get it.
     pub egress: EgressConfig,
+    /// After `done`, how long a job's supervisor may stay, idle, until the
+    /// [`Cleanup`] ends it (see [`Cleanup::is_idle`]); zero: it exits at
+    /// once. The worker sets it when its background work yields to jobs.
+    pub linger: Duration,
 }
 
 impl SandboxConfig {
@@ -92,6 +96,7 @@ impl SandboxConfig {
             uid_base: DEFAULT_UID_BASE,
             uid_lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
             egress: EgressConfig::default(),
+            linger: Duration::ZERO,
         }
     }
 

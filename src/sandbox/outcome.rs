@@ -87,9 +87,22 @@ pub struct Cleanup {
     /// once its process has exited. Then its removal may wait: it holds no
     /// process and no memory, only Docker's record and layer.
     pub(super) stopping: Option<OutputStream>,
+    /// The supervisor was asked to linger after `done`
+    /// ([`super::SandboxConfig::linger`]): it stays, idle, until this
+    /// attach stream is closed (the removal), or the linger passes.
+    pub(super) lingering: bool,
 }
 
 impl Cleanup {
+    /// Whether the container holds nothing of its job any more while its
+    /// supervisor lingers: every process of the job was killed and checked
+    /// gone before `done`, so its removal may wait without a job process
+    /// running past its slot. Its exit, and the teardown Docker does for it,
+    /// then happen at the removal, not beside the jobs running.
+    pub fn is_idle(&self) -> bool {
+        self.lingering && self.stopping.is_some() && self.guard.is_some()
+    }
+
     /// Whether the container ended by itself within `within` (its attach
     /// stream ended): its removal may then wait. `false` when it was not
     /// stopping by itself or did not end in time (remove it now).

@@ -181,6 +181,7 @@ fn failed(
         cleanup: Cleanup {
             guard: Some(guard),
             stopping: None,
+            lingering: false,
         },
         container,
     }
@@ -332,6 +333,7 @@ pub(super) async fn run_in(
         },
         cleanup: Cleanup {
             guard: Some(guard),
+            lingering: stopping.is_some() && !config.linger.is_zero(),
             stopping,
         },
         container,

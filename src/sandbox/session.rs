@@ -141,6 +141,7 @@ pub(super) async fn drive(
         bundle.uid = uid;
         bundle.gid = uid;
     }
+    bundle.linger_ms = u64::try_from(config.linger.as_millis()).unwrap_or(u64::MAX);
     if let Some(runs) = &mut bundle.runs {
         // The tests run as a uid of their own (see `RunPlan`).
         runs.uid = runs_uid(bundle.uid);

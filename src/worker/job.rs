@@ -123,10 +123,10 @@ impl Shared {
             .await;
         self.conclude(id, attempts, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
-        // still within the job's slot, unless it is stopping by itself and
-        // may wait its turn in the removal queue (`removals`). A removal
-        // Docker did not answer means it is down: the claim loop then asks
-        // it before claiming again.
+        // still within the job's slot, unless its supervisor lingers idle
+        // or it is stopping by itself, and it may wait its turn in the
+        // removal queue (`removals`). A removal Docker did not answer means
+        // it is down: the claim loop then asks it before claiming again.
         let others_busy = self.is_busy(self.slots_used().saturating_sub(1));
         if let Some(cleanup) = self.removals.defer(cleanup, others_busy).await {
             removals::remove(&self.engine, cleanup).await;

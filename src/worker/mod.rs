@@ -72,6 +72,10 @@ const WARM_PARALLEL_STARTS: usize = 2;
 /// `WarmPool::set_running`): a short job ends within it, so its own refill
 /// does not run beside it; a long one keeps the pool short this long at most.
 pub const REFILL_HOLD: Duration = Duration::from_millis(500);
+/// With yielding on, how long a job's supervisor may stay idle after `done`
+/// (`SandboxConfig::linger`) before it exits by itself: the removal queue
+/// ends it sooner, when the slots are not busy (see `removals`).
+pub const LINGER: Duration = Duration::from_secs(60);
 /// A claim that took this long blocked on an empty queue: Docker is asked
 /// again after it (see `claim_loop`).
 const CLAIM_BLOCKED: Duration = Duration::from_millis(100);

@@ -1,15 +1,25 @@
 //! Removing finished jobs' containers without fighting the running jobs.
 //!
-//! Removing a container costs Docker about as much CPU as a job's own start
-//! (dockerd and containerd tear down its mounts, cgroup and layer). When a
-//! burst ends, every job task removing its own container at once puts
-//! hundreds of removals on the CPUs the next jobs need. So a container whose
-//! supervisor said `done` is not removed in the job's slot: once its process
-//! has exited (its attach stream ended: no process, no memory left, only
-//! Docker's record and layer) it is handed to this queue, which removes one at a time, and none while
-//! the worker's slots are busy — unless the queue is full, so it stays
-//! bounded. A container that did not end by itself (killed, timed out,
-//! failed) is still removed at once, in its slot.
+//! A container's exit and removal cost Docker about as much CPU as a job's
+//! own start (dockerd and containerd tear down its mounts, cgroup and
+//! layer). When a burst ends, every job task removing its own container at
+//! once puts hundreds of removals on the CPUs the next jobs need; even one,
+//! right after its job, runs beside the API answering that job. So a
+//! container whose supervisor said `done` is not removed in the job's slot:
+//!
+//! - with linger on (the worker's default), its supervisor stays idle after
+//!   `done` (every process of the job killed and checked gone: see
+//!   `Cleanup::is_idle`), and the container is handed to this queue at
+//!   once, the slot freed; its exit happens at its removal;
+//! - without, while the worker's slots are busy, it is handed over once its
+//!   process has exited (its attach stream ended: no process, no memory
+//!   left, only Docker's record and layer).
+//!
+//! The queue removes one at a time, none while the worker's slots are busy
+//! and none until [`SETTLE`] has passed since the last job ended — unless it
+//! is full, so it stays bounded (a lingering supervisor also exits by itself
+//! after the linger). A container that did not end by itself (killed, timed
+//! out, failed) is still removed at once, in its slot.
 //!
 //! Nothing is lost if the worker dies with containers queued: they carry the
 //! worker's label and the job's deadline, so the reaper removes them like
@@ -21,6 +31,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -31,10 +42,16 @@ use crate::sandbox::{Cleanup, SandboxEngine};
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// While the slots are busy, how often the queue looks again.
 const BUSY_RECHECK: Duration = Duration::from_millis(200);
+/// How long after a job's end the queue waits before removing: the API is
+/// still answering that job (its result was just written), and the next
+/// job of a client that waits for each may come.
+pub(super) const SETTLE: Duration = Duration::from_millis(30);
 
 /// The queue of containers to remove; see the module documentation.
 pub(super) struct Removals {
     queue: Mutex<VecDeque<Cleanup>>,
+    /// No removal before this: [`SETTLE`] after the last container queued.
+    settles_at: Mutex<Option<Instant>>,
     wake: Notify,
     /// Most containers queued; past it a job removes its own at once.
     limit: usize,
@@ -47,6 +64,7 @@ impl Removals {
     pub(super) fn new(limit: usize, enabled: bool, metrics: Metrics) -> Self {
         Self {
             queue: Mutex::new(VecDeque::new()),
+            settles_at: Mutex::new(None),
             wake: Notify::new(),
             limit,
             enabled,
@@ -62,17 +80,18 @@ impl Removals {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues `cleanup` if the other jobs keep the worker `busy`, its
-    /// container ended by itself (within [`EXIT_WAIT`]: the caller still
-    /// holds the job's slot meanwhile, so a slot is never free while its
-    /// container's process runs) and there is room; otherwise hands it back
-    /// (`Some`) for the caller to remove now — at once when not busy, with
-    /// no wait for the exit (the queue would remove it at once anyway).
+    /// Queues `cleanup` when there is room and either its supervisor
+    /// lingers idle ([`Cleanup::is_idle`]), or the other jobs keep the
+    /// worker `busy` and its container ended by itself (within
+    /// [`EXIT_WAIT`]: the caller still holds the job's slot meanwhile, so a
+    /// slot is never free while a process of its job runs). Otherwise hands
+    /// it back (`Some`) for the caller to remove now — at once when not
+    /// busy, with no wait for the exit.
     pub(super) async fn defer(&self, mut cleanup: Cleanup, busy: bool) -> Option<Cleanup> {
-        if !self.enabled || !busy || self.lock().len() >= self.limit {
+        if !self.enabled || self.lock().len() >= self.limit {
             return Some(cleanup);
         }
-        if !cleanup.exited_within(EXIT_WAIT).await {
+        if !cleanup.is_idle() && (!busy || !cleanup.exited_within(EXIT_WAIT).await) {
             return Some(cleanup);
         }
         let mut queue = self.lock();
@@ -82,8 +101,21 @@ impl Removals {
         queue.push_back(cleanup);
         self.count(&queue);
         drop(queue);
+        *self
+            .settles_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + SETTLE);
         self.wake.notify_one();
         None
+    }
+
+    /// When the queue may remove again, if [`SETTLE`] has not passed yet.
+    fn settling(&self) -> Option<Instant> {
+        let settles_at = *self
+            .settles_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        settles_at.filter(|at| *at > Instant::now())
     }
 
     /// Removes the queued containers one at a time, waiting while `busy`
@@ -95,9 +127,11 @@ impl Removals {
         stop: &CancellationToken,
     ) {
         loop {
+            let settling = self.settling();
             let next = {
                 let mut queue = self.lock();
-                if queue.is_empty() || (busy() && queue.len() < self.limit) {
+                let full = queue.len() >= self.limit;
+                if queue.is_empty() || (!full && (busy() || settling.is_some())) {
                     None
                 } else {
                     let next = queue.pop_front();
@@ -108,10 +142,11 @@ impl Removals {
             match next {
                 Some(cleanup) => remove(engine, cleanup).await,
                 None => {
+                    let recheck = settling.unwrap_or_else(|| Instant::now() + BUSY_RECHECK);
                     tokio::select! {
                         () = stop.cancelled() => return,
                         () = self.wake.notified() => {}
-                        () = tokio::time::sleep(BUSY_RECHECK) => {}
+                        () = tokio::time::sleep_until(recheck) => {}
                     }
                 }
             }

@@ -50,6 +50,9 @@ use crate::protocol::{HostMessage, Prestart};
 
 /// Longest wait for a member's task to hand its sandbox over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
+/// After the last running job ends, how long a held refill still waits:
+/// the API is answering that job then (its result was just written).
+const JOB_END_SETTLE: Duration = Duration::from_millis(30);
 
 mod state;
 
@@ -264,13 +267,18 @@ impl WarmPool {
 
     /// Says how many jobs the worker runs. While one runs and the pool
     /// still holds at least half its target of a spec ready, that spec's
-    /// refill waits until no job runs, for at most `refill_hold`: a start
-    /// takes CPU from the job running (measured on the job's own latency,
-    /// docs/performance.md), and a long job does not keep the pool short.
+    /// refill waits until no job runs and [`JOB_END_SETTLE`] has passed
+    /// since the last one ended, for at most `refill_hold`: a start takes
+    /// CPU from the job running and from the answer of the one that just
+    /// ended (measured on the job's own latency, docs/performance.md), and
+    /// a long job does not keep the pool short.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
         let fewer = running < state.jobs_running;
         state.jobs_running = running;
+        if fewer {
+            state.job_ended = Some(tokio::time::Instant::now());
+        }
         drop(state);
         if fewer {
             self.inner.wake.notify_one();
@@ -357,7 +365,11 @@ impl WarmPool {
                     self.start_missing(&mut state);
                 }
                 let hold_ends = state.refill_hold_until.filter(|until| *until > now);
-                [state.retry_at, hold_ends].into_iter().flatten().min()
+                let settled = self.settles_at(&state).filter(|at| *at > now);
+                [state.retry_at, hold_ends, settled]
+                    .into_iter()
+                    .flatten()
+                    .min()
             };
             tokio::select! {
                 () = self.inner.stop.cancelled() => return,
@@ -365,6 +377,13 @@ impl WarmPool {
                 () = sleep_until(retry_at), if retry_at.is_some() => {}
             }
         }
+    }
+
+    /// Until when a refill still waits after the last job's end (the API
+    /// is answering it): [`JOB_END_SETTLE`], within the hold.
+    fn settles_at(&self, state: &State) -> Option<tokio::time::Instant> {
+        let settle = self.inner.settings.refill_hold.min(JOB_END_SETTLE);
+        state.job_ended.map(|at| at + settle)
     }
 
     /// Spawns a member task for each missing sandbox, within the bounds.
@@ -381,7 +400,8 @@ impl WarmPool {
         let needed = specs
             .iter()
             .any(|(spec, target)| state.live(spec) < *target);
-        if !needed || state.jobs_running == 0 {
+        let settling = self.settles_at(state).is_some_and(|at| now < at);
+        if !needed || (state.jobs_running == 0 && !settling) {
             state.refill_hold_until = None;
         } else if state.refill_hold_until.is_none() {
             state.refill_hold_until = Some(now + settings.refill_hold);

@@ -69,6 +69,8 @@ pub(super) struct State {
     pub(super) busy: bool,
     /// Jobs running on the worker (see `WarmPool::set_running`).
     pub(super) jobs_running: usize,
+    /// When the last of them ended.
+    pub(super) job_ended: Option<tokio::time::Instant>,
     /// Until when refills wait for those jobs to end.
     pub(super) refill_hold_until: Option<tokio::time::Instant>,
 }
