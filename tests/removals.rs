@@ -136,10 +136,12 @@ async fn a_queued_container_lingers_with_nothing_of_its_job_running() {
     let server = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
     // The quick job leaves a spinning process behind, in a session of its
-    // own, deaf to SIGHUP and SIGTERM, and a sleeping one.
+    // own, deaf to SIGHUP and SIGTERM, a sleeping one, and files.
     let leaves_processes = "import subprocess\n\
         subprocess.Popen(['sh', '-c', 'trap \"\" HUP TERM; while :; do :; done'], start_new_session=True)\n\
         subprocess.Popen(['sleep', '1000'])\n\
+        open('/tmp/left', 'w').write('x' * 1000000)\n\
+        open('/dev/shm/left', 'w').write('x' * 1000000)\n\
         print('quick')";
     let (long, quick) = quick_beside_long(&server, 6.0, leaves_processes).await;
     server
@@ -160,6 +162,9 @@ async fn a_queued_container_lingers_with_nothing_of_its_job_running() {
         rows[0].ends_with(" /usr/local/bin/code-runner-init"),
         "{rows:?}"
     );
+    // Nor any of its files: not its program, not what it wrote.
+    let listed = listing(&docker, &containers[0], &["/workspace", "/tmp", "/dev/shm"]).await;
+    assert_eq!(listed, "/dev/shm:\n\n/tmp:\n\n/workspace:\n", "{listed}");
     assert_eq!(server.job(&long).await["status"], "running");
     server.wait_terminal(&long, WITHIN).await;
     wait_for("both containers removed", WITHIN, || async {
@@ -187,4 +192,36 @@ async fn with_the_slots_free_a_container_is_removed_soon_after_its_job() {
         daemon::metric(&server.metrics().await, "code_runner_removals_queued"),
         Some(0.0)
     );
+}
+
+/// What `ls -A DIRS` prints in a running container (`docker exec`).
+async fn listing(docker: &bollard::Docker, container: &str, dirs: &[&str]) -> String {
+    use bollard::exec::{CreateExecOptions, StartExecResults};
+    use futures_util::StreamExt;
+    let mut cmd = vec!["ls", "-A"];
+    cmd.extend(dirs);
+    let exec = docker
+        .create_exec(
+            container,
+            CreateExecOptions {
+                cmd: Some(cmd),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("docker exec");
+    let StartExecResults::Attached { mut output, .. } = docker
+        .start_exec(&exec.id, None)
+        .await
+        .expect("docker exec starts")
+    else {
+        panic!("the exec did not attach");
+    };
+    let mut text = String::new();
+    while let Some(chunk) = output.next().await {
+        text.push_str(&chunk.expect("the exec's output").to_string());
+    }
+    text
 }

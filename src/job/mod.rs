@@ -410,6 +410,7 @@ pub fn prepare(
             }),
             // Set by the engine that runs it (`SandboxConfig::linger`).
             linger_ms: 0,
+            linger_wipe: Vec::new(),
         },
         tests,
         run_stage,

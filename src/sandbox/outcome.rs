@@ -96,8 +96,9 @@ pub struct Cleanup {
 impl Cleanup {
     /// Whether the container holds nothing of its job any more while its
     /// supervisor lingers: every process of the job was killed and checked
-    /// gone before `done`, so its removal may wait without a job process
-    /// running past its slot. Its exit, and the teardown Docker does for it,
+    /// gone before `done`, and the supervisor removes the job's files before
+    /// it lingers (or exits at once), so its removal may wait without a job
+    /// process running, or its files held, past its slot. Its exit, and the teardown Docker does for it,
     /// then happen at the removal, not beside the jobs running.
     pub fn is_idle(&self) -> bool {
         self.lingering && self.stopping.is_some() && self.guard.is_some()

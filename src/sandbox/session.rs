@@ -28,7 +28,7 @@ pub use super::outcome::{Cleanup, RunOutcome};
 use super::run::{add_gvisor_limits, gvisor_limits};
 use super::uids::runs_uid;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
-use crate::job::{PreparedJob, StageResult};
+use crate::job::{PreparedJob, SCRATCH_MOUNTS, StageResult};
 
 use crate::protocol::{
     Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION, Reason, SandboxMessage,
@@ -142,6 +142,9 @@ pub(super) async fn drive(
         bundle.gid = uid;
     }
     bundle.linger_ms = u64::try_from(config.linger.as_millis()).unwrap_or(u64::MAX);
+    if bundle.linger_ms > 0 {
+        bundle.linger_wipe = SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect();
+    }
     if let Some(runs) = &mut bundle.runs {
         // The tests run as a uid of their own (see `RunPlan`).
         runs.uid = runs_uid(bundle.uid);

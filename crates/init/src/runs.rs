@@ -216,6 +216,34 @@ impl Scratch {
     }
 }
 
+/// Empties the directories `roots` (absent ones skipped) as `uid`/`gid`,
+/// the stages' uid, which owns what the job left in them (every process of
+/// the job is dead by then): before a supervisor lingers, so that its
+/// container holds none of the job's files.
+pub(crate) fn empty_dirs(roots: &[String], uid: u32, gid: u32) -> Result<(), InitError> {
+    let roots: Vec<PathBuf> = roots.iter().map(PathBuf::from).collect();
+    as_ids("linger-wipe", uid, gid, move || {
+        for root in roots {
+            let fd = match open(
+                &root,
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(Errno::ENOENT) => continue,
+                Err(errno) => return Err(fail("cannot open", &root, errno)),
+            };
+            for name in added_names(&fd, &root, &HashSet::new())? {
+                let path = root.join(&name);
+                let stat = fstatat(&fd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|errno| fail("cannot stat", &path, errno))?;
+                remove_tree(&fd, &name, &stat, &path, 0)?;
+            }
+        }
+        Ok(())
+    })
+}
+
 /// The names in `fd` that are not in `names`.
 fn added_names(
     fd: &OwnedFd,

@@ -21,7 +21,7 @@ use super::egress::{MAX_SOCKET_PATH, Relay};
 use super::files::write_bundle_files;
 use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
 use super::kill::{Killer, Signaller, Target};
-use super::runs::Scratch;
+use super::runs::{Scratch, empty_dirs};
 use super::runs_filter::RunFilter;
 use super::runtime::WarmRuntime;
 use super::stage::run_stage;
@@ -298,12 +298,19 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     sink.send(&SandboxMessage::Done).await?;
     drop(egress);
     if !linger.is_zero() {
-        linger_until_closed(&mut context, linger).await;
+        match empty_dirs(&bundle.linger_wipe, context.uid, context.gid) {
+            Ok(()) => linger_until_closed(&mut context, linger).await,
+            Err(InitError::Runs(problem)) => {
+                eprintln!("code-runner-init: not lingering after done: {problem}");
+            }
+            Err(error) => eprintln!("code-runner-init: not lingering after done: {error}"),
+        }
     }
     Ok(())
 }
 
-/// After `done`, when the bundle asked for it: stays, idle, until the host
+/// After `done`, when the bundle asked for it and its `linger_wipe`
+/// directories are empty (see [`empty_dirs`]): stays, idle, until the host
 /// closes its stream (or SIGTERM or SIGINT comes, or `within` passes), so
 /// that the host decides when the container exits. Nothing of the job is
 /// left to run meanwhile: each stage's end killed every process of the job

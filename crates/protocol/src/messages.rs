@@ -49,6 +49,11 @@ pub struct Bundle {
     /// teardown Docker does for it, happens: not beside the jobs running.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub linger_ms: u64,
+    /// Before it lingers, the supervisor empties these directories (absent
+    /// ones skipped) as the bundle's uid, so that a lingering container
+    /// holds none of the job's files; when it cannot, it does not linger.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub linger_wipe: Vec<String>,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -520,6 +525,7 @@ mod tests {
                 max_concurrent: 16,
             }),
             linger_ms: 30_000,
+            linger_wipe: vec!["/workspace".into(), "/tmp".into()],
         }));
         let run = HostMessage::Run(Box::new(RunSpec {
             stage: StageSpec {

@@ -206,6 +206,7 @@ impl Sandbox {
             runs,
             egress: None,
             linger_ms: 0,
+            linger_wipe: Vec::new(),
         }))
     }
 
