@@ -112,7 +112,7 @@ impl Metrics {
             )?,
             removals_queued: gauge(
                 "code_runner_removals_queued",
-                "Containers of jobs that ended by themselves, waiting to be removed (they hold no slot and no process).",
+                "Containers of jobs that ended by themselves, waiting to be removed or being removed (they hold no slot and no process of their job).",
             )?,
             queue_depth: gauge(
                 "code_runner_queue_depth",

@@ -1,12 +1,16 @@
-//! Capacity: a worker never runs more sandboxes than `WORKER_MAX_SANDBOXES`,
-//! however many jobs arrive at once, and never keeps more than as many again
-//! of ended jobs' stopped containers waiting to be removed (the removal
-//! queue). In a test binary of its own, so nothing else competes for the
-//! machine while it samples.
+//! Capacity: a worker never runs more jobs' sandboxes than
+//! `WORKER_MAX_SANDBOXES`, however many jobs arrive at once, and never keeps
+//! more than as many again of ended jobs' containers (their supervisors
+//! idle, or stopped) waiting to be removed (the removal queue). In a test
+//! binary of its own, so nothing else competes for the machine while it
+//! samples.
 
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use bollard::models::ContainerSummary;
+use bollard::query_parameters::TopOptions;
 use std::time::{Duration, Instant};
 
 use code_runner::sandbox::LABEL_WORKER;
@@ -21,7 +25,7 @@ const SLOTS: usize = 3;
 const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandboxes_exist() {
+async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_run_a_job() {
     let redis = RedisServer::start();
     let daemon = DaemonBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", SLOTS)
@@ -31,15 +35,19 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
     let done = AtomicBool::new(false);
     let started = Instant::now();
 
-    // Every ~50 ms: how many containers with this worker's label are not
-    // exited (created or running: a sandbox), and how many exist at all
-    // (with the stopped ones waiting in the removal queue).
+    // Every ~50 ms: how many containers with this worker's label hold a
+    // job (created, or running a process besides the supervisor), and how
+    // many exist at all (with the ended jobs' ones waiting in the removal
+    // queue, their supervisors idle or stopped).
     let label = format!("{LABEL_WORKER}={}", daemon.worker_id);
     let containers = async {
         let (mut max, mut max_all, mut samples) = (0, 0, 0);
         while !done.load(Ordering::Relaxed) {
             let listed = list_labelled(&docker, &label).await.expect("docker lists");
-            let live = listed.iter().filter(|c| holds_a_sandbox(c)).count();
+            let mut live = 0;
+            for container in listed.iter().filter(|c| holds_a_sandbox(c)) {
+                live += usize::from(holds_a_job(&docker, container).await);
+            }
             max = max.max(live);
             max_all = max_all.max(listed.len());
             samples += 1;
@@ -96,12 +104,12 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
     let elapsed = started.elapsed();
     eprintln!(
         "{JOBS} jobs on {SLOTS} slots: submitted in {submitted:?}, all done in {elapsed:?}; \
-         {container_samples} container samples (max {max_containers} not exited, {max_all} in all), \
+         {container_samples} container samples (max {max_containers} holding a job, {max_all} in all), \
          {slot_samples} metric samples (max slots_used {max_used})"
     );
     assert!(
         max_containers <= SLOTS,
-        "{max_containers} sandboxes (created or running) at once"
+        "{max_containers} sandboxes holding a job (created, or running more than the supervisor) at once"
     );
     assert!(
         max_all <= 2 * SLOTS,
@@ -131,4 +139,23 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_sandbo
     assert_eq!(metric(&text, "code_runner_queue_depth"), Some(0.0));
     assert_eq!(redis.queue_depth(), 0);
     daemon.assert_no_containers(&docker).await;
+}
+
+/// Whether a container holds a job: created (about to run one), or
+/// running a process besides its supervisor (`docker top`). A container
+/// that ended meanwhile holds none.
+async fn holds_a_job(docker: &bollard::Docker, container: &ContainerSummary) -> bool {
+    if container.state.as_ref().map(|s| s.to_string()).as_deref() == Some("created") {
+        return true;
+    }
+    let Some(id) = container.id.as_deref() else {
+        return false;
+    };
+    let options = TopOptions {
+        ps_args: "-ef".to_string(),
+    };
+    match docker.top_processes(id, Some(options)).await {
+        Ok(top) => top.processes.unwrap_or_default().len() > 1,
+        Err(_) => false,
+    }
 }

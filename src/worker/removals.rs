@@ -8,18 +8,19 @@
 //! container whose supervisor said `done` is not removed in the job's slot:
 //!
 //! - with linger on (the worker's default), its supervisor stays idle after
-//!   `done` (every process of the job killed and checked gone: see
-//!   `Cleanup::is_idle`), and the container is handed to this queue at
-//!   once, the slot freed; its exit happens at its removal;
+//!   `done` (every process of the job killed and checked gone, its files
+//!   removed: see `Cleanup::is_idle`), and the container is handed to this
+//!   queue at once, the slot freed; its exit happens at its removal;
 //! - without, while the worker's slots are busy, it is handed over once its
 //!   process has exited (its attach stream ended: no process, no memory
 //!   left, only Docker's record and layer).
 //!
 //! The queue removes one at a time, none while the worker's slots are busy
 //! and none until [`SETTLE`] has passed since the last job ended — unless it
-//! is full, so it stays bounded (a lingering supervisor also exits by itself
-//! after the linger). A container that did not end by itself (killed, timed
-//! out, failed) is still removed at once, in its slot.
+//! is full, so it stays bounded (the one being removed still counts; a
+//! lingering supervisor also exits by itself after the linger). A container
+//! that did not end by itself (killed, timed out, failed) is still removed
+//! at once, in its slot.
 //!
 //! Nothing is lost if the worker dies with containers queued: they carry the
 //! worker's label and the job's deadline, so the reaper removes them like
@@ -49,7 +50,7 @@ pub(super) const SETTLE: Duration = Duration::from_millis(30);
 
 /// The queue of containers to remove; see the module documentation.
 pub(super) struct Removals {
-    queue: Mutex<VecDeque<Cleanup>>,
+    queue: Mutex<Queue>,
     /// No removal before this: [`SETTLE`] after the last container queued.
     settles_at: Mutex<Option<Instant>>,
     wake: Notify,
@@ -63,7 +64,7 @@ pub(super) struct Removals {
 impl Removals {
     pub(super) fn new(limit: usize, enabled: bool, metrics: Metrics) -> Self {
         Self {
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             settles_at: Mutex::new(None),
             wake: Notify::new(),
             limit,
@@ -72,11 +73,11 @@ impl Removals {
         }
     }
 
-    fn count(&self, queue: &VecDeque<Cleanup>) {
+    fn count(&self, queue: &Queue) {
         self.metrics.removals_queued.set(queue.len() as i64);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Cleanup>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -98,7 +99,7 @@ impl Removals {
         if queue.len() >= self.limit {
             return Some(cleanup);
         }
-        queue.push_back(cleanup);
+        queue.waiting.push_back(cleanup);
         self.count(&queue);
         drop(queue);
         *self
@@ -131,16 +132,14 @@ impl Removals {
             let next = {
                 let mut queue = self.lock();
                 let full = queue.len() >= self.limit;
-                if queue.is_empty() || (!full && (busy() || settling.is_some())) {
+                if queue.waiting.is_empty() || (!full && (busy() || settling.is_some())) {
                     None
                 } else {
-                    let next = queue.pop_front();
-                    self.count(&queue);
-                    next
+                    queue.take()
                 }
             };
             match next {
-                Some(cleanup) => remove(engine, cleanup).await,
+                Some(cleanup) => self.remove_taken(engine, cleanup).await,
                 None => {
                     let recheck = settling.unwrap_or_else(|| Instant::now() + BUSY_RECHECK);
                     tokio::select! {
@@ -156,15 +155,39 @@ impl Removals {
     /// Removes everything still queued (at shutdown).
     pub(super) async fn drain(&self, engine: &SandboxEngine) {
         loop {
-            let next = {
-                let mut queue = self.lock();
-                let next = queue.pop_front();
-                self.count(&queue);
-                next
-            };
+            let next = self.lock().take();
             let Some(cleanup) = next else { return };
-            remove(engine, cleanup).await;
+            self.remove_taken(engine, cleanup).await;
         }
+    }
+
+    /// Removes a container [`Queue::take`] gave, then stops counting it.
+    async fn remove_taken(&self, engine: &SandboxEngine, cleanup: Cleanup) {
+        remove(engine, cleanup).await;
+        let mut queue = self.lock();
+        queue.removing -= 1;
+        self.count(&queue);
+    }
+}
+
+/// The containers waiting, and how many of them are being removed now:
+/// those still exist, so they count against the bound until they are gone.
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Cleanup>,
+    removing: usize,
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.waiting.len() + self.removing
+    }
+
+    /// The next container to remove, counted as being removed.
+    fn take(&mut self) -> Option<Cleanup> {
+        let next = self.waiting.pop_front()?;
+        self.removing += 1;
+        Some(next)
     }
 }
 
