@@ -1,6 +1,7 @@
 //! The containers of jobs that ended by themselves wait in a queue to be
 //! removed, one at a time (not in the job's slot, not against the running
-//! jobs), their supervisors idle with nothing of the job left running: the
+//! jobs): a warm sandbox's supervisor idles there with nothing of the job
+//! left, neither process nor file; a cold job's container has exited. The
 //! removal still happens once the slots are free, soon after the job when
 //! they are, and if the worker dies with containers queued, another
 //! worker's reaper removes them.
@@ -9,17 +10,29 @@ mod common;
 
 use std::time::Duration;
 
+use bollard::models::ContainerSummary;
 use bollard::query_parameters::TopOptions;
-use common::containers::docker;
+use code_runner::sandbox::LABEL_WORKER;
+use common::containers::{docker, list_labelled};
 use common::daemon::{self, DaemonBuilder, Role, job_containers, sleeper};
 use common::redis_server::RedisServer;
 use common::wait_for;
 
 const WITHIN: Duration = Duration::from_secs(60);
 const QUICK: &str = "print('quick')";
+const QUEUED: &str = "code_runner_removals_queued";
+const WARM_READY: &str = "code_runner_warm_ready{language=\"python\"}";
 
-/// A worker of two slots: one busy job makes it busy (half its slots).
+/// A worker of two slots and a warm pool of two python sandboxes: one busy
+/// job makes it busy (half its slots).
 fn two_slots(role: Role, redis: &RedisServer) -> DaemonBuilder {
+    two_cold_slots(role, redis)
+        .env("CODE_RUNNER_WARM", "python=2")
+        .env("CODE_RUNNER_WARM_MAX", 2)
+}
+
+/// The same worker without a warm pool.
+fn two_cold_slots(role: Role, redis: &RedisServer) -> DaemonBuilder {
     DaemonBuilder::new(role, redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
@@ -30,18 +43,61 @@ fn two_slots(role: Role, redis: &RedisServer) -> DaemonBuilder {
 
 /// Submits a long job, then a quick one (`quick_source`, printing `quick`)
 /// that ends while the long one runs; returns their ids once the quick one
-/// has succeeded.
+/// has succeeded. With a warm pool of two, both start warm.
 async fn quick_beside_long(
     server: &daemon::Daemon,
     long_secs: f64,
     quick_source: &str,
 ) -> (String, String) {
+    let warm = daemon::metric(&server.metrics().await, WARM_READY).is_some();
+    if warm {
+        server.wait_metric(WARM_READY, 2.0, WITHIN).await;
+    }
     let long = server.submit(&sleeper(long_secs)).await.id();
     server.wait_status(&long, &["running"], WITHIN).await;
     let quick = server.submit_wait(&daemon::python(quick_source)).await;
     assert_eq!(quick.status, 200, "{quick:#?}");
     assert_eq!(quick.body["status"], "succeeded", "{quick:#?}");
+    let start = if warm { "warm_runtime" } else { "cold" };
+    assert_eq!(quick.body["result"]["start"], start, "{quick:#?}");
     (long, quick.id())
+}
+
+/// Every container of the worker (a warm sandbox has no job label).
+async fn worker_containers(docker: &bollard::Docker, worker_id: &str) -> Vec<ContainerSummary> {
+    list_labelled(docker, &format!("{LABEL_WORKER}={worker_id}"))
+        .await
+        .expect("docker lists containers")
+}
+
+/// The rows of `docker top` (`ps -ef`) of a container; none when it is
+/// not running.
+async fn processes(docker: &bollard::Docker, container: &str) -> Vec<String> {
+    let options = TopOptions {
+        ps_args: "-ef".to_string(),
+    };
+    match docker.top_processes(container, Some(options)).await {
+        Ok(top) => top
+            .processes
+            .unwrap_or_default()
+            .iter()
+            .map(|row| row.join(" "))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The worker's running containers in which nothing but the supervisor runs.
+async fn idle_supervisors(docker: &bollard::Docker, worker_id: &str) -> Vec<String> {
+    let mut idle = Vec::new();
+    for container in worker_containers(docker, worker_id).await {
+        let id = container.id.unwrap_or_default();
+        let rows = processes(docker, &id).await;
+        if rows.len() == 1 && rows[0].ends_with(" /usr/local/bin/code-runner-init") {
+            idle.push(id);
+        }
+    }
+    idle
 }
 
 #[tokio::test]
@@ -49,14 +105,107 @@ async fn a_removal_waits_while_the_slots_are_busy_and_is_done_after() {
     let redis = RedisServer::start();
     let server = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
-    let (long, quick) = quick_beside_long(&server, 4.0, QUICK).await;
-    // The quick job's container waits its turn.
-    server
-        .wait_metric("code_runner_removals_queued", 1.0, WITHIN)
-        .await;
-    assert_eq!(job_containers(&docker, &quick).await.len(), 1);
+    let (long, _quick) = quick_beside_long(&server, 4.0, QUICK).await;
+    // The quick job's container waits its turn, its supervisor idle.
+    server.wait_metric(QUEUED, 1.0, WITHIN).await;
+    // (A refill starting may show its supervisor alone too, for a moment.)
+    assert!(
+        !idle_supervisors(&docker, &server.worker_id)
+            .await
+            .is_empty()
+    );
     assert_eq!(server.job(&long).await["status"], "running");
-    // Once the long job is over, both are removed.
+    // Once the long job is over, it is removed.
+    server.wait_terminal(&long, WITHIN).await;
+    server.wait_metric(QUEUED, 0.0, WITHIN).await;
+    wait_for("the idle supervisor gone", WITHIN, || async {
+        idle_supervisors(&docker, &server.worker_id)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_queued_container_keeps_nothing_of_its_job() {
+    let redis = RedisServer::start();
+    let server = two_slots(Role::Serve, &redis).start().await;
+    let docker = docker().await;
+    // The quick job leaves a spinning process behind, in a session of its
+    // own, deaf to SIGHUP and SIGTERM, a sleeping one, and files.
+    let leaves_behind = "import subprocess\n\
+        subprocess.Popen(['sh', '-c', 'trap \"\" HUP TERM; while :; do :; done'], start_new_session=True)\n\
+        subprocess.Popen(['sleep', '1000'])\n\
+        open('/tmp/left', 'w').write('x' * 1000000)\n\
+        open('/dev/shm/left', 'w').write('x' * 1000000)\n\
+        print('quick')";
+    let (long, _quick) = quick_beside_long(&server, 6.0, leaves_behind).await;
+    server.wait_metric(QUEUED, 1.0, WITHIN).await;
+    // Its container still runs (its exit waits for the removal), with
+    // nothing but its supervisor in it: no process of the job anywhere in
+    // the worker's containers, none of its files.
+    // (A refill starting may show its supervisor alone too, for a moment:
+    // its directories are empty as well.)
+    let idle = idle_supervisors(&docker, &server.worker_id).await;
+    assert!(!idle.is_empty());
+    for container in &idle {
+        let listed = listing(&docker, container, &["/workspace", "/tmp", "/dev/shm"]).await;
+        assert_eq!(listed, "/dev/shm:\n\n/tmp:\n\n/workspace:\n", "{listed}");
+    }
+    for container in worker_containers(&docker, &server.worker_id).await {
+        let rows = processes(&docker, container.id.as_deref().unwrap_or_default()).await;
+        assert!(
+            !rows
+                .iter()
+                .any(|r| r.contains("sleep 1000") || r.contains("while :")),
+            "{rows:?}"
+        );
+    }
+    assert_eq!(server.job(&long).await["status"], "running");
+    server.wait_terminal(&long, WITHIN).await;
+    server.wait_metric(QUEUED, 0.0, WITHIN).await;
+}
+
+#[tokio::test]
+async fn with_the_slots_free_a_container_is_removed_soon_after_its_job() {
+    let redis = RedisServer::start();
+    let server = two_slots(Role::Serve, &redis).start().await;
+    let docker = docker().await;
+    server.wait_metric(WARM_READY, 2.0, WITHIN).await;
+    let quick = server.submit_wait(&daemon::python(QUICK)).await;
+    assert_eq!(quick.body["status"], "succeeded", "{quick:#?}");
+    assert_eq!(quick.body["result"]["start"], "warm_runtime", "{quick:#?}");
+    // Well within the supervisor's own linger (60 s): the queue ended it.
+    wait_for("the container removed", Duration::from_secs(10), || async {
+        let text = server.metrics().await;
+        (daemon::metric(&text, QUEUED) == Some(0.0)
+            && idle_supervisors(&docker, &server.worker_id)
+                .await
+                .is_empty())
+        .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cold_jobs_container_exits_by_itself_and_then_waits_its_turn() {
+    let redis = RedisServer::start();
+    let server = two_cold_slots(Role::Serve, &redis).start().await;
+    let docker = docker().await;
+    let (long, quick) = quick_beside_long(&server, 4.0, QUICK).await;
+    server.wait_metric(QUEUED, 1.0, WITHIN).await;
+    // Only a warm sandbox's supervisor lingers: this one had exited before
+    // its container was queued.
+    let containers = job_containers(&docker, &quick).await;
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    let inspect = docker
+        .inspect_container(&containers[0], None)
+        .await
+        .expect("docker inspect");
+    let state = inspect.state.expect("a state");
+    assert_eq!(state.running, Some(false), "{state:?}");
+    assert_eq!(state.exit_code, Some(0), "{state:?}");
     server.wait_terminal(&long, WITHIN).await;
     wait_for("both containers removed", WITHIN, || async {
         (job_containers(&docker, &quick).await.is_empty()
@@ -64,15 +213,12 @@ async fn a_removal_waits_while_the_slots_are_busy_and_is_done_after() {
         .then_some(())
     })
     .await;
-    server
-        .wait_metric("code_runner_removals_queued", 0.0, WITHIN)
-        .await;
 }
 
 #[tokio::test]
 async fn removals_off_removes_in_the_slot_at_once() {
     let redis = RedisServer::start();
-    let server = two_slots(Role::Serve, &redis)
+    let server = two_cold_slots(Role::Serve, &redis)
         .env("CODE_RUNNER_YIELD_WHILE_BUSY", "off")
         .start()
         .await;
@@ -86,10 +232,7 @@ async fn removals_off_removes_in_the_slot_at_once() {
     })
     .await;
     assert_eq!(server.job(&long).await["status"], "running");
-    assert_eq!(
-        daemon::metric(&server.metrics().await, "code_runner_removals_queued"),
-        Some(0.0)
-    );
+    assert_eq!(daemon::metric(&server.metrics().await, QUEUED), Some(0.0));
 }
 
 #[tokio::test]
@@ -97,101 +240,21 @@ async fn queued_removals_of_a_dead_worker_are_reaped() {
     let redis = RedisServer::start();
     let mut doomed = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
-    let (long, quick) = quick_beside_long(&doomed, 30.0, QUICK).await;
-    doomed
-        .wait_metric("code_runner_removals_queued", 1.0, WITHIN)
-        .await;
-    assert_eq!(job_containers(&docker, &quick).await.len(), 1);
+    let doomed_id = doomed.worker_id.clone();
+    quick_beside_long(&doomed, 30.0, QUICK).await;
+    doomed.wait_metric(QUEUED, 1.0, WITHIN).await;
+    assert!(!idle_supervisors(&docker, &doomed_id).await.is_empty());
     doomed.kill9().await;
     // Another worker's reaper finds the dead worker's containers: the queued
-    // one and the long job's.
-    let _reaper = two_slots(Role::Serve, &redis).start().await;
+    // one, the long job's and its warm pool's.
+    let _reaper = two_cold_slots(Role::Serve, &redis).start().await;
     wait_for("the dead worker's containers reaped", WITHIN, || async {
-        (job_containers(&docker, &quick).await.is_empty()
-            && job_containers(&docker, &long).await.is_empty())
-        .then_some(())
+        worker_containers(&docker, &doomed_id)
+            .await
+            .is_empty()
+            .then_some(())
     })
     .await;
-}
-
-/// The rows of `docker top` (`ps -ef`) of a container.
-async fn processes(docker: &bollard::Docker, container: &str) -> Vec<String> {
-    let options = TopOptions {
-        ps_args: "-ef".to_string(),
-    };
-    let top = docker
-        .top_processes(container, Some(options))
-        .await
-        .expect("docker top");
-    top.processes
-        .unwrap_or_default()
-        .iter()
-        .map(|row| row.join(" "))
-        .collect()
-}
-
-#[tokio::test]
-async fn a_queued_container_lingers_with_nothing_of_its_job_running() {
-    let redis = RedisServer::start();
-    let server = two_slots(Role::Serve, &redis).start().await;
-    let docker = docker().await;
-    // The quick job leaves a spinning process behind, in a session of its
-    // own, deaf to SIGHUP and SIGTERM, a sleeping one, and files.
-    let leaves_processes = "import subprocess\n\
-        subprocess.Popen(['sh', '-c', 'trap \"\" HUP TERM; while :; do :; done'], start_new_session=True)\n\
-        subprocess.Popen(['sleep', '1000'])\n\
-        open('/tmp/left', 'w').write('x' * 1000000)\n\
-        open('/dev/shm/left', 'w').write('x' * 1000000)\n\
-        print('quick')";
-    let (long, quick) = quick_beside_long(&server, 6.0, leaves_processes).await;
-    server
-        .wait_metric("code_runner_removals_queued", 1.0, WITHIN)
-        .await;
-    let containers = job_containers(&docker, &quick).await;
-    assert_eq!(containers.len(), 1, "{containers:?}");
-    // The container still runs (its exit waits for the removal), and
-    // nothing but its supervisor is left in it.
-    let inspect = docker
-        .inspect_container(&containers[0], None)
-        .await
-        .expect("docker inspect");
-    assert_eq!(inspect.state.and_then(|s| s.running), Some(true));
-    let rows = processes(&docker, &containers[0]).await;
-    assert_eq!(rows.len(), 1, "{rows:?}");
-    assert!(
-        rows[0].ends_with(" /usr/local/bin/code-runner-init"),
-        "{rows:?}"
-    );
-    // Nor any of its files: not its program, not what it wrote.
-    let listed = listing(&docker, &containers[0], &["/workspace", "/tmp", "/dev/shm"]).await;
-    assert_eq!(listed, "/dev/shm:\n\n/tmp:\n\n/workspace:\n", "{listed}");
-    assert_eq!(server.job(&long).await["status"], "running");
-    server.wait_terminal(&long, WITHIN).await;
-    wait_for("both containers removed", WITHIN, || async {
-        (job_containers(&docker, &quick).await.is_empty()
-            && job_containers(&docker, &long).await.is_empty())
-        .then_some(())
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn with_the_slots_free_a_container_is_removed_soon_after_its_job() {
-    let redis = RedisServer::start();
-    let server = two_slots(Role::Serve, &redis).start().await;
-    let docker = docker().await;
-    let quick = server.submit_wait(&daemon::python(QUICK)).await;
-    assert_eq!(quick.body["status"], "succeeded", "{quick:#?}");
-    let id = quick.id();
-    // Well within the supervisor's own linger (60 s): the queue ended it.
-    wait_for("the container removed", Duration::from_secs(10), || async {
-        job_containers(&docker, &id).await.is_empty().then_some(())
-    })
-    .await;
-    assert_eq!(
-        daemon::metric(&server.metrics().await, "code_runner_removals_queued"),
-        Some(0.0)
-    );
 }
 
 /// What `ls -A DIRS` prints in a running container (`docker exec`).

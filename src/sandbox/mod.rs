@@ -78,9 +78,11 @@ pub struct SandboxConfig {
     pub uid_lock_dir: PathBuf,
     /// How jobs with outbound network get it.
     pub egress: EgressConfig,
-    /// After `done`, how long a job's supervisor may stay, idle, until the
-    /// [`Cleanup`] ends it (see [`Cleanup::is_idle`]); zero: it exits at
-    /// once. The worker sets it when its background work yields to jobs.
+    /// After `done`, how long the supervisor of a job that ran in a warm
+    /// sandbox may stay, idle, until the [`Cleanup`] ends it (see
+    /// [`Cleanup::is_idle`]); zero: it exits at once, as a cold job's
+    /// always does. The worker sets it when its background work yields to
+    /// jobs.
     pub linger: Duration,
 }
 

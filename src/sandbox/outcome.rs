@@ -104,6 +104,15 @@ impl Cleanup {
         self.lingering && self.stopping.is_some() && self.guard.is_some()
     }
 
+    /// Ends a lingering supervisor now (its attach stream closed): the
+    /// container exits while the caller goes on, to be removed at once.
+    pub fn stop_lingering(&mut self) {
+        if self.lingering {
+            self.lingering = false;
+            self.stopping = None;
+        }
+    }
+
     /// Whether the container ended by itself within `within` (its attach
     /// stream ended): its removal may then wait. `false` when it was not
     /// stopping by itself or did not end in time (remove it now).

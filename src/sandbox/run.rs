@@ -5,7 +5,7 @@
 //! limit), the remaining tests in a new sandbox.
 
 use std::path::Path;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use bollard::Docker;
 
@@ -217,9 +217,18 @@ pub(super) async fn run_in(
     let mut restarts = 0;
     let mut on_runtime = false;
     let mut stopping = None;
+    let mut lingering;
     let (compile, run, ready_at, cancelled, mut error, grader) = loop {
         let uid = guard.uid();
         let session_io = io.take().unwrap_or_default();
+        // Only a sandbox of the warm pool lingers after `done` (see
+        // `SandboxConfig::linger`): a cold job's end stays as it was.
+        let linger = if kind == StartKind::Cold || first.is_some() {
+            Duration::ZERO
+        } else {
+            config.linger
+        };
+        lingering = !linger.is_zero();
         let outcome = drive(
             docker,
             config,
@@ -231,6 +240,7 @@ pub(super) async fn run_in(
             uid,
             grader.take(),
             first.is_some(),
+            linger,
         )
         .await;
         let session = match outcome {
@@ -333,7 +343,7 @@ pub(super) async fn run_in(
         },
         cleanup: Cleanup {
             guard: Some(guard),
-            lingering: stopping.is_some() && !config.linger.is_zero(),
+            lingering: stopping.is_some() && lingering,
             stopping,
         },
         container,

@@ -110,6 +110,7 @@ pub(super) async fn drive(
     uid: Option<u32>,
     grader: Option<Grader>,
     restarted: bool,
+    linger: Duration,
 ) -> Result<SessionOutcome, Failure> {
     let Connection {
         frames,
@@ -141,7 +142,7 @@ pub(super) async fn drive(
         bundle.uid = uid;
         bundle.gid = uid;
     }
-    bundle.linger_ms = u64::try_from(config.linger.as_millis()).unwrap_or(u64::MAX);
+    bundle.linger_ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
     if bundle.linger_ms > 0 {
         bundle.linger_wipe = SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect();
     }

@@ -118,9 +118,14 @@ impl Shared {
             "job started"
         );
         let started = Instant::now();
-        let (result, cleanup) = self
+        let (result, mut cleanup) = self
             .execute(id, attempts, &job, deadline_ms, claimed_at)
             .await;
+        if !self.removals.has_room() {
+            // The container will be removed in this slot: its exit goes
+            // on while the result is written, as without linger.
+            cleanup.stop_lingering();
+        }
         self.conclude(id, attempts, result, Some(started)).await;
         // The result is durable (or given up on): now the container goes,
         // still within the job's slot, unless its supervisor lingers idle

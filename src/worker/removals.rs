@@ -110,6 +110,11 @@ impl Removals {
         None
     }
 
+    /// Whether a container handed over now would find room.
+    pub(super) fn has_room(&self) -> bool {
+        self.enabled && self.lock().len() < self.limit
+    }
+
     /// When the queue may remove again, if [`SETTLE`] has not passed yet.
     fn settling(&self) -> Option<Instant> {
         let settles_at = *self
