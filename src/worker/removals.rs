@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::sandbox::pool::JOB_END_SETTLE;
 use crate::sandbox::{Cleanup, SandboxEngine};
 
 /// How long a container that is stopping by itself may take to exit before
@@ -44,15 +45,13 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 /// While the slots are busy, how often the queue looks again.
 const BUSY_RECHECK: Duration = Duration::from_millis(200);
 /// How long after a job's end the queue waits before removing: the API is
-/// still answering that job (its result was just written), and the next
-/// job of a client that waits for each may come.
-pub(super) const SETTLE: Duration = Duration::from_millis(30);
+/// still answering that job (its result was just written). The pool's held
+/// refills wait as long.
+const SETTLE: Duration = JOB_END_SETTLE;
 
 /// The queue of containers to remove; see the module documentation.
 pub(super) struct Removals {
     queue: Mutex<Queue>,
-    /// No removal before this: [`SETTLE`] after the last container queued.
-    settles_at: Mutex<Option<Instant>>,
     wake: Notify,
     /// Most containers queued; past it a job removes its own at once.
     limit: usize,
@@ -65,7 +64,6 @@ impl Removals {
     pub(super) fn new(limit: usize, enabled: bool, metrics: Metrics) -> Self {
         Self {
             queue: Mutex::new(Queue::default()),
-            settles_at: Mutex::new(None),
             wake: Notify::new(),
             limit,
             enabled,
@@ -89,7 +87,7 @@ impl Removals {
     /// it back (`Some`) for the caller to remove now — at once when not
     /// busy, with no wait for the exit.
     pub(super) async fn defer(&self, mut cleanup: Cleanup, busy: bool) -> Option<Cleanup> {
-        if !self.enabled || self.lock().len() >= self.limit {
+        if !self.has_room() {
             return Some(cleanup);
         }
         if !cleanup.is_idle() && (!busy || !cleanup.exited_within(EXIT_WAIT).await) {
@@ -100,12 +98,9 @@ impl Removals {
             return Some(cleanup);
         }
         queue.waiting.push_back(cleanup);
+        queue.settles_at = Some(Instant::now() + SETTLE);
         self.count(&queue);
         drop(queue);
-        *self
-            .settles_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + SETTLE);
         self.wake.notify_one();
         None
     }
@@ -113,15 +108,6 @@ impl Removals {
     /// Whether a container handed over now would find room.
     pub(super) fn has_room(&self) -> bool {
         self.enabled && self.lock().len() < self.limit
-    }
-
-    /// When the queue may remove again, if [`SETTLE`] has not passed yet.
-    fn settling(&self) -> Option<Instant> {
-        let settles_at = *self
-            .settles_at
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        settles_at.filter(|at| *at > Instant::now())
     }
 
     /// Removes the queued containers one at a time, waiting while `busy`
@@ -133,15 +119,17 @@ impl Removals {
         stop: &CancellationToken,
     ) {
         loop {
-            let settling = self.settling();
-            let next = {
+            let (next, settling) = {
                 let mut queue = self.lock();
+                let settling = queue.settling();
                 let full = queue.len() >= self.limit;
-                if queue.waiting.is_empty() || (!full && (busy() || settling.is_some())) {
+                let next = if queue.waiting.is_empty() || (!full && (busy() || settling.is_some()))
+                {
                     None
                 } else {
                     queue.take()
-                }
+                };
+                (next, settling)
             };
             match next {
                 Some(cleanup) => self.remove_taken(engine, cleanup).await,
@@ -181,9 +169,16 @@ impl Removals {
 struct Queue {
     waiting: VecDeque<Cleanup>,
     removing: usize,
+    /// No removal before this: [`SETTLE`] after the last container queued.
+    settles_at: Option<Instant>,
 }
 
 impl Queue {
+    /// When the queue may remove again, if [`SETTLE`] has not passed yet.
+    fn settling(&self) -> Option<Instant> {
+        self.settles_at.filter(|at| *at > Instant::now())
+    }
+
     fn len(&self) -> usize {
         self.waiting.len() + self.removing
     }

@@ -51,8 +51,9 @@ use crate::protocol::{HostMessage, Prestart};
 /// Longest wait for a member's task to hand its sandbox over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
 /// After the last running job ends, how long a held refill still waits:
-/// the API is answering that job then (its result was just written).
-const JOB_END_SETTLE: Duration = Duration::from_millis(30);
+/// the API is answering that job then (its result was just written). The
+/// worker's removal queue waits as long.
+pub const JOB_END_SETTLE: Duration = Duration::from_millis(30);
 
 mod state;
 
