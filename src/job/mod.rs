@@ -135,6 +135,13 @@ pub fn egress_proxy_url() -> String {
 /// Where the sandbox's writable mounts are: what the runs of a graded job
 /// may add to, and what is put back as it was between two tests.
 pub const SCRATCH_MOUNTS: [&str; 4] = [WORKSPACE, "/tmp", "/dev/shm", "/dev/mqueue"];
+
+/// [`SCRATCH_MOUNTS`] as a bundle carries them (a run plan's `scratch`, a
+/// lingering supervisor's `linger_wipe`).
+pub fn scratch_mounts() -> Vec<String> {
+    SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect()
+}
+
 /// Where a checker's input, output and answer files are written for each check.
 pub const RUN_FILES_DIR: &str = "/tmp/.code-runner-check";
 
@@ -383,7 +390,7 @@ pub fn prepare(
                 // The engine gives the runs a uid of their own.
                 uid: SANDBOX_UID,
                 gid: SANDBOX_GID,
-                scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
+                scratch: scratch_mounts(),
                 files_dir: RUN_FILES_DIR.to_string(),
             }),
         ),

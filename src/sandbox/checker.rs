@@ -20,7 +20,7 @@ use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_nam
 use super::run::{add_gvisor_limits, gvisor_limits};
 use super::session::unix_ms;
 use super::uids::{UidRange, runs_uid};
-use crate::job::{PreparedJob, RUN_FILES_DIR, SCRATCH_MOUNTS};
+use crate::job::{PreparedJob, RUN_FILES_DIR, scratch_mounts};
 use crate::protocol::{
     BundleFile, HostMessage, Reason, RunPlan, RunSpec, SandboxMessage, StageSpec,
 };
@@ -183,7 +183,7 @@ async fn session(
     bundle.runs = Some(RunPlan {
         uid: runs_uid(uid),
         gid: runs_uid(uid),
-        scratch: SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect(),
+        scratch: scratch_mounts(),
         files_dir: RUN_FILES_DIR.to_string(),
     });
     let gvisor = gvisor_limits(config, checker.limits.pids);

@@ -98,8 +98,9 @@ impl Cleanup {
     /// supervisor lingers: every process of the job was killed and checked
     /// gone before `done`, and the supervisor removes the job's files before
     /// it lingers (or exits at once), so its removal may wait without a job
-    /// process running, or its files held, past its slot. Its exit, and the teardown Docker does for it,
-    /// then happen at the removal, not beside the jobs running.
+    /// process running, or its files held, past its slot. Its exit, and the
+    /// teardown Docker does for it, then happen at the removal, not beside
+    /// the jobs running.
     pub fn is_idle(&self) -> bool {
         self.lingering && self.stopping.is_some() && self.guard.is_some()
     }

@@ -217,18 +217,19 @@ pub(super) async fn run_in(
     let mut restarts = 0;
     let mut on_runtime = false;
     let mut stopping = None;
-    let mut lingering;
-    let (compile, run, ready_at, cancelled, mut error, grader) = loop {
-        let uid = guard.uid();
-        let session_io = io.take().unwrap_or_default();
-        // Only a sandbox of the warm pool lingers after `done` (see
-        // `SandboxConfig::linger`): a cold job's end stays as it was.
-        let linger = if kind == StartKind::Cold || first.is_some() {
+    // Only a sandbox of the warm pool lingers after `done` (see
+    // `SandboxConfig::linger`): a cold job's end, and a restarted graded
+    // job's (a cold sandbox too), stay as they were.
+    let linger_of = |restarted: bool| {
+        if kind == StartKind::Cold || restarted {
             Duration::ZERO
         } else {
             config.linger
-        };
-        lingering = !linger.is_zero();
+        }
+    };
+    let (compile, run, ready_at, cancelled, mut error, grader) = loop {
+        let uid = guard.uid();
+        let session_io = io.take().unwrap_or_default();
         let outcome = drive(
             docker,
             config,
@@ -240,7 +241,7 @@ pub(super) async fn run_in(
             uid,
             grader.take(),
             first.is_some(),
-            linger,
+            linger_of(first.is_some()),
         )
         .await;
         let session = match outcome {
@@ -343,7 +344,8 @@ pub(super) async fn run_in(
         },
         cleanup: Cleanup {
             guard: Some(guard),
-            lingering: stopping.is_some() && lingering,
+            // The last session was a restart exactly when one happened.
+            lingering: stopping.is_some() && !linger_of(restarts > 0).is_zero(),
             stopping,
         },
         container,

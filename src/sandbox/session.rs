@@ -28,7 +28,7 @@ pub use super::outcome::{Cleanup, RunOutcome};
 use super::run::{add_gvisor_limits, gvisor_limits};
 use super::uids::runs_uid;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
-use crate::job::{PreparedJob, SCRATCH_MOUNTS, StageResult};
+use crate::job::{PreparedJob, StageResult, scratch_mounts};
 
 use crate::protocol::{
     Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION, Reason, SandboxMessage,
@@ -144,7 +144,7 @@ pub(super) async fn drive(
     }
     bundle.linger_ms = u64::try_from(linger.as_millis()).unwrap_or(u64::MAX);
     if bundle.linger_ms > 0 {
-        bundle.linger_wipe = SCRATCH_MOUNTS.iter().map(|m| m.to_string()).collect();
+        bundle.linger_wipe = scratch_mounts();
     }
     if let Some(runs) = &mut bundle.runs {
         // The tests run as a uid of their own (see `RunPlan`).
