@@ -10,11 +10,10 @@ mod common;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bollard::models::ContainerSummary;
-use bollard::query_parameters::TopOptions;
 use std::time::{Duration, Instant};
 
 use code_runner::sandbox::LABEL_WORKER;
-use common::containers::{docker, holds_a_sandbox, list_labelled};
+use common::containers::{docker, holds_a_sandbox, list_labelled, processes};
 use common::daemon;
 use common::redis_server::RedisServer;
 use daemon::{DaemonBuilder, Role, metric, python, run_stdout};
@@ -151,11 +150,5 @@ async fn holds_a_job(docker: &bollard::Docker, container: &ContainerSummary) -> 
     let Some(id) = container.id.as_deref() else {
         return false;
     };
-    let options = TopOptions {
-        ps_args: "-ef".to_string(),
-    };
-    match docker.top_processes(id, Some(options)).await {
-        Ok(top) => top.processes.unwrap_or_default().len() > 1,
-        Err(_) => false,
-    }
+    processes(docker, id).await.len() > 1
 }

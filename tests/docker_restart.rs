@@ -17,8 +17,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bollard::query_parameters::TopOptions;
-use common::containers::docker;
+use common::containers::{docker, processes};
 use common::daemon::{self, DaemonBuilder, POLL, Role, job_containers, run_stdout};
 use common::redis_server::RedisServer;
 use nix::sys::signal::{Signal, kill};
@@ -132,15 +131,10 @@ async fn wait_process(docker: &bollard::Docker, id: &str, command: &str, within:
     let deadline = Instant::now() + within;
     loop {
         for container in job_containers(docker, id).await {
-            let options = TopOptions {
-                ps_args: "-ef".to_string(),
-            };
-            if let Ok(top) = docker.top_processes(&container, Some(options)).await
-                && top
-                    .processes
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|row| row.join(" ").contains(command))
+            if processes(docker, &container)
+                .await
+                .iter()
+                .any(|row| row.contains(command))
             {
                 return;
             }

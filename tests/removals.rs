@@ -11,9 +11,8 @@ mod common;
 use std::time::Duration;
 
 use bollard::models::ContainerSummary;
-use bollard::query_parameters::TopOptions;
 use code_runner::sandbox::LABEL_WORKER;
-use common::containers::{docker, list_labelled};
+use common::containers::{docker, list_labelled, processes};
 use common::daemon::{self, DaemonBuilder, Role, job_containers, sleeper};
 use common::redis_server::RedisServer;
 use common::wait_for;
@@ -70,21 +69,16 @@ async fn worker_containers(docker: &bollard::Docker, worker_id: &str) -> Vec<Con
         .expect("docker lists containers")
 }
 
-/// The rows of `docker top` (`ps -ef`) of a container; none when it is
-/// not running.
-async fn processes(docker: &bollard::Docker, container: &str) -> Vec<String> {
-    let options = TopOptions {
-        ps_args: "-ef".to_string(),
-    };
-    match docker.top_processes(container, Some(options)).await {
-        Ok(top) => top
-            .processes
-            .unwrap_or_default()
-            .iter()
-            .map(|row| row.join(" "))
-            .collect(),
-        Err(_) => Vec::new(),
-    }
+/// Waits until the worker's removal queue is empty and none of its
+/// containers has an idle supervisor.
+async fn wait_removed(server: &daemon::Daemon, docker: &bollard::Docker, within: Duration) {
+    wait_for("the queued containers removed", within, || async {
+        let text = server.metrics().await;
+        (daemon::metric(&text, QUEUED) == Some(0.0)
+            && idle_supervisors(docker, &server.worker_id).await.is_empty())
+        .then_some(())
+    })
+    .await;
 }
 
 /// The worker's running containers in which nothing but the supervisor runs.
@@ -117,14 +111,7 @@ async fn a_removal_waits_while_the_slots_are_busy_and_is_done_after() {
     assert_eq!(server.job(&long).await["status"], "running");
     // Once the long job is over, it is removed.
     server.wait_terminal(&long, WITHIN).await;
-    server.wait_metric(QUEUED, 0.0, WITHIN).await;
-    wait_for("the idle supervisor gone", WITHIN, || async {
-        idle_supervisors(&docker, &server.worker_id)
-            .await
-            .is_empty()
-            .then_some(())
-    })
-    .await;
+    wait_removed(&server, &docker, WITHIN).await;
 }
 
 #[tokio::test]
@@ -164,7 +151,7 @@ async fn a_queued_container_keeps_nothing_of_its_job() {
     }
     assert_eq!(server.job(&long).await["status"], "running");
     server.wait_terminal(&long, WITHIN).await;
-    server.wait_metric(QUEUED, 0.0, WITHIN).await;
+    wait_removed(&server, &docker, WITHIN).await;
 }
 
 #[tokio::test]
@@ -177,15 +164,7 @@ async fn with_the_slots_free_a_container_is_removed_soon_after_its_job() {
     assert_eq!(quick.body["status"], "succeeded", "{quick:#?}");
     assert_eq!(quick.body["result"]["start"], "warm_runtime", "{quick:#?}");
     // Well within the supervisor's own linger (60 s): the queue ended it.
-    wait_for("the container removed", Duration::from_secs(10), || async {
-        let text = server.metrics().await;
-        (daemon::metric(&text, QUEUED) == Some(0.0)
-            && idle_supervisors(&docker, &server.worker_id)
-                .await
-                .is_empty())
-        .then_some(())
-    })
-    .await;
+    wait_removed(&server, &docker, Duration::from_secs(10)).await;
 }
 
 #[tokio::test]

@@ -1324,6 +1324,19 @@ struct WhileRunning {
     refilled_while_running: bool,
 }
 
+impl WhileRunning {
+    /// The pool refilled to `ready` while the job still ran.
+    fn assert_refilled_to(&self, ready: u64) {
+        assert_eq!(
+            self.samples.last(),
+            Some(&ready),
+            "ready sandboxes while the job ran: {:?}",
+            self.samples
+        );
+        assert!(self.refilled_while_running);
+    }
+}
+
 /// Runs a 6 s python job on a worker (yielding as asked, refills holding
 /// `hold`) whose pool keeps `floor` ready sandboxes, and watches the pool's
 /// ready count while the job runs. Checks that the job ran on a pool
@@ -1416,26 +1429,16 @@ async fn a_pool_holding_half_its_target_refills_after_the_running_job_or_the_hol
 /// A pool left under half its target refills at once, job or no job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_under_half_its_target_refills_while_the_job_runs() {
-    let seen = while_a_job_runs(1, true, Duration::from_secs(60)).await;
-    assert_eq!(
-        seen.samples.last(),
-        Some(&1),
-        "ready sandboxes while the job ran: {:?}",
-        seen.samples
-    );
-    assert!(seen.refilled_while_running);
+    while_a_job_runs(1, true, Duration::from_secs(60))
+        .await
+        .assert_refilled_to(1);
 }
 
 /// With yielding off (`CODE_RUNNER_YIELD_WHILE_BUSY=off`) the pool refills
 /// at once, however many it still holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn with_yielding_off_a_pool_refills_while_the_job_runs() {
-    let seen = while_a_job_runs(2, false, Duration::from_secs(60)).await;
-    assert_eq!(
-        seen.samples.last(),
-        Some(&2),
-        "ready sandboxes while the job ran: {:?}",
-        seen.samples
-    );
-    assert!(seen.refilled_while_running);
+    while_a_job_runs(2, false, Duration::from_secs(60))
+        .await
+        .assert_refilled_to(2);
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use bollard::models::ContainerSummary;
-use bollard::query_parameters::ListContainersOptions;
+use bollard::query_parameters::{ListContainersOptions, TopOptions};
 use code_runner::sandbox::force_remove;
 
 /// A Docker client that speaks the daemon's API version (dockerd 20.10 refuses
@@ -30,6 +30,23 @@ pub async fn list_labelled(
         ..Default::default()
     };
     docker.list_containers(Some(options)).await
+}
+
+/// The rows of `docker top` (`ps -ef`) of a container, each joined by
+/// spaces; none when it is not running (or gone).
+pub async fn processes(docker: &bollard::Docker, container: &str) -> Vec<String> {
+    let options = TopOptions {
+        ps_args: "-ef".to_string(),
+    };
+    match docker.top_processes(container, Some(options)).await {
+        Ok(top) => top
+            .processes
+            .unwrap_or_default()
+            .iter()
+            .map(|row| row.join(" "))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Whether a listed container is a sandbox holding a process: created or

@@ -9,11 +9,9 @@ use code_runner_protocol::{HostMessage, SandboxMessage};
 use super::T;
 use super::harness::{Sandbox, live_processes_of};
 
-fn lingering(message: HostMessage, linger_ms: u64) -> HostMessage {
-    lingering_after_wiping(message, linger_ms, Vec::new())
-}
-
-fn lingering_after_wiping(message: HostMessage, linger_ms: u64, wipe: Vec<String>) -> HostMessage {
+/// `message`, a bundle, asking the supervisor to linger `linger_ms` after
+/// emptying `wipe`.
+fn lingering(message: HostMessage, linger_ms: u64, wipe: Vec<String>) -> HostMessage {
     let HostMessage::Bundle(mut bundle) = message else {
         panic!("not a bundle: {message:?}");
     };
@@ -43,6 +41,13 @@ fn until_done(sb: &mut Sandbox) {
     while !matches!(sb.next(T), SandboxMessage::Done) {}
 }
 
+/// Runs `echo hi` with `linger_ms` and `wipe`, until `done`.
+fn echo_until_done(sb: &mut Sandbox, linger_ms: u64, wipe: Vec<String>) {
+    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
+    sb.send(lingering(sb.bundle(vec![], vec![stage]), linger_ms, wipe));
+    until_done(sb);
+}
+
 /// A job that leaves a process behind (in the background, its own session,
 /// ignoring SIGHUP and SIGTERM) and a sleeping child.
 fn leaves_processes(sb: &Sandbox) -> HostMessage {
@@ -60,7 +65,7 @@ fn leaves_processes(sb: &Sandbox) -> HostMessage {
 #[test]
 fn a_lingering_supervisor_stays_until_the_host_closes_its_stream_with_no_process_of_the_job_left() {
     let mut sb = Sandbox::start();
-    sb.send(lingering(leaves_processes(&sb), 60_000));
+    sb.send(lingering(leaves_processes(&sb), 60_000, Vec::new()));
     until_done(&mut sb);
     // Well past `done` the supervisor is still there, alone.
     std::thread::sleep(Duration::from_millis(500));
@@ -90,9 +95,7 @@ fn a_lingering_supervisor_stays_until_the_host_closes_its_stream_with_no_process
 #[test]
 fn a_lingering_supervisor_exits_by_itself_after_linger_ms() {
     let mut sb = Sandbox::start();
-    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
-    sb.send(lingering(sb.bundle(vec![], vec![stage]), 1_000));
-    until_done(&mut sb);
+    echo_until_done(&mut sb, 1_000, Vec::new());
     let done = Instant::now();
     // The host never closes its stream.
     let outcome = sb.finish(T);
@@ -106,9 +109,7 @@ fn a_lingering_supervisor_exits_by_itself_after_linger_ms() {
 #[test]
 fn sigterm_ends_a_lingering_supervisor() {
     let mut sb = Sandbox::start();
-    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
-    sb.send(lingering(sb.bundle(vec![], vec![stage]), 60_000));
-    until_done(&mut sb);
+    echo_until_done(&mut sb, 60_000, Vec::new());
     sb.signal_supervisor(nix::sys::signal::Signal::SIGTERM);
     let outcome = sb.finish(Duration::from_secs(5));
     assert_eq!(outcome.exit_code, Some(0));
@@ -117,9 +118,7 @@ fn sigterm_ends_a_lingering_supervisor() {
 #[test]
 fn without_linger_the_supervisor_exits_after_done_with_its_stream_open() {
     let mut sb = Sandbox::start();
-    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
-    sb.send(sb.bundle(vec![], vec![stage]));
-    until_done(&mut sb);
+    echo_until_done(&mut sb, 0, Vec::new());
     let outcome = sb.finish(Duration::from_secs(5));
     assert_eq!(outcome.exit_code, Some(0));
     assert!(sb.stdin.is_some());
@@ -143,11 +142,7 @@ fn a_lingering_supervisor_first_empties_the_directories_it_was_given() {
         other_path.clone(),
         "/nonexistent/is/skipped".to_string(),
     ];
-    sb.send(lingering_after_wiping(
-        sb.bundle(vec![], vec![stage]),
-        60_000,
-        wipe,
-    ));
+    sb.send(lingering(sb.bundle(vec![], vec![stage]), 60_000, wipe));
     until_done(&mut sb);
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(sb.child.try_wait().unwrap(), None, "the supervisor exited");
@@ -168,14 +163,8 @@ fn a_supervisor_that_cannot_empty_a_directory_does_not_linger() {
     let blocked = sb.workspace().join("roots");
     std::fs::create_dir(&blocked).unwrap();
     std::fs::write(blocked.join("file"), b"root's").unwrap();
-    let stage = sb.stage("run", &["/bin/sh", "-c", "echo hi"]);
     let wipe = vec![sb.workspace().to_string_lossy().into_owned()];
-    sb.send(lingering_after_wiping(
-        sb.bundle(vec![], vec![stage]),
-        60_000,
-        wipe,
-    ));
-    until_done(&mut sb);
+    echo_until_done(&mut sb, 60_000, wipe);
     // It exits at once, its stream still open, and says why.
     let outcome = sb.finish(Duration::from_secs(5));
     assert_eq!(outcome.exit_code, Some(0));
