@@ -5,7 +5,8 @@
 //!    pipes themselves are read and written by the threads of
 //!    [`super::pipes`]), applies
 //!    host signals, reaps children on SIGCHLD, and checks the wall, idle and
-//!    CPU limits (CPU polled every [`CPU_POLL`]). Any limit kills every
+//!    CPU limits (CPU polled every [`CPU_POLL`] once the limit is within
+//!    reach, see [`cpu_poll_in`]). Any limit kills every
 //!    process of the job's uid. The phase ends when the stage's main process
 //!    is reaped.
 //! 2. **Cleanup**: every leftover process of the uid is killed, and the
@@ -31,8 +32,12 @@ use code_runner_protocol::{
     Reason, SandboxMessage, StageLimits, StageReport, StageSpec, StageStart,
 };
 
-/// How often the job's CPU time is read from `/proc`.
+/// How often the job's CPU time is read from `/proc` while it could pass its
+/// CPU limit before the next read (see [`Run::cpu_poll_in`]).
 const CPU_POLL: Duration = Duration::from_millis(50);
+/// Longest time between two reads of the job's CPU time (and reaps that do
+/// not wait for SIGCHLD).
+const CPU_POLL_MAX: Duration = Duration::from_secs(1);
 /// How long a kill may take before it is sent again.
 const KILL_RETRY: Duration = Duration::from_millis(500);
 /// How long to read the pipes after the stage ended.
@@ -183,6 +188,23 @@ struct Run {
     input_wanted_said: bool,
 }
 
+/// How long after a read of the job's CPU time (`used_ms` of `limit_ms`) the
+/// next one is due. Its processes cannot use more than `cpu_millis`
+/// thousandths of a CPU at once, so they cannot pass the limit sooner than
+/// what is left of it at that rate: until then nothing is read (at most
+/// [`CPU_POLL_MAX`]), and from then on every [`CPU_POLL`]. A job waiting for
+/// input (a student reading the prompt) is then read once a second, not
+/// twenty times, and a busy one still overshoots its limit by at most one
+/// [`CPU_POLL`] at its CPUs' rate, as before.
+fn cpu_poll_in(limit_ms: u64, used_ms: u64, cpu_millis: u64) -> Duration {
+    let left = u128::from(limit_ms.saturating_sub(used_ms));
+    let soonest = match cpu_millis {
+        u64::MAX => 0,
+        rate => u64::try_from(left * 1000 / u128::from(rate.max(1))).unwrap_or(u64::MAX),
+    };
+    Duration::from_millis(soonest).clamp(CPU_POLL, CPU_POLL_MAX)
+}
+
 /// The next chunk (or the end) of an output pipe; never when there is no pipe.
 async fn next_output(pipe: Option<&mut OutputPipe>) -> Output {
     match pipe {
@@ -208,7 +230,8 @@ impl Run {
             if now >= self.next_poll {
                 self.reap();
                 self.poll_cpu(ctx);
-                self.next_poll = now + CPU_POLL;
+                self.next_poll =
+                    now + cpu_poll_in(self.limits.cpu_ms, self.polled_cpu_ms, self.cpu_millis);
             }
             self.check_deadlines(ctx, now);
             if self.exit.is_some() {
@@ -579,5 +602,28 @@ impl Run {
             memory_peak_bytes: peak,
             output_truncated: self.truncated,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_is_read_when_the_limit_could_be_reached_at_the_cpus_rate() {
+        // 2 s left on one CPU: nothing for the longest pause.
+        assert_eq!(cpu_poll_in(10_000, 8_000, 1000), CPU_POLL_MAX);
+        // 300 ms left on one CPU, or 600 ms left on two: 300 ms.
+        assert_eq!(cpu_poll_in(1_000, 700, 1000), Duration::from_millis(300));
+        assert_eq!(cpu_poll_in(1_000, 400, 2000), Duration::from_millis(300));
+        // Half a CPU makes the same 300 ms last twice as long.
+        assert_eq!(cpu_poll_in(1_000, 700, 500), Duration::from_millis(600));
+        // Within reach, or past it: the short pause.
+        assert_eq!(cpu_poll_in(1_000, 980, 1000), CPU_POLL);
+        assert_eq!(cpu_poll_in(1_000, 1_500, 1000), CPU_POLL);
+        // No known ceiling: the job could use any amount, read often.
+        assert_eq!(cpu_poll_in(10_000, 0, u64::MAX), CPU_POLL);
+        // No limit to speak of: the longest pause.
+        assert_eq!(cpu_poll_in(u64::MAX, 0, 1000), CPU_POLL_MAX);
     }
 }

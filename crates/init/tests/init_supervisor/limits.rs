@@ -116,6 +116,27 @@ fn cpu_timeout_on_a_busy_loop() {
 }
 
 #[test]
+fn cpu_limit_after_an_idle_spell_is_kept_as_closely_as_from_the_start() {
+    // While the job sleeps its CPU time is read seldom (the limit is out of
+    // reach); once it spins, the reads must come in time all the same. Read
+    // once a second regardless, the loop would run past 1 s of CPU.
+    let mut sb = Sandbox::start();
+    let mut stage = sb.stage("run", &["sh", "-c", "sleep 1.9; while :; do :; done"]);
+    stage.limits.cpu_ms = 500;
+    stage.limits.wall_ms = 10_000;
+    sb.send(sb.bundle(vec![], vec![stage]));
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::CpuTimeout, "{report:?}");
+    assert!(
+        (500..800).contains(&report.cpu_ms),
+        "killed at {} ms of CPU for a 500 ms limit: {report:?}",
+        report.cpu_ms
+    );
+    assert!(report.wall_ms >= 2_400, "{report:?}");
+}
+
+#[test]
 fn cpu_of_child_processes_counts() {
     let mut sb = Sandbox::start();
     // The CPU is burnt in a grandchild; the main process only waits.
