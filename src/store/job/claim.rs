@@ -78,7 +78,10 @@ impl Jobs {
             .await?;
         match moved {
             None => Ok(None),
-            Some(turn) if turn == TURN => match self.take_turn(worker).await? {
+            // The second half on the same connection: the pool's are
+            // shared with every running job and the API, and a burst of
+            // claims waited for one longer than for the script itself.
+            Some(turn) if turn == TURN => match self.take_turn_on(conn, worker).await? {
                 ClaimOutcome::Claimed(id) => Ok(Some(id)),
                 ClaimOutcome::Spare | ClaimOutcome::NoTurn => Ok(None),
             },
@@ -91,6 +94,15 @@ impl Jobs {
     /// place of a turn in `worker`'s processing list. Also for a turn a
     /// claim left there when its second half failed.
     pub async fn take_turn(&self, worker: &str) -> Result<ClaimOutcome, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        self.take_turn_on(&mut conn, worker).await
+    }
+
+    async fn take_turn_on(
+        &self,
+        conn: &mut impl redis::aio::ConnectionLike,
+        worker: &str,
+    ) -> Result<ClaimOutcome, StoreError> {
         let keys = &self.redis.keys;
         let inputs = ClaimInputs {
             processing: keys.processing(worker),
@@ -99,8 +111,7 @@ impl Jobs {
             tenant_weights: keys.tenant_weights(),
             claims: keys.claims(),
         };
-        let mut conn = self.redis.conn().await?;
-        let reply = self.scripts.claim.run(&mut conn, &inputs, &[]).await?;
+        let reply = self.scripts.claim.run(conn, &inputs, &[]).await?;
         ClaimOutcome::from_reply(&reply)
     }
 

@@ -148,7 +148,7 @@ impl<I: Inputs> StepScript<I> {
     /// the reply's elements, the outcome first.
     pub(super) async fn run(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut impl deadpool_redis::redis::aio::ConnectionLike,
         inputs: &I,
         rest: &[&[u8]],
     ) -> Result<Reply, StoreError> {
