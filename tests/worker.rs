@@ -583,18 +583,65 @@ async fn the_drain_timeout_settles_what_is_left_as_an_error() {
 
 /// Whether a client of this Redis is blocked in BLMOVE right now.
 async fn claim_in_flight(world: &World) -> bool {
+    claims_in_flight(world).await > 0
+}
+
+/// How many clients of this Redis are blocked in BLMOVE right now.
+async fn claims_in_flight(world: &World) -> usize {
     let mut conn = world.redis.conn().await;
     let clients: String = redis::cmd("CLIENT")
         .arg("LIST")
         .query_async(&mut conn)
         .await
         .expect("CLIENT LIST");
-    clients.lines().any(|line| {
-        line.split(' ').any(|f| f == "cmd=blmove")
-            && line
-                .split(' ')
-                .any(|f| f.starts_with("flags=") && f.contains('b'))
+    clients
+        .lines()
+        .filter(|line| {
+            line.split(' ').any(|f| f == "cmd=blmove")
+                && line
+                    .split(' ')
+                    .any(|f| f.starts_with("flags=") && f.contains('b'))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_worker_claims_in_four_loops_and_no_more_than_its_slots() {
+    let world = World::new().await;
+    // Two slots: two claims wait at once, each holding its slot.
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    wait_for("two claims to block", Duration::from_secs(10), || async {
+        (claims_in_flight(&world).await == 2).then_some(())
     })
+    .await;
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    wait_for("the claims to end", Duration::from_secs(10), || async {
+        (claims_in_flight(&world).await == 0).then_some(())
+    })
+    .await;
+
+    // Eight slots: four loops. Twelve jobs at once each run exactly once.
+    let mut worker = world.start_worker(8, Duration::from_secs(30));
+    wait_for("four claims to block", Duration::from_secs(10), || async {
+        (claims_in_flight(&world).await == 4).then_some(())
+    })
+    .await;
+    let mut ids = Vec::new();
+    for n in 0..12 {
+        ids.push(world.submit(&python(&format!("print({n})"))).await);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let record = world.wait_terminal(id, JOB_DEADLINE).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(record.attempts, 1, "{record:#?}");
+        assert_eq!(run_stdout(&record), format!("{n}\n"));
+    }
+    assert_eq!(claims_in_flight(&world).await, 4);
+    assert_eq!(world.processing_len().await, 0);
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -39,7 +39,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -76,11 +76,30 @@ pub const REFILL_HOLD: Duration = Duration::from_millis(500);
 /// (`SandboxConfig::linger`) before it exits by itself: the removal queue
 /// ends it sooner, when the slots are not busy (see `removals`).
 pub const LINGER: Duration = Duration::from_secs(60);
+/// Claim loops a worker runs at once (no more than it has slots). One loop
+/// made a claim at a time, three round trips each with the wait for its
+/// task's turn on a runtime busy with every running job: in the 300-student
+/// burst the last claim came 2.6-4.8 s after the submissions, with four
+/// 1.0-1.4 s (docs/performance.md). Redis serves blocked claims in turn, so
+/// jobs still spread over a fleet's workers as before.
+const CLAIMERS: usize = 4;
 /// A claim that took this long blocked on an empty queue: Docker is asked
 /// again after it (see `claim_loop`).
 const CLAIM_BLOCKED: Duration = Duration::from_millis(100);
 /// After giving up: how long tasks get to log what they could not write.
 const GIVE_UP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the claim loops share.
+struct Claims {
+    /// One permit a slot.
+    slots: Arc<Semaphore>,
+    /// Held shared from a claim's start until its job holds its slot, and
+    /// alone while the processing list is read back after an error: a job
+    /// another loop has just claimed is never taken for a stranded one.
+    in_flight: RwLock<()>,
+    /// One loop at a time starts the stranded jobs it found.
+    adopting: tokio::sync::Mutex<()>,
+}
 
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
@@ -290,7 +309,7 @@ impl Worker {
             // Ends once the claim loop stopped (at shutdown) and every job
             // task it spawned ended.
             let jobs = async {
-                Arc::clone(&shared).claim_loop(&tracker).await;
+                Arc::clone(&shared).claim_loops(&tracker).await;
                 tracker.close();
                 tracker.wait().await;
             };
@@ -360,13 +379,25 @@ impl Shared {
         self.abandoned.store(true, Ordering::SeqCst);
     }
 
+    /// Runs [`CLAIMERS`] claim loops over the worker's slots until shutdown.
+    async fn claim_loops(self: Arc<Self>, tracker: &TaskTracker) {
+        let claims = Arc::new(Claims {
+            slots: Arc::new(Semaphore::new(self.config.max_sandboxes)),
+            in_flight: RwLock::new(()),
+            adopting: tokio::sync::Mutex::new(()),
+        });
+        let loops = (0..CLAIMERS.min(self.config.max_sandboxes.max(1)))
+            .map(|_| Arc::clone(&self).claim_loop(tracker, Arc::clone(&claims)));
+        futures_util::future::join_all(loops).await;
+    }
+
     /// Takes a slot, claims a job into it and spawns its task, until
     /// shutdown. Returns at once when shutdown begins while waiting for a
     /// slot; a claim in flight is let finish (at most the 1 s block), and
     /// the job it returns given back.
-    async fn claim_loop(self: Arc<Self>, tracker: &TaskTracker) {
+    async fn claim_loop(self: Arc<Self>, tracker: &TaskTracker, claims: Arc<Claims>) {
         let worker = self.config.id.as_str();
-        let slots = Arc::new(Semaphore::new(self.config.max_sandboxes));
+        let slots = &claims.slots;
         let mut conn: Option<MultiplexedConnection> = None;
         let mut backoff = Backoff::redis();
         let mut failing = false;
@@ -380,7 +411,7 @@ impl Shared {
                 if !self.reannounce(&self.shutdown).await {
                     return;
                 }
-                match self.adopt_stranded(&slots, tracker).await {
+                match self.adopt_stranded(&claims, tracker).await {
                     Ok(()) => check_list = false,
                     Err(error) => {
                         let delay = backoff.next_delay();
@@ -395,7 +426,7 @@ impl Shared {
             let permit = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return,
-                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                permit = Arc::clone(slots).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     // The semaphore is never closed.
                     Err(_) => return,
@@ -425,6 +456,7 @@ impl Shared {
                 docker_failing = false;
                 docker_backoff.reset();
             }
+            let claiming = claims.in_flight.read().await;
             let claim_began = std::time::Instant::now();
             let claimed = match conn.as_mut() {
                 // Not raced with shutdown: a BLMOVE in flight may still move
@@ -474,6 +506,7 @@ impl Shared {
                     }
                     tracing::debug!(job.id = %id, worker.id = %worker, "claimed a job");
                     Arc::clone(&self).spawn_claimed(tracker, id, permit);
+                    drop(claiming);
                 }
                 Err(error) => {
                     drop(permit);

@@ -14,11 +14,10 @@
 
 use std::sync::Arc;
 
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use super::Shared;
 use super::backoff::{Backoff, sleep_unless_cancelled};
+use super::{Claims, Shared};
 use crate::store::{LostResults, ReapOutcome, ReapPolicy, Retry};
 
 impl Shared {
@@ -124,30 +123,35 @@ impl Shared {
     /// Returns `Err` when the list cannot be read (the caller tries again).
     pub(super) async fn adopt_stranded(
         self: &Arc<Self>,
-        slots: &Arc<Semaphore>,
+        claims: &Claims,
         tracker: &TaskTracker,
     ) -> Result<(), crate::store::StoreError> {
-        // A claim whose second half failed left a turn in the list: its
-        // job takes the turn's place first (between claims: no claim of
-        // this worker is in flight now).
-        let turns = self
-            .store
-            .jobs()
-            .held_by(&self.config.id)
-            .await?
-            .into_iter()
-            .filter(|entry| entry == crate::store::TURN)
-            .count();
-        for _ in 0..turns {
-            self.store.jobs().take_turn(&self.config.id).await?;
-        }
-        let ids = self.store.jobs().claimed_by(&self.config.id).await?;
-        let held = self.running_ids();
+        // Another loop that found the same jobs has started them first.
+        let _adopting = claims.adopting.lock().await;
+        let (ids, held) = {
+            // No claim of this worker is in flight while the list is read.
+            let _alone = claims.in_flight.write().await;
+            // A claim whose second half failed left a turn in the list: its
+            // job takes the turn's place first.
+            let turns = self
+                .store
+                .jobs()
+                .held_by(&self.config.id)
+                .await?
+                .into_iter()
+                .filter(|entry| entry == crate::store::TURN)
+                .count();
+            for _ in 0..turns {
+                self.store.jobs().take_turn(&self.config.id).await?;
+            }
+            let ids = self.store.jobs().claimed_by(&self.config.id).await?;
+            (ids, self.running_ids())
+        };
         for id in ids.into_iter().filter(|id| !held.contains(id)) {
             let permit = tokio::select! {
                 biased;
                 () = self.shutdown.cancelled() => return Ok(()),
-                permit = Arc::clone(slots).acquire_owned() => match permit {
+                permit = Arc::clone(&claims.slots).acquire_owned() => match permit {
                     Ok(permit) => permit,
                     Err(_) => return Ok(()),
                 },
