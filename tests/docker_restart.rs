@@ -324,6 +324,15 @@ async fn dockerd_restarted_during_a_run() {
         "the serve process ended; log:\n{}",
         daemon.log()
     );
+    // The worker's four claim loops each saw Docker go and come back; the
+    // log says each once.
+    let log = daemon.log();
+    for line in [
+        "docker does not answer; not claiming jobs until it does",
+        "docker answers again; claiming jobs",
+    ] {
+        assert_eq!(log.matches(line).count(), 1, "{line:?} in the log:\n{log}");
+    }
 }
 
 /// The result's `error` of a job whose dockerd went away mid-run.

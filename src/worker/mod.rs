@@ -99,6 +99,10 @@ struct Claims {
     in_flight: RwLock<()>,
     /// One loop at a time starts the stranded jobs it found.
     adopting: tokio::sync::Mutex<()>,
+    /// Docker or Redis stopped answering a claim loop: the first loop to
+    /// see it says so, and the first to see it answer again.
+    docker_down: AtomicBool,
+    redis_down: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -385,6 +389,8 @@ impl Shared {
             slots: Arc::new(Semaphore::new(self.config.max_sandboxes)),
             in_flight: RwLock::new(()),
             adopting: tokio::sync::Mutex::new(()),
+            docker_down: AtomicBool::new(false),
+            redis_down: AtomicBool::new(false),
         });
         let loops = (0..CLAIMERS.min(self.config.max_sandboxes.max(1)))
             .map(|_| Arc::clone(&self).claim_loop(tracker, Arc::clone(&claims)));
@@ -441,7 +447,7 @@ impl Shared {
             // when Docker has not answered lately.
             if let Some(problem) = self.docker_problem(DOCKER_FRESH).await {
                 drop(permit);
-                if !docker_failing {
+                if !claims.docker_down.swap(true, Ordering::SeqCst) {
                     tracing::warn!(worker.id = %worker, error = %problem, "docker does not answer; not claiming jobs until it does");
                 }
                 docker_failing = true;
@@ -452,7 +458,9 @@ impl Shared {
                 continue;
             }
             if docker_failing {
-                tracing::info!(worker.id = %worker, "docker answers again; claiming jobs");
+                if claims.docker_down.swap(false, Ordering::SeqCst) {
+                    tracing::info!(worker.id = %worker, "docker answers again; claiming jobs");
+                }
                 docker_failing = false;
                 docker_backoff.reset();
             }
@@ -473,7 +481,7 @@ impl Shared {
             };
             match claimed {
                 Ok(claimed) => {
-                    if failing {
+                    if failing && claims.redis_down.swap(false, Ordering::SeqCst) {
                         tracing::info!(worker.id = %worker, "redis answers again; claiming jobs");
                     }
                     failing = false;
@@ -512,6 +520,7 @@ impl Shared {
                     drop(permit);
                     conn = None;
                     failing = true;
+                    claims.redis_down.store(true, Ordering::SeqCst);
                     check_list = true;
                     let delay = backoff.next_delay();
                     tracing::warn!(
