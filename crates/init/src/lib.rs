@@ -135,6 +135,10 @@ pub enum InitError {
     Survivors { stage: String, seconds: u64 },
     #[error("cannot prepare the sandbox for the next run: {0}")]
     Runs(String),
+    /// Emptying the job's directories before lingering failed (the same
+    /// tree steps as [`InitError::Runs`], said plainly).
+    #[error("{0}")]
+    Wipe(String),
     #[error("cannot set up the pipes of stage {stage:?}: {source}")]
     StagePipes {
         stage: String,

@@ -242,6 +242,11 @@ pub(crate) fn empty_dirs(roots: &[String], uid: u32, gid: u32) -> Result<(), Ini
         }
         Ok(())
     })
+    .map_err(|error| match error {
+        // The tree steps shared with the runs say their problem as a run's.
+        InitError::Runs(problem) => InitError::Wipe(problem),
+        other => other,
+    })
 }
 
 /// The names in `fd` that are not in `names`.

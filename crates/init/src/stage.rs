@@ -33,7 +33,7 @@ use code_runner_protocol::{
 };
 
 /// How often the job's CPU time is read from `/proc` while it could pass its
-/// CPU limit before the next read (see [`Run::cpu_poll_in`]).
+/// CPU limit before the next read (see [`cpu_poll_in`]).
 const CPU_POLL: Duration = Duration::from_millis(50);
 /// Longest time between two reads of the job's CPU time (and reaps that do
 /// not wait for SIGCHLD).

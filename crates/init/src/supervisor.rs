@@ -300,9 +300,6 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     if !linger.is_zero() {
         match empty_dirs(&bundle.linger_wipe, context.uid, context.gid) {
             Ok(()) => linger_until_closed(&mut context, linger).await,
-            Err(InitError::Runs(problem)) => {
-                eprintln!("code-runner-init: not lingering after done: {problem}");
-            }
             Err(error) => eprintln!("code-runner-init: not lingering after done: {error}"),
         }
     }
