@@ -62,6 +62,31 @@ async fn quick_beside_long(
     (long, quick.id())
 }
 
+/// [`quick_beside_long`], then waits until the quick job's container is
+/// queued; returns the long job's id and the containers whose supervisor is
+/// idle (at least one: the quick job's; a refill starting may show its
+/// supervisor alone too, for a moment).
+async fn queued_beside_long(
+    server: &daemon::Daemon,
+    docker: &bollard::Docker,
+    long_secs: f64,
+    quick_source: &str,
+) -> (String, Vec<String>) {
+    let (long, _quick) = quick_beside_long(server, long_secs, quick_source).await;
+    server.wait_metric(QUEUED, 1.0, WITHIN).await;
+    let idle = idle_supervisors(docker, &server.worker_id).await;
+    assert!(!idle.is_empty());
+    (long, idle)
+}
+
+/// The long job still runs (so the queued container waited for it); once
+/// it is over, the queued container is removed.
+async fn removed_after(server: &daemon::Daemon, docker: &bollard::Docker, long: &str) {
+    assert_eq!(server.job(long).await["status"], "running");
+    server.wait_terminal(long, WITHIN).await;
+    wait_removed(server, docker, WITHIN).await;
+}
+
 /// Every container of the worker (a warm sandbox has no job label).
 async fn worker_containers(docker: &bollard::Docker, worker_id: &str) -> Vec<ContainerSummary> {
     list_labelled(docker, &format!("{LABEL_WORKER}={worker_id}"))
@@ -99,19 +124,8 @@ async fn a_removal_waits_while_the_slots_are_busy_and_is_done_after() {
     let redis = RedisServer::start();
     let server = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
-    let (long, _quick) = quick_beside_long(&server, 4.0, QUICK).await;
-    // The quick job's container waits its turn, its supervisor idle.
-    server.wait_metric(QUEUED, 1.0, WITHIN).await;
-    // (A refill starting may show its supervisor alone too, for a moment.)
-    assert!(
-        !idle_supervisors(&docker, &server.worker_id)
-            .await
-            .is_empty()
-    );
-    assert_eq!(server.job(&long).await["status"], "running");
-    // Once the long job is over, it is removed.
-    server.wait_terminal(&long, WITHIN).await;
-    wait_removed(&server, &docker, WITHIN).await;
+    let (long, _idle) = queued_beside_long(&server, &docker, 4.0, QUICK).await;
+    removed_after(&server, &docker, &long).await;
 }
 
 #[tokio::test]
@@ -127,15 +141,11 @@ async fn a_queued_container_keeps_nothing_of_its_job() {
         open('/tmp/left', 'w').write('x' * 1000000)\n\
         open('/dev/shm/left', 'w').write('x' * 1000000)\n\
         print('quick')";
-    let (long, _quick) = quick_beside_long(&server, 6.0, leaves_behind).await;
-    server.wait_metric(QUEUED, 1.0, WITHIN).await;
     // Its container still runs (its exit waits for the removal), with
     // nothing but its supervisor in it: no process of the job anywhere in
-    // the worker's containers, none of its files.
-    // (A refill starting may show its supervisor alone too, for a moment:
-    // its directories are empty as well.)
-    let idle = idle_supervisors(&docker, &server.worker_id).await;
-    assert!(!idle.is_empty());
+    // the worker's containers, none of its files. (A refill's supervisor,
+    // alone for a moment, has empty directories as well.)
+    let (long, idle) = queued_beside_long(&server, &docker, 6.0, leaves_behind).await;
     for container in &idle {
         let listed = listing(&docker, container, &["/workspace", "/tmp", "/dev/shm"]).await;
         assert_eq!(listed, "/dev/shm:\n\n/tmp:\n\n/workspace:\n", "{listed}");
@@ -149,9 +159,7 @@ async fn a_queued_container_keeps_nothing_of_its_job() {
             "{rows:?}"
         );
     }
-    assert_eq!(server.job(&long).await["status"], "running");
-    server.wait_terminal(&long, WITHIN).await;
-    wait_removed(&server, &docker, WITHIN).await;
+    removed_after(&server, &docker, &long).await;
 }
 
 #[tokio::test]

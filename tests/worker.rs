@@ -637,7 +637,13 @@ async fn a_worker_claims_in_four_loops_and_no_more_than_its_slots() {
         assert_eq!(record.attempts, 1, "{record:#?}");
         assert_eq!(run_stdout(&record), format!("{n}\n"));
     }
-    assert_eq!(claims_in_flight(&world).await, 4);
+    // The jobs' slots come back after their results: the loops block again.
+    wait_for(
+        "four claims to block again",
+        Duration::from_secs(10),
+        || async { (claims_in_flight(&world).await == 4).then_some(()) },
+    )
+    .await;
     assert_eq!(world.processing_len().await, 0);
     worker.shut_down();
     worker.stopped(Duration::from_secs(10)).await;

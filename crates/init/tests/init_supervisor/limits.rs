@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use code_runner_protocol::{HostMessage, Reason, SignalKind};
+use code_runner_protocol::{HostMessage, Reason, SignalKind, StageReport};
 
 use super::T;
 use super::harness::{SIGKILL, Sandbox, TestCgroup, live_processes_of};
@@ -100,16 +100,22 @@ fn wall_timeout_kills_and_the_supervisor_exits_promptly() {
     assert!(started.elapsed() < Duration::from_secs(3));
 }
 
-#[test]
-fn cpu_timeout_on_a_busy_loop() {
+/// The report of `sh -c script` with a CPU limit of 500 ms (and 10 s of
+/// wall), which must end it.
+fn killed_at_the_cpu_limit(script: &str) -> StageReport {
     let mut sb = Sandbox::start();
-    let mut stage = sb.stage("run", &["sh", "-c", "while :; do :; done"]);
+    let mut stage = sb.stage("run", &["sh", "-c", script]);
     stage.limits.cpu_ms = 500;
     stage.limits.wall_ms = 10_000;
     sb.send(sb.bundle(vec![], vec![stage]));
-    let outcome = sb.finish(T);
-    let report = outcome.only_report();
+    let report = sb.finish(T).only_report().clone();
     assert_eq!(report.reason, Reason::CpuTimeout, "{report:?}");
+    report
+}
+
+#[test]
+fn cpu_timeout_on_a_busy_loop() {
+    let report = killed_at_the_cpu_limit("while :; do :; done");
     assert_eq!(report.signal, Some(SIGKILL));
     assert!(report.cpu_ms >= 500, "{report:?}");
     assert!(report.wall_ms < 5_000, "{report:?}");
@@ -120,14 +126,7 @@ fn cpu_limit_after_an_idle_spell_is_kept_as_closely_as_from_the_start() {
     // While the job sleeps its CPU time is read seldom (the limit is out of
     // reach); once it spins, the reads must come in time all the same. Read
     // once a second regardless, the loop would run past 1 s of CPU.
-    let mut sb = Sandbox::start();
-    let mut stage = sb.stage("run", &["sh", "-c", "sleep 1.9; while :; do :; done"]);
-    stage.limits.cpu_ms = 500;
-    stage.limits.wall_ms = 10_000;
-    sb.send(sb.bundle(vec![], vec![stage]));
-    let outcome = sb.finish(T);
-    let report = outcome.only_report();
-    assert_eq!(report.reason, Reason::CpuTimeout, "{report:?}");
+    let report = killed_at_the_cpu_limit("sleep 1.9; while :; do :; done");
     assert!(
         (500..800).contains(&report.cpu_ms),
         "killed at {} ms of CPU for a 500 ms limit: {report:?}",
