@@ -65,6 +65,13 @@ const PYTHON: &[Case] = &[
     ),
     case("loaded_modules", "import sys\nprint(sorted(sys.modules))\n"),
     case(
+        "site_left_as_it_was",
+        "import site, sys\n\
+         print([(name, f.__module__, f.__qualname__) for name, f in sorted(vars(site).items())\n\
+                if callable(f) and not isinstance(f, type)])\n\
+         print(sys.excepthook, sys.displayhook, sys.__interactivehook__.__qualname__)\n",
+    ),
+    case(
         "cwd_and_workspace",
         "import os\nprint(os.getcwd(), sorted(os.listdir('.')), sorted(os.listdir('/tmp')))\n",
     ),
