@@ -153,6 +153,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             longest_job: Duration::from_secs(60),
             parallel_starts: 1,
             refill_hold: code_runner::worker::REFILL_HOLD,
+            slots: None,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
@@ -187,6 +188,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             longest_job: Duration::from_secs(60),
             parallel_starts: 1,
             refill_hold: code_runner::worker::REFILL_HOLD,
+            slots: None,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);

@@ -470,6 +470,7 @@ async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) 
             longest_job: Duration::from_secs(600),
             parallel_starts: 2,
             refill_hold: code_runner::worker::REFILL_HOLD,
+            slots: None,
         },
     );
     pool.set_targets(vec![(spec, 2)]);

@@ -1492,6 +1492,67 @@ async fn a_pool_holding_half_its_target_refills_after_the_running_job_or_the_hol
     );
 }
 
+/// While jobs run, a pool is not refilled beyond the slots they leave
+/// free: with 3 slots, a target of 3 and two jobs running, it holds the
+/// one sandbox the free slot could take (the pool is under half, which
+/// alone would refill it at once), and refills once the jobs have ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_is_not_refilled_beyond_the_slots_the_running_jobs_leave_free() {
+    let world = World::new().await;
+    let mut worker = world.start_worker_with(3, Duration::from_secs(30), |config| {
+        config.warm_max = 3;
+        config.warm_floors = [("python".to_string(), 3)].into();
+    });
+    wait_for("a full pool", JOB_DEADLINE, || async {
+        (warm_ready(&world).await == Some(3)).then_some(())
+    })
+    .await;
+    let program = python("import time\ntime.sleep(4)\nprint('done')\n");
+    let ids = [world.submit(&program).await, world.submit(&program).await];
+    for id in &ids {
+        world
+            .wait_status(id, JOB_DEADLINE, |s| s == Status::Running)
+            .await;
+    }
+    // A heartbeat written after both claims, then 2 s of samples: a refill
+    // that is started is ready within that here.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut samples = Vec::new();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        samples.push(warm_ready(&world).await.expect("a heartbeat with the pool"));
+    }
+    for id in &ids {
+        assert_eq!(
+            world.record(id).await.status,
+            Status::Running,
+            "sampled while both jobs ran"
+        );
+    }
+    assert_eq!(
+        samples,
+        vec![1; 8],
+        "ready sandboxes while two of three slots ran"
+    );
+    for id in &ids {
+        let record = world.wait_terminal(id, JOB_DEADLINE).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(run_stdout(&record), "done\n");
+        assert_eq!(
+            record.result.as_ref().unwrap().start,
+            Some(StartKind::WarmRuntime),
+            "the job took a pool sandbox"
+        );
+    }
+    wait_for("the pool refilled after the jobs", JOB_DEADLINE, || async {
+        (warm_ready(&world).await == Some(3)).then_some(())
+    })
+    .await;
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(30)).await;
+    world.harness.assert_clean().await;
+}
+
 /// A pool left under half its target refills at once, job or no job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_under_half_its_target_refills_while_the_job_runs() {

@@ -248,6 +248,10 @@ impl Worker {
                     } else {
                         Duration::ZERO
                     },
+                    slots: self
+                        .config
+                        .yield_while_busy
+                        .then_some(self.config.max_sandboxes),
                 },
             )
         });

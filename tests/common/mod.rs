@@ -179,6 +179,7 @@ impl Harness {
                 longest_job: Duration::from_secs(600),
                 parallel_starts: 2,
                 refill_hold: code_runner::worker::REFILL_HOLD,
+                slots: None,
             },
         );
         pool.set_targets(vec![(self.warm_spec(job), count)]);

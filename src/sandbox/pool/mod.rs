@@ -103,6 +103,10 @@ pub struct PoolSettings {
     /// How long a refill waits for the running jobs to end while the pool
     /// still holds half its target ready (see `WarmPool::set_running`).
     pub refill_hold: Duration,
+    /// The worker's slots, when refills yield to its jobs: while jobs run,
+    /// a spec's pool is not refilled beyond the slots they leave free (see
+    /// `WarmPool::set_running`). `None`: no such bound.
+    pub slots: Option<usize>,
 }
 
 /// The pool's figures for one language.
@@ -273,6 +277,13 @@ impl WarmPool {
     /// CPU from the job running and from the answer of the one that just
     /// ended (measured on the job's own latency, docs/performance.md), and
     /// a long job does not keep the pool short.
+    ///
+    /// And while jobs run, a spec's pool is not refilled beyond the slots
+    /// they leave free ([`PoolSettings::slots`]): a sandbox no slot could
+    /// take now would be started on the CPUs those jobs use (a burst's own
+    /// refills, measured in docs/performance.md), and every job that can
+    /// start still finds a ready one. Once a job ends, its slot is free
+    /// and the refill goes on.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
         let fewer = running < state.jobs_running;
@@ -408,11 +419,16 @@ impl WarmPool {
             state.refill_hold_until = Some(now + settings.refill_hold);
         }
         let holding = state.refill_hold_until.is_some_and(|until| now < until);
+        let free_slots = settings
+            .slots
+            .filter(|_| state.jobs_running > 0)
+            .map(|slots| slots.saturating_sub(state.jobs_running));
         for (spec, target) in specs {
             if holding && 2 * state.ready(&spec) >= target {
                 continue;
             }
-            while state.live(&spec) < target
+            let wanted = free_slots.map_or(target, |free| target.min(free));
+            while state.live(&spec) < wanted
                 && state.members.len() < settings.max
                 && state.creating() < parallel
             {
