@@ -619,6 +619,53 @@ async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one
     harness.assert_clean().await;
 }
 
+/// A runtime's hook waits only in the runtime the supervisor started: a
+/// program that passes a pipe of its own as descriptor 200 to a python3 or
+/// php child (its write end still open) does not make that child wait for a
+/// job, cold or on a warm runtime.
+#[tokio::test]
+async fn a_child_given_a_pipe_as_descriptor_200_does_not_wait_for_a_job() {
+    let python_parent = python(
+        "import os, subprocess\n\
+         read, write = os.pipe()\n\
+         os.dup2(read, 200)\n\
+         child = subprocess.run(['python3', '-c', 'import sys; print(\"child ran\", sys.argv)'],\n\
+                                pass_fds=(200,), capture_output=True, text=True, timeout=5)\n\
+         print(child.stdout, end='')\n\
+         print('exit', child.returncode)\n",
+    );
+    let php_parent = job(
+        "php",
+        "main.php",
+        "<?php\n\
+         $child = proc_open(['php', '-r', 'echo \"child ran \", count($argv), \"\\n\";'],\n\
+             [1 => ['pipe', 'w'], 200 => ['pipe', 'r']], $pipes);\n\
+         stream_set_timeout($pipes[1], 5);\n\
+         echo stream_get_contents($pipes[1]);\n\
+         fclose($pipes[1]);\n\
+         fclose($pipes[200]);\n\
+         echo 'exit ', proc_close($child), \"\\n\";\n",
+    );
+    for start in [StartKind::Cold, StartKind::WarmRuntime] {
+        let harness = Harness::new().await.on(start);
+        let result = harness.run(&python_parent).await;
+        assert_eq!(result.start, Some(start), "{result:#?}");
+        assert_eq!(
+            stdout(&result),
+            "child ran ['-c']\nexit 0\n",
+            "{start:?}: {result:#?}"
+        );
+        let result = harness.run(&php_parent).await;
+        assert_eq!(result.start, Some(start), "{result:#?}");
+        assert_eq!(
+            stdout(&result),
+            "child ran 1\nexit 0\n",
+            "{start:?}: {result:#?}"
+        );
+        harness.assert_clean().await;
+    }
+}
+
 #[tokio::test]
 async fn a_job_that_does_not_fit_a_runtime_holding_its_entry_file_never_sees_that_file() {
     let harness = Harness::new().await.on(StartKind::WarmRuntime);

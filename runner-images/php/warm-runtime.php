@@ -3,8 +3,9 @@
 //
 // Every php of this image prepends this file (conf.d/99-code-runner.ini), so
 // a cold start and a warm one include the same files; it does something only
-// when descriptor 200 is a pipe: the supervisor started `php main.php` before
-// the job came, with its control pipe as descriptor 200. PHP has then done
+// when descriptor 200 is a pipe and its parent is the supervisor: the
+// supervisor started `php main.php` before the job came, with its control
+// pipe as descriptor 200. PHP has then done
 // its whole start-up and opened main.php, an empty file the supervisor made,
 // but has not read it. This waits for the job's args (each followed by a NUL
 // byte, then EOF), appends them to $argv and $_SERVER['argv'] (and their
@@ -26,7 +27,13 @@
         fclose($pipe);
         return;
     }
-    $libc = FFI::cdef('int close(int fd);');
+    // Only the runtime the supervisor (PID 1) started waits: a child that
+    // the job's program gave a pipe of its own as descriptor 200 does not.
+    $libc = FFI::cdef('int close(int fd); int getppid(void);');
+    if ($libc->getppid() !== 1) {
+        fclose($pipe);
+        return;
+    }
     $data = stream_get_contents($pipe);
     fclose($pipe);
     $libc->close(200);
