@@ -42,13 +42,14 @@ fn two_cold_slots(role: Role, redis: &RedisServer) -> DaemonBuilder {
 
 /// Submits a long job, then a quick one (`quick_source`, printing `quick`)
 /// that ends while the long one runs; returns their ids once the quick one
-/// has succeeded. With a warm pool of two, both start warm.
+/// has succeeded. With a warm pool of two (`warm`, as the server was
+/// started: its metrics may not show the pool yet), both start warm.
 async fn quick_beside_long(
     server: &daemon::Daemon,
+    warm: bool,
     long_secs: f64,
     quick_source: &str,
 ) -> (String, String) {
-    let warm = daemon::metric(&server.metrics().await, WARM_READY).is_some();
     if warm {
         server.wait_metric(WARM_READY, 2.0, WITHIN).await;
     }
@@ -62,17 +63,17 @@ async fn quick_beside_long(
     (long, quick.id())
 }
 
-/// [`quick_beside_long`], then waits until the quick job's container is
-/// queued; returns the long job's id and the containers whose supervisor is
-/// idle (at least one: the quick job's; a refill starting may show its
-/// supervisor alone too, for a moment).
+/// [`quick_beside_long`] on a server with a warm pool, then waits until the
+/// quick job's container is queued; returns the long job's id and the
+/// containers whose supervisor is idle (at least one: the quick job's; a
+/// refill starting may show its supervisor alone too, for a moment).
 async fn queued_beside_long(
     server: &daemon::Daemon,
     docker: &bollard::Docker,
     long_secs: f64,
     quick_source: &str,
 ) -> (String, Vec<String>) {
-    let (long, _quick) = quick_beside_long(server, long_secs, quick_source).await;
+    let (long, _quick) = quick_beside_long(server, true, long_secs, quick_source).await;
     server.wait_metric(QUEUED, 1.0, WITHIN).await;
     let idle = idle_supervisors(docker, &server.worker_id).await;
     assert!(!idle.is_empty());
@@ -180,7 +181,7 @@ async fn a_cold_jobs_container_exits_by_itself_and_then_waits_its_turn() {
     let redis = RedisServer::start();
     let server = two_cold_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
-    let (long, quick) = quick_beside_long(&server, 4.0, QUICK).await;
+    let (long, quick) = quick_beside_long(&server, false, 4.0, QUICK).await;
     server.wait_metric(QUEUED, 1.0, WITHIN).await;
     // Only a warm sandbox's supervisor lingers: this one had exited before
     // its container was queued.
@@ -210,7 +211,7 @@ async fn removals_off_removes_in_the_slot_at_once() {
         .start()
         .await;
     let docker = docker().await;
-    let (long, quick) = quick_beside_long(&server, 3.0, QUICK).await;
+    let (long, quick) = quick_beside_long(&server, false, 3.0, QUICK).await;
     wait_for("the quick job's container removed", WITHIN, || async {
         job_containers(&docker, &quick)
             .await
@@ -228,7 +229,7 @@ async fn queued_removals_of_a_dead_worker_are_reaped() {
     let mut doomed = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
     let doomed_id = doomed.worker_id.clone();
-    quick_beside_long(&doomed, 30.0, QUICK).await;
+    quick_beside_long(&doomed, true, 30.0, QUICK).await;
     doomed.wait_metric(QUEUED, 1.0, WITHIN).await;
     assert!(!idle_supervisors(&docker, &doomed_id).await.is_empty());
     doomed.kill9().await;
