@@ -1507,7 +1507,7 @@ async fn a_pool_is_not_refilled_beyond_the_slots_the_running_jobs_leave_free() {
         (warm_ready(&world).await == Some(3)).then_some(())
     })
     .await;
-    let program = python("import time\ntime.sleep(4)\nprint('done')\n");
+    let program = python("import time\ntime.sleep(6)\nprint('done')\n");
     let ids = [world.submit(&program).await, world.submit(&program).await];
     for id in &ids {
         world
