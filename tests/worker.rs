@@ -1377,9 +1377,46 @@ async fn a_warm_pool_starts_jobs_warm_and_is_emptied_at_shutdown() {
     assert_eq!(world.processing_len().await, 0);
 }
 
+/// The program of the pool tests' jobs.
+const SIX_SECONDS: &str = "import time\ntime.sleep(6)\nprint('done')\n";
+
 /// The warm pool's `ready` count in the worker's heartbeat.
 async fn warm_ready(world: &World) -> Option<u64> {
     world.heartbeat().await?["warm"]["python"]["ready"].as_u64()
+}
+
+/// Waits until the pool in the worker's heartbeat holds `ready` ready
+/// sandboxes.
+async fn wait_ready(world: &World, what: &str, ready: u64) {
+    wait_for(what, JOB_DEADLINE, || async {
+        (warm_ready(world).await == Some(ready)).then_some(())
+    })
+    .await;
+}
+
+/// The pool's ready count every 250 ms for 2 s, from 0.6 s on: a heartbeat
+/// written after the claims (one every 500 ms), then 2 s of samples (a
+/// refill that is started is ready within that here).
+async fn ready_samples(world: &World) -> Vec<u64> {
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let mut samples = Vec::new();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        samples.push(warm_ready(world).await.expect("a heartbeat with the pool"));
+    }
+    samples
+}
+
+/// The 6 s job `id` of these pool tests succeeded on a pool sandbox.
+async fn assert_done_on_the_pool(world: &World, id: &str) {
+    let record = world.wait_terminal(id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "done\n");
+    assert_eq!(
+        record.result.as_ref().unwrap().start,
+        Some(StartKind::WarmRuntime),
+        "the job took a pool sandbox"
+    );
 }
 
 /// What the pool did while a 6 s job took one of its sandboxes.
@@ -1416,24 +1453,12 @@ async fn while_a_job_runs(floor: usize, yield_while_busy: bool, hold: Duration) 
         config.refill_hold = hold;
     });
     let full = floor as u64;
-    wait_for("a full pool", JOB_DEADLINE, || async {
-        (warm_ready(&world).await == Some(full)).then_some(())
-    })
-    .await;
-    let id = world
-        .submit(&python("import time\ntime.sleep(6)\nprint('done')\n"))
-        .await;
+    wait_ready(&world, "a full pool", full).await;
+    let id = world.submit(&python(SIX_SECONDS)).await;
     world
         .wait_status(&id, JOB_DEADLINE, |s| s == Status::Running)
         .await;
-    // A heartbeat written after the claim (one every 500 ms), then 2 s of
-    // samples: a refill that is started is ready within that here.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let mut samples = Vec::new();
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        samples.push(warm_ready(&world).await.expect("a heartbeat with the pool"));
-    }
+    let samples = ready_samples(&world).await;
     assert_eq!(
         world.record(&id).await.status,
         Status::Running,
@@ -1453,19 +1478,8 @@ async fn while_a_job_runs(floor: usize, yield_while_busy: bool, hold: Duration) 
         },
     )
     .await;
-    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
-    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(run_stdout(&record), "done\n");
-    let result = record.result.as_ref().unwrap();
-    assert_eq!(
-        result.start,
-        Some(StartKind::WarmRuntime),
-        "the job took a pool sandbox"
-    );
-    wait_for("the pool refilled after the job", JOB_DEADLINE, || async {
-        (warm_ready(&world).await == Some(full)).then_some(())
-    })
-    .await;
+    assert_done_on_the_pool(&world, &id).await;
+    wait_ready(&world, "the pool refilled after the job", full).await;
     worker.shut_down();
     worker.stopped(Duration::from_secs(30)).await;
     world.harness.assert_clean().await;
@@ -1503,25 +1517,15 @@ async fn a_pool_is_not_refilled_beyond_the_slots_the_running_jobs_leave_free() {
         config.warm_max = 3;
         config.warm_floors = [("python".to_string(), 3)].into();
     });
-    wait_for("a full pool", JOB_DEADLINE, || async {
-        (warm_ready(&world).await == Some(3)).then_some(())
-    })
-    .await;
-    let program = python("import time\ntime.sleep(6)\nprint('done')\n");
+    wait_ready(&world, "a full pool", 3).await;
+    let program = python(SIX_SECONDS);
     let ids = [world.submit(&program).await, world.submit(&program).await];
     for id in &ids {
         world
             .wait_status(id, JOB_DEADLINE, |s| s == Status::Running)
             .await;
     }
-    // A heartbeat written after both claims, then 2 s of samples: a refill
-    // that is started is ready within that here.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let mut samples = Vec::new();
-    for _ in 0..8 {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        samples.push(warm_ready(&world).await.expect("a heartbeat with the pool"));
-    }
+    let samples = ready_samples(&world).await;
     for id in &ids {
         assert_eq!(
             world.record(id).await.status,
@@ -1535,19 +1539,9 @@ async fn a_pool_is_not_refilled_beyond_the_slots_the_running_jobs_leave_free() {
         "ready sandboxes while two of three slots ran"
     );
     for id in &ids {
-        let record = world.wait_terminal(id, JOB_DEADLINE).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(run_stdout(&record), "done\n");
-        assert_eq!(
-            record.result.as_ref().unwrap().start,
-            Some(StartKind::WarmRuntime),
-            "the job took a pool sandbox"
-        );
+        assert_done_on_the_pool(&world, id).await;
     }
-    wait_for("the pool refilled after the jobs", JOB_DEADLINE, || async {
-        (warm_ready(&world).await == Some(3)).then_some(())
-    })
-    .await;
+    wait_ready(&world, "the pool refilled after the jobs", 3).await;
     worker.shut_down();
     worker.stopped(Duration::from_secs(30)).await;
     world.harness.assert_clean().await;
