@@ -646,22 +646,17 @@ async fn a_child_given_a_pipe_as_descriptor_200_does_not_wait_for_a_job() {
          fclose($pipes[200]);\n\
          echo 'exit ', proc_close($child), \"\\n\";\n",
     );
+    let parents = [
+        (python_parent, "child ran ['-c']\nexit 0\n"),
+        (php_parent, "child ran 1\nexit 0\n"),
+    ];
     for start in [StartKind::Cold, StartKind::WarmRuntime] {
         let harness = Harness::new().await.on(start);
-        let result = harness.run(&python_parent).await;
-        assert_eq!(result.start, Some(start), "{result:#?}");
-        assert_eq!(
-            stdout(&result),
-            "child ran ['-c']\nexit 0\n",
-            "{start:?}: {result:#?}"
-        );
-        let result = harness.run(&php_parent).await;
-        assert_eq!(result.start, Some(start), "{result:#?}");
-        assert_eq!(
-            stdout(&result),
-            "child ran 1\nexit 0\n",
-            "{start:?}: {result:#?}"
-        );
+        for (parent, expected) in &parents {
+            let result = harness.run(parent).await;
+            assert_eq!(result.start, Some(start), "{result:#?}");
+            assert_eq!(stdout(&result), *expected, "{start:?}: {result:#?}");
+        }
         harness.assert_clean().await;
     }
 }
