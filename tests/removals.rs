@@ -229,9 +229,7 @@ async fn queued_removals_of_a_dead_worker_are_reaped() {
     let mut doomed = two_slots(Role::Serve, &redis).start().await;
     let docker = docker().await;
     let doomed_id = doomed.worker_id.clone();
-    quick_beside_long(&doomed, true, 30.0, QUICK).await;
-    doomed.wait_metric(QUEUED, 1.0, WITHIN).await;
-    assert!(!idle_supervisors(&docker, &doomed_id).await.is_empty());
+    queued_beside_long(&doomed, &docker, 30.0, QUICK).await;
     doomed.kill9().await;
     // Another worker's reaper finds the dead worker's containers: the queued
     // one, the long job's and its warm pool's.
