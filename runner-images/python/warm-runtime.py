@@ -1,8 +1,9 @@
 # code-runner's warm runtime for Python (see docs/warm-runtimes.md).
 #
 # Run by warm-runtime.pth while Python imports `site`, and only when
-# descriptor 200 is a pipe: the supervisor started `python3 -u main.py` before
-# the job came, with its control pipe as descriptor 200. The wait is put off
+# descriptor 200 is a pipe and the parent is the supervisor (PID 1): the
+# supervisor started `python3 -u main.py` before the job came, with its
+# control pipe as descriptor 200. The wait is put off
 # until `site` has done the rest of its work (the other site directories,
 # `sitecustomize`, `usercustomize`): the last of those steps `site.main()`
 # takes is wrapped for one call and put back before the wrapper returns. So
