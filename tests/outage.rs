@@ -223,6 +223,12 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
         }
         other => panic!("{other:?}"),
     }
+    // The worker logs it once the result is written, which the API may
+    // already have shown.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !worker.log().contains("it replaced the verdict") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
         worker.log().contains("it replaced the verdict"),
         "{}",
