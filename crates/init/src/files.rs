@@ -2,13 +2,12 @@
 //!
 //! The supervisor cannot `chown` (no `CAP_CHOWN`), so the files must be
 //! created by the job's uid in the first place. They are written on a
-//! dedicated, short-lived thread that first drops *its own* credentials to
-//! the job's uid and gid for good (see [`super::creds`]: only that thread
-//! changes, the rest of the supervisor stays root), and that ends when the
-//! files are written: no other code ever runs with those credentials, and
-//! permission checks are exactly the job's. This is cheaper than a child
-//! process and needs no second copy of the files. (`setfsuid` would do on
-//! Linux, but gVisor ignores it.)
+//! thread that has dropped *its own* credentials to the job's uid and gid
+//! for good (see [`super::job_thread`] and [`super::creds`]: only that
+//! thread changes, the rest of the supervisor stays root): no other code
+//! ever runs with those credentials, and permission checks are exactly the
+//! job's. This is cheaper than a child process and needs no second copy of
+//! the files. (`setfsuid` would do on Linux, but gVisor ignores it.)
 //!
 //! Every path is checked again here (the worker checked it first), and the
 //! files are created relative to directory file descriptors with
@@ -32,7 +31,7 @@ use nix::sys::stat::{Mode, fchmod, fstat, fstatat, mkdirat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::InitError;
-use super::creds::drop_thread_to;
+use super::job_thread::run_as;
 use code_runner_protocol::BundleFile;
 
 /// Most components in a bundle file path (`a/b/c` has three).
@@ -107,8 +106,8 @@ impl Placeholder {
     }
 }
 
-/// Makes the empty `name` in `workspace` as `uid`/`gid` (on a short-lived
-/// thread, as the files are written). `name` must be one path component.
+/// Makes the empty `name` in `workspace` as `uid`/`gid` (on the thread
+/// the files are written on). `name` must be one path component.
 pub(crate) fn create_placeholder(
     workspace: &str,
     uid: u32,
@@ -125,7 +124,7 @@ pub(crate) fn create_placeholder(
         ));
     }
     let (workspace, name) = (workspace.to_owned(), name.to_owned());
-    on_thread_as(uid, gid, move || {
+    run_as("write-files", uid, gid, move || {
         let root = open_workspace(&workspace)?;
         let fail = |step| failed(&name, step);
         let fd = openat(
@@ -154,7 +153,7 @@ pub(crate) fn remove_placeholder(
     placeholder: Placeholder,
 ) -> Result<(), InitError> {
     let workspace = workspace.to_owned();
-    on_thread_as(uid, gid, move || {
+    run_as("write-files", uid, gid, move || {
         let root = open_workspace(&workspace)?;
         let fail = |step| failed(&placeholder.name, step);
         let stat = fstatat(
@@ -171,32 +170,6 @@ pub(crate) fn remove_placeholder(
     })
 }
 
-/// Runs `work` on a short-lived thread dropped to `uid`/`gid`.
-fn on_thread_as<T: Send + 'static>(
-    uid: u32,
-    gid: u32,
-    work: impl FnOnce() -> Result<T, InitError> + Send + 'static,
-) -> Result<T, InitError> {
-    let thread = std::thread::Builder::new()
-        .name("write-files".into())
-        .spawn(move || {
-            drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
-            work()
-        })
-        .map_err(|source| InitError::Thread {
-            thread: "file writer",
-            source,
-        })?;
-    match thread.join() {
-        Ok(result) => result,
-        Err(_) => Err(InitError::WriteFile {
-            path: String::new(),
-            step: "writer thread",
-            source: std::io::Error::other("the file-writing thread panicked"),
-        }),
-    }
-}
-
 fn open_workspace(workspace: &str) -> Result<OwnedFd, InitError> {
     Ok(OpenOptions::new()
         .read(true)
@@ -210,7 +183,7 @@ fn open_workspace(workspace: &str) -> Result<OwnedFd, InitError> {
 }
 
 /// Checks every path, then writes the files under `workspace` as
-/// `uid`/`gid` on a short-lived thread (see the module docs); the file named
+/// `uid`/`gid` (see the module docs); the file named
 /// by `placeholder` goes into that file.
 pub(crate) fn write_bundle_files(
     workspace: &str,
@@ -226,7 +199,7 @@ pub(crate) fn write_bundle_files(
         })?;
     }
     let workspace = workspace.to_owned();
-    on_thread_as(uid, gid, move || {
+    run_as("write-files", uid, gid, move || {
         let root = open_workspace(&workspace)?;
         for file in &files {
             let reuse = placeholder.as_ref().filter(|p| p.name == file.path);

@@ -12,7 +12,7 @@
 //! it switches its own effective uid to the job's to send each signal, in a
 //! way no job process can reach (`kill`). Without `CAP_CHOWN` it cannot hand files over,
 //! so it writes them as the job's uid in the first place, from a thread that
-//! alone takes the job's ids (`files`, `creds`).
+//! alone takes the job's ids (`job_thread`, `files`, `creds`).
 //!
 //! # Layout
 //!
@@ -26,6 +26,8 @@
 //! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
 //! - `files`: path checks and writing the bundle's files.
 //! - `creds`: switching the credentials of one thread only.
+//! - `job_thread`: running work as the job's ids, on the one thread
+//!   started for that ahead of the job.
 //! - `kill`: signalling the job's processes from the signaller thread.
 //! - `reap`: `wait4(-1)`: reaping every child with its resource usage.
 //! - `accounting`: CPU time from `/proc`, OOM counters from the cgroup.
@@ -51,6 +53,7 @@ mod creds;
 mod egress;
 mod files;
 mod io;
+mod job_thread;
 mod kill;
 mod pipes;
 mod reap;
@@ -94,6 +97,10 @@ pub enum InitError {
         thread: &'static str,
         source: std::io::Error,
     },
+    #[error("cannot set the stage's limits on the warm runtime (pid {pid}): {source}")]
+    RuntimeLimits { pid: i32, source: std::io::Error },
+    #[error("the {thread} thread panicked")]
+    ThreadPanicked { thread: &'static str },
     #[error("the host stopped reading the supervisor's output")]
     HostGone,
     #[error("the host closed stdin before sending the bundle")]
@@ -112,7 +119,7 @@ pub enum InitError {
     InvalidBundle(String),
     #[error("invalid bundle file path {path:?}: {reason}")]
     BadPath { path: String, reason: &'static str },
-    #[error("cannot switch the file-writing thread to uid {uid} gid {gid}: {source}")]
+    #[error("cannot switch a thread to the job's uid {uid} gid {gid}: {source}")]
     SwitchIds {
         uid: u32,
         gid: u32,

@@ -34,8 +34,8 @@ use nix::sys::stat::{FchmodatFlags, FileStat, Mode, SFlag, fchmodat, fstatat, mk
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
 use super::InitError;
-use super::creds::drop_thread_to;
 use super::files::write_files_at;
+use super::job_thread::run_as;
 use code_runner_protocol::{BundleFile, RunPlan};
 
 /// Most entries the start-of-runs walk looks at.
@@ -57,28 +57,6 @@ pub(crate) struct Scratch {
     files_dir: PathBuf,
 }
 
-/// Runs `work` on a short-lived thread dropped to `uid`/`gid` for good.
-fn as_ids<T: Send + 'static>(
-    name: &'static str,
-    uid: u32,
-    gid: u32,
-    work: impl FnOnce() -> Result<T, InitError> + Send + 'static,
-) -> Result<T, InitError> {
-    let thread = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
-            work()
-        })
-        .map_err(|source| InitError::Thread {
-            thread: name,
-            source,
-        })?;
-    thread
-        .join()
-        .unwrap_or_else(|_| Err(InitError::Runs(format!("the {name} thread panicked"))))
-}
-
 fn fail(step: &str, path: &Path, errno: Errno) -> InitError {
     InitError::Runs(format!("{step} {}: {errno}", path.display()))
 }
@@ -91,7 +69,7 @@ impl Scratch {
         stage_gid: u32,
     ) -> Result<Self, InitError> {
         let roots: Vec<PathBuf> = plan.scratch.iter().map(PathBuf::from).collect();
-        let dirs = as_ids("runs-prepare", stage_uid, stage_gid, move || {
+        let dirs = run_as("runs-prepare", stage_uid, stage_gid, move || {
             let mut walk = Walk {
                 stage_uid,
                 seen: 0,
@@ -128,7 +106,7 @@ impl Scratch {
             return Ok(());
         }
         let dir = self.files_dir.clone();
-        as_ids("run-files", self.plan_uid, self.plan_gid, move || {
+        run_as("run-files", self.plan_uid, self.plan_gid, move || {
             let (parent, name) = match (dir.parent(), dir.file_name()) {
                 (Some(parent), Some(name)) => (parent.to_path_buf(), name.to_os_string()),
                 _ => {
@@ -167,7 +145,7 @@ impl Scratch {
         let plan_uid = self.plan_uid;
         // The runs' own entries go as the runs' uid; what it cannot remove
         // (a hard link to a stage's file) comes back for the stages' uid.
-        let others = as_ids("runs-wipe", self.plan_uid, self.plan_gid, move || {
+        let others = run_as("runs-wipe", self.plan_uid, self.plan_gid, move || {
             let mut others: HashMap<PathBuf, Vec<OsString>> = HashMap::new();
             for (path, names) in dirs.iter() {
                 let fd = match open(
@@ -193,7 +171,7 @@ impl Scratch {
         if others.is_empty() {
             return Ok(());
         }
-        as_ids(
+        run_as(
             "runs-wipe-links",
             self.stage_uid,
             self.stage_gid,
@@ -222,7 +200,7 @@ impl Scratch {
 /// container holds none of the job's files.
 pub(crate) fn empty_dirs(roots: &[String], uid: u32, gid: u32) -> Result<(), InitError> {
     let roots: Vec<PathBuf> = roots.iter().map(PathBuf::from).collect();
-    as_ids("linger-wipe", uid, gid, move || {
+    run_as("linger-wipe", uid, gid, move || {
         for root in roots {
             let fd = match open(
                 &root,

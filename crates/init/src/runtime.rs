@@ -6,25 +6,28 @@
 //! the same pipes a stage gets, so once released the stage's event loop
 //! watches it exactly as it watches a process it spawned. What differs:
 //! - it was started with the supervisor's rlimits (no core dumps); the
-//!   stage's are set on it by `prlimit(2)` just before the release, from a
-//!   thread that takes the job's ids for that (the kernel lets a process
+//!   stage's are set on it by `prlimit(2)` just before the release, from the
+//!   thread that has the job's ids (`job_thread`; the kernel lets a process
 //!   change another's limits only with the same real ids, and only lower a
 //!   hard limit), so the stage ends up with exactly a spawned stage's limits;
 //! - its descriptor 200 is the control pipe: the job's args, each followed by
-//!   a NUL byte, then EOF. The runtime's hook closes it before the program
-//!   starts.
+//!   a NUL byte, then EOF. The release writes them without blocking and
+//!   closes it (a thread writes what the pipe does not take at once). The
+//!   runtime's hook closes it before the program starts.
 //!
 //! A runtime that did not fit the bundle, or died while waiting, is killed
 //! and reaped before the first stage, which then starts as always.
 
 use std::io::Write;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::Signal;
 
-use super::creds::drop_thread_to;
+use super::InitError;
 use super::files::{Placeholder, create_placeholder, remove_placeholder};
+use super::job_thread::run_as;
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
@@ -41,6 +44,8 @@ pub(crate) struct WarmRuntime {
     process: SpawnedStage,
     /// The write end of the control pipe.
     control: OwnedFd,
+    /// Whether writing to `control` never blocks.
+    nonblocking: bool,
     /// Set once [`WarmRuntime::check_alive`] saw it end.
     ended: bool,
 }
@@ -81,6 +86,9 @@ impl WarmRuntime {
         });
         // The child has its copy; ours would keep the pipe open forever.
         drop(read);
+        // Ours writes without blocking, so that the args go in from the
+        // release itself when the pipe takes them all (see `release`).
+        let nonblocking = set_nonblocking(&write, true).is_ok();
         let process = match launched {
             Ok(process) => process,
             Err(SpawnError::Start(error) | SpawnError::Pipes(error)) => {
@@ -96,6 +104,7 @@ impl WarmRuntime {
             placeholder,
             process,
             control: write,
+            nonblocking,
             ended: false,
         })
     }
@@ -187,28 +196,49 @@ impl WarmRuntime {
     ) -> Result<SpawnedStage, std::io::Error> {
         let rlimits = StageRlimits::for_limits(&spec.limits);
         let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
-        std::thread::Builder::new()
-            .name("runtime-limits".into())
-            .spawn(move || {
-                drop_thread_to(uid, gid)?;
-                rlimits.apply_to(pid)
-            })?
-            .join()
-            .map_err(|_| std::io::Error::other("the rlimit thread panicked"))??;
+        run_as("runtime-limits", uid, gid, move || {
+            rlimits
+                .apply_to(pid)
+                .map_err(|source| InitError::RuntimeLimits { pid, source })
+        })
+        .map_err(|error| std::io::Error::other(error.to_string()))?;
         let mut message = Vec::new();
         for arg in args {
             message.extend_from_slice(arg.as_bytes());
             message.push(0);
         }
-        // A thread of its own: the runtime reads the pipe as it likes, and a
-        // runtime that died meanwhile only makes this write fail (its end
-        // shows in the stage's report).
-        let control = std::fs::File::from(self.control);
+        let mut control = std::fs::File::from(self.control);
+        let mut written = 0;
+        while self.nonblocking && written < message.len() {
+            match control.write(&message[written..]) {
+                Ok(n) => written += n,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(error) => {
+                    // The runtime died meanwhile: its end shows in the
+                    // stage's report.
+                    eprintln!(
+                        "code-runner-init: cannot hand the args to the warm runtime: {error}"
+                    );
+                    return Ok(self.process);
+                }
+            }
+        }
+        if written == message.len() {
+            // Closing the pipe releases the runtime.
+            return Ok(self.process);
+        }
+        // More args than the pipe holds: the rest from a thread of its own,
+        // as the runtime reads them.
+        if self.nonblocking {
+            set_nonblocking(&control, false).map_err(std::io::Error::from)?;
+        }
+        let rest = message.split_off(written);
         std::thread::Builder::new()
             .name("runtime-args".into())
             .spawn(move || {
                 let mut control = control;
-                if let Err(error) = control.write_all(&message) {
+                if let Err(error) = control.write_all(&rest) {
                     eprintln!(
                         "code-runner-init: cannot hand the args to the warm runtime: {error}"
                     );
@@ -216,4 +246,15 @@ impl WarmRuntime {
             })?;
         Ok(self.process)
     }
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd`'s open file description.
+fn set_nonblocking(fd: &impl AsFd, on: bool) -> nix::Result<()> {
+    let flags = OFlag::from_bits_retain(fcntl(fd, FcntlArg::F_GETFL)?);
+    let flags = if on {
+        flags | OFlag::O_NONBLOCK
+    } else {
+        flags - OFlag::O_NONBLOCK
+    };
+    fcntl(fd, FcntlArg::F_SETFL(flags)).map(drop)
 }

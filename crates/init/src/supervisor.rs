@@ -7,9 +7,10 @@
 //! do the blocking work around it: the frame reader on stdin, the frame
 //! writer on stdout, the signaller of [`super::kill`], for each stage the
 //! readers of its stdout and stderr and the writer of its stdin
-//! ([`super::pipes`]), once, the short-lived thread that writes the
-//! files as the job's uid ([`super::files`]), and, if the bundle has one,
-//! the egress relay ([`super::egress`]), from the bundle to the end.
+//! ([`super::pipes`]), the job thread that does the work done as the job's
+//! uid, started before the bundle comes ([`super::job_thread`]), and, if
+//! the bundle has one, the egress relay ([`super::egress`]), from the bundle
+//! to the end.
 
 use nix::sys::stat::{Mode, umask};
 use nix::unistd::setgroups;
@@ -44,7 +45,10 @@ pub(crate) fn run() -> i32 {
             return EXIT_FATAL;
         }
     };
-    let code = match prepared.and_then(|()| Signaller::start()) {
+    let code = match prepared
+        .and_then(|()| super::job_thread::start())
+        .and_then(|()| Signaller::start())
+    {
         Ok(signaller) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

@@ -100,6 +100,39 @@ fn a_fitting_stage_runs_on_the_runtime_with_its_args_and_limits() {
 }
 
 #[test]
+fn args_larger_than_the_control_pipe_holds_all_reach_the_runtime() {
+    let mut sb = Sandbox::start();
+    // 200 KiB of args: more than a pipe takes without a reader (64 KiB),
+    // so the release writes what fits and a thread the rest.
+    let long: Vec<String> = (0..50).map(|i| format!("{i:04}").repeat(1024)).collect();
+    let args: Vec<&str> = long.iter().map(String::as_str).collect();
+    let stage = fitting_stage(&sb, &args);
+    sb.send(prestart(&sb, &stage));
+    let bundle = sb.bundle(vec![], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(
+        (report.reason, report.exit_code),
+        (Reason::Exited, Some(0)),
+        "{:?}",
+        outcome.diagnostics
+    );
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    let expected = format!(
+        "runtime got: {}|\n64\n1024\ncontrol-closed\n",
+        long.join("|")
+    );
+    assert!(
+        outcome.stdout_text() == expected,
+        "stdout {} bytes, expected {}: {:?}",
+        outcome.stdout_text().len(),
+        expected.len(),
+        outcome.stdout_text().get(..80)
+    );
+}
+
+#[test]
 fn a_stage_with_another_environment_starts_cold_and_the_runtime_is_killed() {
     let mut sb = Sandbox::start();
     let fitting = fitting_stage(&sb, &[]);
