@@ -235,6 +235,8 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     }))
     .await?;
     let mut host = spawn_host_reader()?;
+    // Before the bundle: for a warm sandbox, off the job's path.
+    let memory = MemoryProbe::discover();
     let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
     check_bundle(&bundle)?;
     // Before anything of the job runs (a warm runtime released into the
@@ -261,7 +263,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         signals,
         stdin: StdinQueue::default(),
         killer,
-        memory: MemoryProbe::discover(),
+        memory,
         uid: bundle.uid,
         gid: bundle.gid,
         kill_requested: false,

@@ -87,22 +87,44 @@ pub struct Sandbox {
 
 impl Sandbox {
     pub fn start() -> Self {
-        Self::start_with(|_| {})
+        Self::start_in(None)
     }
 
-    /// Starts the supervisor; `before_bundle` runs with its pid before any
-    /// frame is read (e.g. to move it into a cgroup).
-    pub fn start_with(before_bundle: impl FnOnce(u32)) -> Self {
+    /// Starts the supervisor; in the cgroup whose `cgroup.procs` is given,
+    /// from its first instruction on, as in a container.
+    pub fn start_in(cgroup_procs: Option<&Path>) -> Self {
         let workspace = tempfile::tempdir().unwrap();
         std::fs::set_permissions(workspace.path(), std::fs::Permissions::from_mode(0o1777))
             .unwrap();
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        before_bundle(child.id());
+            .stderr(Stdio::piped());
+        if let Some(procs) = cgroup_procs {
+            let procs = std::ffi::CString::new(procs.as_os_str().as_encoded_bytes()).unwrap();
+            #[allow(unsafe_code)]
+            // SAFETY: the closure runs in the forked child before exec and
+            // makes only async-signal-safe system calls (open, write,
+            // close) on memory prepared before the fork.
+            unsafe {
+                command.pre_exec(move || {
+                    let fd = nix::libc::open(procs.as_ptr(), nix::libc::O_WRONLY);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    // "0": the writing process itself.
+                    let written = nix::libc::write(fd, b"0".as_ptr().cast(), 1);
+                    nix::libc::close(fd);
+                    if written == 1 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let mut child = command.spawn().unwrap();
         let mut stderr = child.stderr.take().unwrap();
         let (diagnostics_tx, diagnostics) = mpsc::channel();
         std::thread::spawn(move || {
@@ -442,10 +464,7 @@ impl TestCgroup {
 
     /// Starts a supervisor inside this cgroup (before it reads the bundle).
     pub fn start_sandbox(&self) -> Sandbox {
-        let procs = self.0.join("cgroup.procs");
-        Sandbox::start_with(|pid| {
-            std::fs::write(&procs, pid.to_string()).expect("move the supervisor into the cgroup")
-        })
+        Sandbox::start_in(Some(&self.0.join("cgroup.procs")))
     }
 }
 
