@@ -58,6 +58,29 @@ pub(crate) fn reap_one() -> Option<Reaped> {
     }
 }
 
+/// Whether the supervisor has no child at all, ended or not. Every process
+/// started in the sandbox descends from PID 1, and an orphan is re-parented
+/// to it (or to the supervisor as subreaper), so then nothing of the job is
+/// left anywhere. One `waitid` that consumes nothing (`WNOWAIT`); any answer
+/// but "no children" says there may be some.
+#[allow(unsafe_code)]
+pub(crate) fn no_children() -> bool {
+    // SAFETY: `siginfo_t` is a plain C struct, for which all-zero bytes are
+    // a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid writes only through `info`, which points to the live
+    // local above for the whole call; it keeps no reference to it.
+    let result = unsafe {
+        libc::waitid(
+            libc::P_ALL,
+            0,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
+        )
+    };
+    result < 0 && nix::errno::Errno::last() == nix::errno::Errno::ECHILD
+}
+
 /// `wait4(-1, &status, WNOHANG | __WALL, &rusage)`; `Ok(None)` when no child
 /// has ended or stopped, `Err(errno)` on failure.
 #[allow(unsafe_code)]

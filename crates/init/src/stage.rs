@@ -23,7 +23,7 @@ use super::InitError;
 use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
 use super::kill::Target;
 use super::pipes::{InputPipe, Offer, Output, OutputPipe};
-use super::reap::{Reaped, Termination, reap_one};
+use super::reap::{Reaped, Termination, no_children, reap_one};
 use super::report::{Facts, classify, not_started};
 use super::spawn::{SpawnError, spawn_stage};
 use super::supervisor::{Context, Control};
@@ -120,7 +120,14 @@ pub(crate) async fn run_stage(
         reason: None,
         kill_sent: None,
         last_activity: started,
-        next_poll: started,
+        // No CPU is used yet: the first read of it comes when the limit
+        // could first be reached, as every later one.
+        next_poll: started
+            + cpu_poll_in(
+                spec.limits.cpu_ms,
+                0,
+                usable_cpu_millis(spec.limits.cpu_quota_millis),
+            ),
         polled_cpu_ms: 0,
         orphan_cpu_ms: 0,
         cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
@@ -514,6 +521,11 @@ impl Run {
     async fn clean_up(&mut self, ctx: &mut Context<'_>, spec: &StageSpec) -> Result<(), InitError> {
         let deadline = Instant::now() + CLEANUP_TIMEOUT;
         loop {
+            self.reap();
+            if no_children() {
+                // Nothing of the job is left to kill or look for.
+                return Ok(());
+            }
             ctx.killer.signal(Target::All, Signal::SIGKILL);
             self.reap();
             if sample_uid(ctx.uid).live == 0 {
