@@ -108,6 +108,7 @@ pub(crate) async fn run_stage(
             });
         }
     };
+    let cpu_millis = usable_cpu_millis(spec.limits.cpu_quota_millis);
     let mut run = Run {
         pid: spawned.pid,
         limits: spec.limits,
@@ -122,15 +123,10 @@ pub(crate) async fn run_stage(
         last_activity: started,
         // No CPU is used yet: the first read of it comes when the limit
         // could first be reached, as every later one.
-        next_poll: started
-            + cpu_poll_in(
-                spec.limits.cpu_ms,
-                0,
-                usable_cpu_millis(spec.limits.cpu_quota_millis),
-            ),
+        next_poll: started + cpu_poll_in(spec.limits.cpu_ms, 0, cpu_millis),
         polled_cpu_ms: 0,
         orphan_cpu_ms: 0,
-        cpu_millis: usable_cpu_millis(spec.limits.cpu_quota_millis),
+        cpu_millis,
         exit: None,
         watch: spec.watches_input(),
         holding: false,
