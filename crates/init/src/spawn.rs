@@ -91,9 +91,40 @@ impl StageRlimits {
 }
 
 fn clamp(resource: Resource, soft: u64, hard: u64) -> (u64, u64) {
-    let current_hard = getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard);
-    let hard = hard.min(current_hard);
+    let hard = hard.min(own_hard_limit(resource));
     (soft.min(hard), hard)
+}
+
+/// The resources a stage's limits are clamped in.
+const CLAMPED: [Resource; 4] = [
+    Resource::RLIMIT_CPU,
+    Resource::RLIMIT_FSIZE,
+    Resource::RLIMIT_NOFILE,
+    Resource::RLIMIT_NPROC,
+];
+
+/// The supervisor's own hard limit of `resource`, read once: nothing in
+/// the supervisor changes its own limits (only a stage's child sets its
+/// own, after the fork). Under gVisor each `getrlimit` is a system call of
+/// about 0.1 ms here, so the supervisor reads them before the bundle
+/// ([`read_own_limits`]).
+fn own_hard_limit(resource: Resource) -> u64 {
+    static HARD: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
+    let hard = HARD.get_or_init(|| {
+        CLAMPED.map(|resource| getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard))
+    });
+    CLAMPED
+        .iter()
+        .position(|&clamped| clamped == resource)
+        .map_or_else(
+            || getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard),
+            |index| hard[index],
+        )
+}
+
+/// Reads the supervisor's own hard limits now (see [`own_hard_limit`]).
+pub(crate) fn read_own_limits() {
+    own_hard_limit(Resource::RLIMIT_CPU);
 }
 
 /// A started stage: its pid (it leads its own session and process group)

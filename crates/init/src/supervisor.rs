@@ -237,6 +237,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     let mut host = spawn_host_reader()?;
     // Before the bundle: for a warm sandbox, off the job's path.
     let memory = MemoryProbe::discover();
+    super::spawn::read_own_limits();
     let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
     check_bundle(&bundle)?;
     // Before anything of the job runs (a warm runtime released into the
