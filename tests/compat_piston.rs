@@ -500,10 +500,11 @@ asyncio.run(main(sys.argv[1]))
         .filter(|m| m["type"] == "data" && m["stream"] == "stdout")
         .map(|m| m["data"].as_str().unwrap())
         .collect();
-    assert_eq!(stdout, "hello ada\nhello\n");
+    assert_eq!(stdout, "hello ada\nhello\n", "{report:#}");
     assert_eq!(
         seen.last().unwrap(),
-        &json!({"type": "exit", "stage": "run", "code": 0, "signal": null})
+        &json!({"type": "exit", "stage": "run", "code": 0, "signal": null}),
+        "{report:#}"
     );
 
     // Protocol errors close with Piston's codes.
