@@ -39,46 +39,45 @@ enum Waited {
     Stopped(i32, libc::c_int),
 }
 
+/// What [`reap_next`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reap {
+    /// A child that ended, reaped.
+    Ended(Reaped),
+    /// No child has ended (or `wait4` failed otherwise than below).
+    Nothing,
+    /// The supervisor has no child at all, ended or not (`ECHILD`). Every
+    /// process started in the sandbox descends from PID 1, and an orphan is
+    /// re-parented to it (or to the supervisor as subreaper), so then
+    /// nothing of the job is left anywhere.
+    NoChildren,
+}
+
 /// Reaps one child that has ended, if any, handling the stops of traced
 /// processes on the way; never blocks.
-pub(crate) fn reap_one() -> Option<Reaped> {
+pub(crate) fn reap_next() -> Reap {
     loop {
         match wait4_any_nohang() {
             Ok(Some(Waited::Stopped(pid, status))) => watch::stopped(pid, status),
             Ok(Some(Waited::Ended(reaped))) => {
                 if !watch::ended(reaped.pid) {
-                    return Some(reaped);
+                    return Reap::Ended(reaped);
                 }
             }
-            Ok(None) => return None,
+            Ok(None) => return Reap::Nothing,
             Err(libc::EINTR) => continue,
-            // ECHILD: no children at all.
-            Err(_) => return None,
+            Err(libc::ECHILD) => return Reap::NoChildren,
+            Err(_) => return Reap::Nothing,
         }
     }
 }
 
-/// Whether the supervisor has no child at all, ended or not. Every process
-/// started in the sandbox descends from PID 1, and an orphan is re-parented
-/// to it (or to the supervisor as subreaper), so then nothing of the job is
-/// left anywhere. One `waitid` that consumes nothing (`WNOWAIT`); any answer
-/// but "no children" says there may be some.
-#[allow(unsafe_code)]
-pub(crate) fn no_children() -> bool {
-    // SAFETY: `siginfo_t` is a plain C struct, for which all-zero bytes are
-    // a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid writes only through `info`, which points to the live
-    // local above for the whole call; it keeps no reference to it.
-    let result = unsafe {
-        libc::waitid(
-            libc::P_ALL,
-            0,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT | libc::__WALL,
-        )
-    };
-    result < 0 && nix::errno::Errno::last() == nix::errno::Errno::ECHILD
+/// [`reap_next`], for callers that only want the ended child.
+pub(crate) fn reap_one() -> Option<Reaped> {
+    match reap_next() {
+        Reap::Ended(reaped) => Some(reaped),
+        Reap::Nothing | Reap::NoChildren => None,
+    }
 }
 
 /// `wait4(-1, &status, WNOHANG | __WALL, &rusage)`; `Ok(None)` when no child

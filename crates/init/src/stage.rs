@@ -23,7 +23,7 @@ use super::InitError;
 use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
 use super::kill::Target;
 use super::pipes::{InputPipe, Offer, Output, OutputPipe};
-use super::reap::{Reaped, Termination, no_children, reap_one};
+use super::reap::{Reap, Reaped, Termination, reap_next};
 use super::report::{Facts, classify, not_started};
 use super::spawn::{SpawnError, spawn_stage};
 use super::supervisor::{Context, Control};
@@ -246,7 +246,9 @@ impl Run {
             let wake = self.next_wake(now);
             tokio::select! {
                 biased;
-                _ = ctx.signals.child.recv() => self.reap(),
+                _ = ctx.signals.child.recv() => {
+                    self.reap();
+                }
                 _ = ctx.signals.terminate.recv() => self.terminate(ctx),
                 _ = ctx.signals.interrupt.recv() => self.terminate(ctx),
                 event = ctx.host.recv(), if ctx.host_open => {
@@ -368,13 +370,19 @@ impl Run {
     }
 
     /// Reaps every child that has ended: the main process and orphans.
-    fn reap(&mut self) {
-        while let Some(reaped) = reap_one() {
-            if reaped.pid == self.pid {
-                self.exit = Some((reaped, Instant::now()));
-            } else {
-                // An orphan of the job.
-                self.orphan_cpu_ms = self.orphan_cpu_ms.saturating_add(reaped.cpu_ms);
+    /// `true` when the supervisor then has no child at all ([`Reap::NoChildren`]).
+    fn reap(&mut self) -> bool {
+        loop {
+            match reap_next() {
+                Reap::Ended(reaped) if reaped.pid == self.pid => {
+                    self.exit = Some((reaped, Instant::now()));
+                }
+                Reap::Ended(reaped) => {
+                    // An orphan of the job.
+                    self.orphan_cpu_ms = self.orphan_cpu_ms.saturating_add(reaped.cpu_ms);
+                }
+                Reap::Nothing => return false,
+                Reap::NoChildren => return true,
             }
         }
     }
@@ -517,9 +525,9 @@ impl Run {
     async fn clean_up(&mut self, ctx: &mut Context<'_>, spec: &StageSpec) -> Result<(), InitError> {
         let deadline = Instant::now() + CLEANUP_TIMEOUT;
         loop {
-            self.reap();
-            if no_children() {
-                // Nothing of the job is left to kill or look for.
+            if self.reap() {
+                // No child at all: nothing of the job is left to kill or
+                // look for.
                 return Ok(());
             }
             ctx.killer.signal(Target::All, Signal::SIGKILL);
@@ -544,7 +552,9 @@ impl Run {
         while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < deadline {
             tokio::select! {
                 biased;
-                _ = ctx.signals.child.recv() => self.reap(),
+                _ = ctx.signals.child.recv() => {
+                    self.reap();
+                }
                 _ = ctx.signals.terminate.recv() => ctx.kill_requested = true,
                 _ = ctx.signals.interrupt.recv() => ctx.kill_requested = true,
                 event = ctx.host.recv(), if ctx.host_open => {
