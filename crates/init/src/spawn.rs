@@ -29,17 +29,12 @@ impl StageRlimits {
     /// and could not raise a hard limit.
     pub(crate) fn for_limits(limits: &StageLimits) -> Self {
         let cpu_soft = limits.cpu_ms.div_ceil(1000).saturating_add(1);
+        let own = own_hard_limits();
         Self {
-            cpu: clamp(Resource::RLIMIT_CPU, cpu_soft, cpu_soft.saturating_add(1)),
-            fsize: clamp(
-                Resource::RLIMIT_FSIZE,
-                limits.fsize_bytes,
-                limits.fsize_bytes,
-            ),
-            nofile: clamp(Resource::RLIMIT_NOFILE, limits.nofile, limits.nofile),
-            nproc: limits
-                .nproc
-                .map(|nproc| clamp(Resource::RLIMIT_NPROC, nproc, nproc)),
+            cpu: clamp(own.cpu, cpu_soft, cpu_soft.saturating_add(1)),
+            fsize: clamp(own.fsize, limits.fsize_bytes, limits.fsize_bytes),
+            nofile: clamp(own.nofile, limits.nofile, limits.nofile),
+            nproc: limits.nproc.map(|nproc| clamp(own.nproc, nproc, nproc)),
         }
     }
 
@@ -90,41 +85,41 @@ impl StageRlimits {
     }
 }
 
-fn clamp(resource: Resource, soft: u64, hard: u64) -> (u64, u64) {
-    let hard = hard.min(own_hard_limit(resource));
+fn clamp(own_hard: u64, soft: u64, hard: u64) -> (u64, u64) {
+    let hard = hard.min(own_hard);
     (soft.min(hard), hard)
 }
 
-/// The resources a stage's limits are clamped in.
-const CLAMPED: [Resource; 4] = [
-    Resource::RLIMIT_CPU,
-    Resource::RLIMIT_FSIZE,
-    Resource::RLIMIT_NOFILE,
-    Resource::RLIMIT_NPROC,
-];
-
-/// The supervisor's own hard limit of `resource`, read once: nothing in
-/// the supervisor changes its own limits (only a stage's child sets its
-/// own, after the fork). Under gVisor each `getrlimit` is a system call of
-/// about 0.1 ms here, so the supervisor reads them before the bundle
-/// ([`read_own_limits`]).
-fn own_hard_limit(resource: Resource) -> u64 {
-    static HARD: std::sync::OnceLock<[u64; 4]> = std::sync::OnceLock::new();
-    let hard = HARD.get_or_init(|| {
-        CLAMPED.map(|resource| getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard))
-    });
-    CLAMPED
-        .iter()
-        .position(|&clamped| clamped == resource)
-        .map_or_else(
-            || getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard),
-            |index| hard[index],
-        )
+/// The supervisor's own hard limits of the resources a stage's limits are
+/// clamped in.
+#[derive(Debug, Clone, Copy)]
+struct OwnHardLimits {
+    cpu: u64,
+    fsize: u64,
+    nofile: u64,
+    nproc: u64,
 }
 
-/// Reads the supervisor's own hard limits now (see [`own_hard_limit`]).
+/// Read once: nothing in the supervisor changes its own limits (only a
+/// stage's child sets its own, after the fork). Under gVisor each
+/// `getrlimit` is a system call of about 0.1 ms here, so the supervisor
+/// reads them before the bundle ([`read_own_limits`]).
+fn own_hard_limits() -> OwnHardLimits {
+    static HARD: std::sync::OnceLock<OwnHardLimits> = std::sync::OnceLock::new();
+    *HARD.get_or_init(|| {
+        let hard = |resource| getrlimit(resource).map_or(u64::MAX, |(_, hard)| hard);
+        OwnHardLimits {
+            cpu: hard(Resource::RLIMIT_CPU),
+            fsize: hard(Resource::RLIMIT_FSIZE),
+            nofile: hard(Resource::RLIMIT_NOFILE),
+            nproc: hard(Resource::RLIMIT_NPROC),
+        }
+    })
+}
+
+/// Reads the supervisor's own hard limits now (see [`own_hard_limits`]).
 pub(crate) fn read_own_limits() {
-    own_hard_limit(Resource::RLIMIT_CPU);
+    own_hard_limits();
 }
 
 /// A started stage: its pid (it leads its own session and process group)
