@@ -16,7 +16,7 @@ use std::thread::JoinHandle;
 
 use tokio::sync::mpsc;
 
-use super::InitError;
+use super::{InitError, spawn_thread};
 use code_runner_protocol::{FrameDecoder, FrameError, HostMessage, MAX_HOST_FRAME, SandboxMessage};
 
 /// Frames that may wait for the writer thread. Output frames are at most
@@ -44,13 +44,7 @@ impl FrameSink {
                 source,
             })?;
         let (tx, rx) = mpsc::channel(SINK_FRAMES);
-        let writer = std::thread::Builder::new()
-            .name("frame-writer".into())
-            .spawn(move || write_frames(rx, File::from(stdout)))
-            .map_err(|source| InitError::Thread {
-                thread: "frame writer",
-                source,
-            })?;
+        let writer = spawn_thread("frame-writer", move || write_frames(rx, File::from(stdout)))?;
         Ok(Self {
             tx: Some(tx),
             writer: Some(writer),
@@ -136,13 +130,7 @@ pub(crate) enum HostEvent {
 /// Starts the thread that reads host frames from stdin.
 pub(crate) fn spawn_host_reader() -> Result<mpsc::UnboundedReceiver<HostEvent>, InitError> {
     let (tx, rx) = mpsc::unbounded_channel();
-    std::thread::Builder::new()
-        .name("host-reader".into())
-        .spawn(move || read_host_frames(&tx))
-        .map_err(|source| InitError::Thread {
-            thread: "host reader",
-            source,
-        })?;
+    spawn_thread("host-reader", move || read_host_frames(&tx))?;
     Ok(rx)
 }
 

@@ -17,8 +17,8 @@
 
 use std::sync::{Mutex, MutexGuard, mpsc};
 
-use super::InitError;
 use super::creds::drop_thread_to;
+use super::{InitError, spawn_thread};
 
 /// A piece of work, given whether the thread has the ids it asked for.
 type Work = Box<dyn FnOnce(std::io::Result<()>) + Send>;
@@ -72,13 +72,7 @@ impl Slot {
 
     pub(crate) fn start(&self) -> Result<(), InitError> {
         let (requests, incoming) = mpsc::channel::<Request>();
-        std::thread::Builder::new()
-            .name("job-ids".into())
-            .spawn(move || serve(&incoming))
-            .map_err(|source| InitError::Thread {
-                thread: "job-ids",
-                source,
-            })?;
+        spawn_thread("job-ids", move || serve(&incoming))?;
         *self.held() = Some(JobThread {
             requests,
             ids: None,
@@ -165,16 +159,10 @@ fn on_new_thread<T: Send + 'static>(
     gid: u32,
     work: impl FnOnce() -> Result<T, InitError> + Send + 'static,
 ) -> Result<T, InitError> {
-    let thread = std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
-            work()
-        })
-        .map_err(|source| InitError::Thread {
-            thread: name,
-            source,
-        })?;
+    let thread = spawn_thread(name, move || {
+        drop_thread_to(uid, gid).map_err(|source| InitError::SwitchIds { uid, gid, source })?;
+        work()
+    })?;
     thread.join().unwrap_or_else(|_| Err(panicked(name)))
 }
 

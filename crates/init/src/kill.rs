@@ -40,8 +40,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::{Pid, geteuid, getpid, getuid};
 
-use super::InitError;
 use super::creds::set_thread_resuid;
+use super::{InitError, spawn_thread};
 
 /// Which of the job's processes to signal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,23 +146,17 @@ impl Signaller {
 
     fn start_as(identity: Identity) -> Result<Self, InitError> {
         let (requests, incoming) = mpsc::channel::<SignalRequest>();
-        std::thread::Builder::new()
-            .name("signaller".into())
-            .spawn(move || {
-                while let Ok(request) = incoming.recv() {
-                    let outcome = signal_as(identity, request.uid, request.target, request.signal);
-                    let fatal = matches!(outcome, Err(SignalAsError::StuckAsUid(_)));
-                    let _ = request.reply.send(outcome.map_err(SignalAsError::into_io));
-                    if fatal {
-                        // Could not get root back: serve nothing more.
-                        return;
-                    }
+        spawn_thread("signaller", move || {
+            while let Ok(request) = incoming.recv() {
+                let outcome = signal_as(identity, request.uid, request.target, request.signal);
+                let fatal = matches!(outcome, Err(SignalAsError::StuckAsUid(_)));
+                let _ = request.reply.send(outcome.map_err(SignalAsError::into_io));
+                if fatal {
+                    // Could not get root back: serve nothing more.
+                    return;
                 }
-            })
-            .map_err(|source| InitError::Thread {
-                thread: "signaller",
-                source,
-            })?;
+            }
+        })?;
         Ok(Self { requests })
     }
 

@@ -165,3 +165,18 @@ pub fn main(args: Vec<OsString>) -> i32 {
         }
     }
 }
+
+/// Starts a thread named `name` (as the system shows it, and as a failure
+/// to start it says).
+fn spawn_thread<T: Send + 'static>(
+    name: &'static str,
+    body: impl FnOnce() -> T + Send + 'static,
+) -> Result<std::thread::JoinHandle<T>, InitError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(body)
+        .map_err(|source| InitError::Thread {
+            thread: name,
+            source,
+        })
+}
