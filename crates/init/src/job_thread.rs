@@ -183,14 +183,37 @@ mod tests {
         })
     }
 
+    /// Whether the test runs as root, which taking other ids needs.
+    fn as_root() -> bool {
+        let root = getuid().is_root();
+        if !root {
+            eprintln!("skipped: needs root");
+        }
+        root
+    }
+
+    /// `result` is the refusal of uid 0 with gid `u32::MAX`.
+    fn assert_refused(result: &Result<(), InitError>) {
+        assert!(
+            matches!(
+                result,
+                Err(InitError::SwitchIds {
+                    uid: 0,
+                    gid: u32::MAX,
+                    ..
+                })
+            ),
+            "{result:?}"
+        );
+    }
+
     fn test_uid(offset: u32) -> u32 {
         4_400_000 + (std::process::id() % 1000) * 10 + offset
     }
 
     #[test]
     fn work_for_the_first_ids_runs_on_the_job_thread_and_other_ids_on_threads_of_their_own() {
-        if !getuid().is_root() {
-            eprintln!("skipped: needs root");
+        if !as_root() {
             return;
         }
         let (job, other) = (test_uid(1), test_uid(2));
@@ -209,8 +232,7 @@ mod tests {
 
     #[test]
     fn without_a_job_thread_work_runs_on_a_thread_of_its_own() {
-        if !getuid().is_root() {
-            eprintln!("skipped: needs root");
+        if !as_root() {
             return;
         }
         let uid = test_uid(3);
@@ -223,8 +245,7 @@ mod tests {
 
     #[test]
     fn a_panic_on_the_job_thread_is_an_error_and_later_work_still_runs() {
-        if !getuid().is_root() {
-            eprintln!("skipped: needs root");
+        if !as_root() {
             return;
         }
         let uid = test_uid(4);
@@ -248,39 +269,16 @@ mod tests {
 
     #[test]
     fn ids_that_cannot_be_taken_are_an_error_and_end_the_job_thread() {
-        if !getuid().is_root() {
-            eprintln!("skipped: needs root");
+        if !as_root() {
             return;
         }
         let slot = Slot::new();
         slot.start().expect("start");
         // uid 0 with gid u32::MAX: setresgid(-1) leaves the gid, and the
         // check that the ids took effect fails.
-        let refused = slot.run_as("one-off", 0, u32::MAX, || Ok(()));
-        assert!(
-            matches!(
-                refused,
-                Err(InitError::SwitchIds {
-                    uid: 0,
-                    gid: u32::MAX,
-                    ..
-                })
-            ),
-            "{refused:?}"
-        );
+        assert_refused(&slot.run_as("one-off", 0, u32::MAX, || Ok(())));
         // The same ids again: refused again, by a thread of their own.
-        let again = slot.run_as("one-off", 0, u32::MAX, || Ok(()));
-        assert!(
-            matches!(
-                again,
-                Err(InitError::SwitchIds {
-                    uid: 0,
-                    gid: u32::MAX,
-                    ..
-                })
-            ),
-            "{again:?}"
-        );
+        assert_refused(&slot.run_as("one-off", 0, u32::MAX, || Ok(())));
         let uid = test_uid(5);
         assert_eq!(
             where_and_as(&slot, uid).expect("after the refusal"),
