@@ -74,13 +74,10 @@ fn said_warm_runtime(messages: &[SandboxMessage]) -> Vec<bool> {
         .collect()
 }
 
-#[test]
-fn a_fitting_stage_runs_on_the_runtime_with_its_args_and_limits() {
-    let mut sb = Sandbox::start();
-    let mut stage = fitting_stage(&sb, &["a", "b c", ""]);
-    stage.limits.nofile = 77;
-    stage.limits.fsize_bytes = 512 * 1024;
-    sb.send(prestart(&sb, &stage));
+/// Prestarts the runtime for `stage`, sends the bundle, and checks that
+/// the stage ran on the runtime and exited 0; returns its stdout.
+fn run_on_the_runtime(sb: &mut Sandbox, stage: StageSpec) -> String {
+    sb.send(prestart(sb, &stage));
     let bundle = sb.bundle(vec![], vec![stage]);
     sb.send(bundle);
     let outcome = sb.finish(T);
@@ -88,13 +85,23 @@ fn a_fitting_stage_runs_on_the_runtime_with_its_args_and_limits() {
     assert_eq!(
         (report.reason, report.exit_code),
         (Reason::Exited, Some(0)),
-        "{outcome:?}"
+        "{report:?}: {}",
+        outcome.diagnostics
     );
     assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    outcome.stdout_text()
+}
+
+#[test]
+fn a_fitting_stage_runs_on_the_runtime_with_its_args_and_limits() {
+    let mut sb = Sandbox::start();
+    let mut stage = fitting_stage(&sb, &["a", "b c", ""]);
+    stage.limits.nofile = 77;
+    stage.limits.fsize_bytes = 512 * 1024;
     // The args, NUL-separated; the stage's rlimits, not the supervisor's;
     // and the control descriptor closed.
     assert_eq!(
-        outcome.stdout_text(),
+        run_on_the_runtime(&mut sb, stage),
         "runtime got: a|b c||\n77\n512\ncontrol-closed\n"
     );
 }
@@ -107,28 +114,17 @@ fn args_larger_than_the_control_pipe_holds_all_reach_the_runtime() {
     let long: Vec<String> = (0..50).map(|i| format!("{i:04}").repeat(1024)).collect();
     let args: Vec<&str> = long.iter().map(String::as_str).collect();
     let stage = fitting_stage(&sb, &args);
-    sb.send(prestart(&sb, &stage));
-    let bundle = sb.bundle(vec![], vec![stage]);
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    let report = outcome.only_report();
-    assert_eq!(
-        (report.reason, report.exit_code),
-        (Reason::Exited, Some(0)),
-        "{:?}",
-        outcome.diagnostics
-    );
-    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    let stdout = run_on_the_runtime(&mut sb, stage);
     let expected = format!(
         "runtime got: {}|\n64\n1024\ncontrol-closed\n",
         long.join("|")
     );
     assert!(
-        outcome.stdout_text() == expected,
+        stdout == expected,
         "stdout {} bytes, expected {}: {:?}",
-        outcome.stdout_text().len(),
+        stdout.len(),
         expected.len(),
-        outcome.stdout_text().get(..80)
+        stdout.get(..80)
     );
 }
 
