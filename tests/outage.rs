@@ -225,15 +225,13 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
     }
     // The worker logs it once the result is written, which the API may
     // already have shown.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !worker.log().contains("it replaced the verdict") && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        worker.log().contains("it replaced the verdict"),
-        "{}",
-        worker.log()
-    );
+    let log = common::until(
+        Duration::from_secs(10),
+        || async { worker.log() },
+        |log| log.contains("it replaced the verdict"),
+    )
+    .await;
+    assert!(log.contains("it replaced the verdict"), "{log}");
     drop(worker);
     harness.assert_clean().await;
 }

@@ -559,17 +559,17 @@ async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
         .filter(|(_, (_, removed))| !removed)
         .map(|(id, _)| id)
         .collect();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let left = loop {
-        let left: BTreeSet<String> = containers_labelled(&docker, &label)
-            .await
-            .into_iter()
-            .collect();
-        if left.iter().collect::<BTreeSet<_>>() == kept || std::time::Instant::now() > deadline {
-            break left;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let left: BTreeSet<String> = common::until(
+        Duration::from_secs(10),
+        || async {
+            containers_labelled(&docker, &label)
+                .await
+                .into_iter()
+                .collect()
+        },
+        |left: &BTreeSet<String>| left.iter().collect::<BTreeSet<_>>() == kept,
+    )
+    .await;
     for (id, (what, removed)) in &ids {
         assert_eq!(left.contains(id), !removed, "{what}: left {}", !removed);
         let verdict = reported.get(id).copied();

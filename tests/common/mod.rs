@@ -525,6 +525,24 @@ where
     }
 }
 
+/// Polls `probe` every 100 ms until its value satisfies `done`, for at most
+/// `within`; returns the last value either way, for the caller to assert on
+/// (so that a failure shows what was seen, not only that time ran out).
+pub async fn until<T, F, Fut>(within: Duration, mut probe: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        let value = probe().await;
+        if done(&value) || Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The API's configuration for an in-process test server on `store`:
 /// the embedded catalog, the default limits, no engine; a test sets what it
 /// needs otherwise (`ApiConfig { max_queue_depth: 10, ..api_config(…) }`).
