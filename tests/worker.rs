@@ -1106,6 +1106,112 @@ async fn a_running_jobs_events_are_streamed_as_they_happen() {
     world.harness.assert_clean().await;
 }
 
+/// What a redis-server was asked, as `MONITOR` prints it (a script's own
+/// commands follow its `EVALSHA` line, each marked `[0 lua]`), until
+/// [`Monitor::stop`].
+struct Monitor {
+    child: tokio::process::Child,
+    lines: tokio::task::JoinHandle<Vec<String>>,
+}
+
+impl Monitor {
+    async fn start(redis: &RedisServer) -> Self {
+        use tokio::io::AsyncBufReadExt;
+        let mut child = tokio::process::Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &redis.port.to_string(), "monitor"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-cli runs");
+        let mut reader = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        // MONITOR answers OK once it is on.
+        let first = tokio::time::timeout(Duration::from_secs(10), reader.next_line())
+            .await
+            .expect("MONITOR answers")
+            .expect("redis-cli's output");
+        assert_eq!(first.as_deref(), Some("OK"));
+        let lines = tokio::spawn(async move {
+            let mut lines = Vec::new();
+            while let Ok(Some(line)) = reader.next_line().await {
+                lines.push(line);
+            }
+            lines
+        });
+        Self { child, lines }
+    }
+
+    async fn stop(mut self) -> Vec<String> {
+        self.child.kill().await.expect("redis-cli stops");
+        self.lines.await.expect("the reader did not panic")
+    }
+}
+
+/// The job's last stage end goes with its result: appended by the same
+/// script call (FINISH) as its `exit` event, not by an append of its own
+/// just before: one Redis step less at the end of every job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_last_stage_end_is_written_with_the_result() {
+    let world = World::new().await;
+    let monitor = Monitor::start(&world.redis).await;
+    let id = world.submit(&python("print(42)")).await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    let lines = monitor.stop().await;
+
+    let stored = stream_events(&world, &id).await;
+    let run = record
+        .result
+        .as_ref()
+        .and_then(|r| r.run.as_ref())
+        .expect("ran");
+    let end = stored
+        .iter()
+        .find(|e| e.event().ok() == Some(JobEvent::stage_end("run", run)))
+        .expect("the run's end is in the stream");
+    let exit = stored.last().expect("events");
+    assert_eq!(exit.seq, end.seq + 1, "{stored:#?}");
+    // The XADD of each, by its stream id `<seq>-0`.
+    let xadd = |seq: u64| {
+        let needle = format!("\"{seq}-0\"");
+        lines
+            .iter()
+            .position(|l| l.contains("\"XADD\"") && l.contains(&id) && l.contains(&needle))
+            .unwrap_or_else(|| panic!("no XADD of seq {seq} in {lines:#?}"))
+    };
+    let (end_at, exit_at) = (xadd(end.seq), xadd(exit.seq));
+    assert!(end_at < exit_at, "{:#?}", &lines[end_at..=exit_at]);
+    assert!(
+        lines[end_at..=exit_at]
+            .iter()
+            .all(|l| l.contains("[0 lua]")),
+        "another command came between the stage end and the exit: {:#?}",
+        &lines[end_at..=exit_at]
+    );
+    // And that call is FINISH's: a script call, which wrote the result.
+    let call = lines[..end_at]
+        .iter()
+        .rposition(|l| !l.contains("[0 lua]"))
+        .expect("the script's call");
+    assert!(
+        lines[call].contains("\"EVALSHA\"") || lines[call].contains("\"EVAL\""),
+        "{}",
+        lines[call]
+    );
+    assert!(
+        lines[end_at..exit_at]
+            .iter()
+            .any(|l| l.contains("\"HSET\"") && l.contains("\"result\"")),
+        "the call that appended the stage end did not write the result: {:#?}",
+        &lines[call..=exit_at]
+    );
+    world.assert_settled(&id).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_compiled_jobs_stages_are_streamed_in_order() {
     let world = World::new().await;

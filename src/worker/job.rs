@@ -16,6 +16,7 @@ use super::backoff::{Backoff, sleep_unless_cancelled};
 use super::control::{ControlRelay, INPUT_BUFFER};
 use super::removals;
 use super::stream::{EVENT_BUFFER, EventStream};
+use crate::job::events::JobEvent;
 use crate::job::{JobResult, JobSpec, PreparedJob, StartKind, Status, prepare};
 use crate::sandbox::{Cleanup, JobIo};
 use crate::store::{
@@ -100,7 +101,7 @@ impl Shared {
             Some(job) => job,
             None => match self.prepare_stored(id, &spec) {
                 Ok(job) => job,
-                Err(result) => return self.conclude(id, attempts, *result, None).await,
+                Err(result) => return self.conclude(id, attempts, *result, &[], None).await,
             },
         };
         let language = job.language.id.as_str();
@@ -118,7 +119,7 @@ impl Shared {
             "job started"
         );
         let started = Instant::now();
-        let (result, mut cleanup) = self
+        let (result, tail, mut cleanup) = self
             .execute(id, attempts, &job, deadline_ms, claimed_at)
             .await;
         if !self.removals.has_room() {
@@ -126,7 +127,8 @@ impl Shared {
             // on while the result is written, as without linger.
             cleanup.stop_lingering();
         }
-        self.conclude(id, attempts, result, Some(started)).await;
+        self.conclude(id, attempts, result, &tail, Some(started))
+            .await;
         // The result is durable (or given up on): now the container goes,
         // still within the job's slot, unless its supervisor lingers idle
         // or it is stopping by itself, and it may wait its turn in the
@@ -245,9 +247,9 @@ impl Shared {
 
     /// Runs the job in a sandbox (a warm one of its class when the pool has
     /// one ready) with its control relay and its events stream; the finished
-    /// result, and the container still to remove. Every event of the job is
-    /// appended (or given up on) before this returns, so the `exit` event the
-    /// result writes is the last one.
+    /// result, the job's events not appended yet (they go with the result,
+    /// before its `exit` event, which so stays the last one), and the
+    /// container still to remove.
     async fn execute(
         &self,
         id: &str,
@@ -255,7 +257,7 @@ impl Shared {
         job: &PreparedJob,
         deadline_ms: Option<u64>,
         claimed_at: Instant,
-    ) -> (JobResult, Cleanup) {
+    ) -> (JobResult, Vec<JobEvent>, Cleanup) {
         let cancel = self.drain_kill.child_token();
         let (input, input_rx) = mpsc::channel(INPUT_BUFFER);
         let (events, events_rx) = mpsc::channel(EVENT_BUFFER);
@@ -329,12 +331,19 @@ impl Shared {
             }
         }
         tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
-        stream.close(&result, self).await;
-        (result, outcome.cleanup)
+        let tail = stream.close(&result);
+        (result, tail, outcome.cleanup)
     }
 
     /// Writes the result, then counts and logs the job.
-    async fn conclude(&self, id: &str, attempt: u32, result: JobResult, started: Option<Instant>) {
+    async fn conclude(
+        &self,
+        id: &str,
+        attempt: u32,
+        result: JobResult,
+        tail: &[JobEvent],
+        started: Option<Instant>,
+    ) {
         let language = result.language.as_str();
         if let Some(started) = started {
             self.metrics
@@ -352,7 +361,7 @@ impl Shared {
             .jobs
             .with_label_values(&[language, result.status.as_str()])
             .inc();
-        let written = self.write_result(id, attempt, &result).await;
+        let written = self.write_result(id, attempt, &result, tail).await;
         let status = result.status.as_str();
         let total_ms = result.timings.total_ms;
         match (&result.error, result.status) {
@@ -372,13 +381,19 @@ impl Shared {
     /// given up is logged whole at error, never dropped silently. After a
     /// failure the worker re-announces itself (its heartbeat) before it
     /// tries again, so a reaper never finds it silent once Redis is back.
-    async fn write_result(&self, id: &str, attempt: u32, result: &JobResult) -> bool {
+    async fn write_result(
+        &self,
+        id: &str,
+        attempt: u32,
+        result: &JobResult,
+        tail: &[JobEvent],
+    ) -> bool {
         let mut backoff = Backoff::redis();
         loop {
             let error = match self
                 .store
                 .jobs()
-                .finish(id, &self.config.id, attempt, result)
+                .finish_with_events(id, &self.config.id, attempt, result, tail)
                 .await
             {
                 Ok(FinishOutcome::Finished) => return true,
@@ -406,7 +421,7 @@ impl Shared {
                     return true;
                 }
                 Err(error @ StoreError::Corrupt { .. }) => {
-                    self.give_up_result(id, result, &error);
+                    self.give_up_result(id, result, tail.len(), &error);
                     return false;
                 }
                 Err(error) => error,
@@ -421,13 +436,15 @@ impl Shared {
             if !sleep_unless_cancelled(delay, &self.give_up).await
                 || !self.reannounce(&self.give_up).await
             {
-                self.give_up_result(id, result, &error);
+                self.give_up_result(id, result, tail.len(), &error);
                 return false;
             }
         }
     }
 
-    fn give_up_result(&self, id: &str, result: &JobResult, error: &StoreError) {
+    /// Logs a result given up on, whole; the events that were to go with it
+    /// are not in the stream either (the result has their output).
+    fn give_up_result(&self, id: &str, result: &JobResult, events: usize, error: &StoreError) {
         self.mark_abandoned();
         let result = serde_json::to_string(result).unwrap_or_default();
         tracing::error!(
@@ -435,7 +452,8 @@ impl Shared {
             worker.id = %self.config.id,
             %error,
             %result,
-            "gave up writing the job's result; the job stays in this worker's processing list"
+            events,
+            "gave up writing the job's result and its last events; the job stays in this worker's processing list"
         );
     }
 }

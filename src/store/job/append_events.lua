@@ -11,23 +11,5 @@ if redis.call('HGET', job_key, 'status') ~= 'running'
   or redis.call('HGET', job_key, 'attempts') ~= attempt then
   return {'ended'}
 end
-local seq = 0
-local dropped = 0
-local bytes = 0
-local outputs = tonumber(redis.call('HGET', job_key, 'out_events') or '0')
-for i = REST, #ARGV, 2 do
-  local kind, payload = ARGV[i], ARGV[i + 1]
-  if kind == 'event' then
-    seq = append_event(events_key, job_key, payload)
-    bytes = bytes + #payload + EVENT_OVERHEAD
-  elseif outputs < MAX_OUTPUT_EVENTS then
-    seq = append_entry(events_key, job_key, 't', kind, 'd', payload)
-    outputs = outputs + 1
-    bytes = bytes + #payload + EVENT_OVERHEAD
-  else
-    dropped = dropped + 1
-  end
-end
-redis.call('HSET', job_key, 'out_events', outputs)
-redis.call('HINCRBY', job_key, 'event_bytes', bytes)
+local seq, dropped = append_batch(events_key, job_key, REST)
 return {'ok', tostring(seq), tostring(dropped)}

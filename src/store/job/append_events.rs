@@ -41,18 +41,8 @@ impl Jobs {
             worker: worker.to_string(),
             attempt,
         };
-        let mut pairs: Vec<(&'static [u8], Vec<u8>)> = Vec::with_capacity(events.len());
-        for event in events {
-            pairs.push(match event {
-                JobEvent::Stdout { .. } => (b"stdout", event.output_bytes().unwrap_or_default()),
-                JobEvent::Stderr { .. } => (b"stderr", event.output_bytes().unwrap_or_default()),
-                _ => (b"event", event.to_json().into_bytes()),
-            });
-        }
-        let rest: Vec<&[u8]> = pairs
-            .iter()
-            .flat_map(|(kind, payload)| [*kind, payload.as_slice()])
-            .collect();
+        let args = EventArgs::of(events);
+        let rest: Vec<&[u8]> = args.slices().collect();
         let mut conn = self.redis.conn().await?;
         let reply = self
             .scripts
@@ -64,5 +54,36 @@ impl Jobs {
             "ok" => Ok(Some(reply.number(0)?)),
             _ => Err(reply.unexpected()),
         }
+    }
+}
+
+/// Events as the scripts take them (`append_batch` in lib.lua): a kind
+/// (`event`, `stdout`, `stderr`) and its payload (an event's JSON, raw
+/// output bytes) for each.
+pub(super) struct EventArgs(Vec<(&'static [u8], Vec<u8>)>);
+
+impl EventArgs {
+    pub(super) fn of(events: &[JobEvent]) -> Self {
+        Self(
+            events
+                .iter()
+                .map(|event| match event {
+                    JobEvent::Stdout { .. } => {
+                        (&b"stdout"[..], event.output_bytes().unwrap_or_default())
+                    }
+                    JobEvent::Stderr { .. } => {
+                        (&b"stderr"[..], event.output_bytes().unwrap_or_default())
+                    }
+                    _ => (&b"event"[..], event.to_json().into_bytes()),
+                })
+                .collect(),
+        )
+    }
+
+    /// The arguments in order: kind, payload, kind, payload…
+    pub(super) fn slices(&self) -> impl Iterator<Item = &[u8]> {
+        self.0
+            .iter()
+            .flat_map(|(kind, payload)| [*kind, payload.as_slice()])
     }
 }

@@ -1,9 +1,11 @@
 -- FINISH: records the result of `worker`'s `attempt`; the four outputs
 -- (compile stdout, compile stderr, run stdout, run stderr; raw bytes) are
--- the variadic arguments.
--- - The worker's own running attempt: the result is recorded, every key of
---   the job set to expire, and only then the id dropped from the
---   processing list: {'finished'}.
+-- the first variadic arguments, the attempt's last events (pairs, as
+-- APPEND_EVENTS takes them) the rest.
+-- - The worker's own running attempt: its last events are appended, the
+--   result recorded (its `exit` event after them), every key of the job
+--   set to expire, and only then the id dropped from the processing list:
+--   {'finished'}.
 -- - An attempt the platform gave up on (a `worker_lost` or
 --   `deadline_exceeded` verdict, or a retry) whose real result comes
 --   within the late-result window, and is not itself an `error`: that
@@ -21,7 +23,7 @@ end
 local outputs = {ARGV[REST], ARGV[REST + 1], ARGV[REST + 2], ARGV[REST + 3]}
 if current == 'running' and redis.call('HGET', job_key, 'worker') == worker
   and redis.call('HGET', job_key, 'attempts') == attempt then
-  local seq, from = settle_job(job_key, events_key, stdin_key, id, status, result, outputs, now_ms, ttl, nil)
+  local seq, from = settle_job(job_key, events_key, stdin_key, id, status, result, outputs, now_ms, ttl, nil, nil, REST + 4)
   if not seq then
     return refused(from, status)
   end
@@ -35,6 +37,8 @@ if status ~= 'error' and redis.call('HGET', job_key, 'lost_worker') == worker
   if not may then
     return refused(from, status)
   end
+  -- Its last events are left out, as APPEND_EVENTS leaves out a given-up
+  -- attempt's: they would mix into the verdict's or a retry's stream.
   local replaces = redis.call('HGET', job_key, 'verdict_seq')
   if current == 'queued' then
     withdraw(job_key, id, queue_key, tenants_key, tenant_turns_key)

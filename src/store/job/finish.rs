@@ -5,7 +5,9 @@
 //! verdict), `queued` or `running` (a retry) → a late result's status.
 
 use super::Jobs;
+use super::append_events::EventArgs;
 use super::script::{Reply, StepScript, script_inputs};
+use crate::job::events::JobEvent;
 use crate::job::lifecycle::Step;
 use crate::job::{JobResult, Status};
 use crate::store::{StoreError, now_ms, parse_status};
@@ -68,6 +70,24 @@ impl Jobs {
         attempt: u32,
         result: &JobResult,
     ) -> Result<FinishOutcome, StoreError> {
+        self.finish_with_events(id, worker, attempt, result, &[])
+            .await
+    }
+
+    /// [`Self::finish`], with the attempt's last events: they are appended
+    /// in the same step, before the `exit` event, when the result is the
+    /// job's ([`FinishOutcome::Finished`]); otherwise they are left out, as
+    /// [`Self::append_events`] leaves out events of an attempt that is not
+    /// running. The job's last stage end so goes with its result: one write
+    /// instead of two at the end of every job.
+    pub async fn finish_with_events(
+        &self,
+        id: &str,
+        worker: &str,
+        attempt: u32,
+        result: &JobResult,
+        events: &[JobEvent],
+    ) -> Result<FinishOutcome, StoreError> {
         let (bare, outputs) = result.split_output();
         let json = serde_json::to_string(&bare).map_err(|e| StoreError::Corrupt {
             id: id.to_string(),
@@ -90,7 +110,12 @@ impl Jobs {
             worker: worker.to_string(),
             attempt,
         };
-        let rest: Vec<&[u8]> = outputs.iter().map(Vec::as_slice).collect();
+        let args = EventArgs::of(events);
+        let rest: Vec<&[u8]> = outputs
+            .iter()
+            .map(Vec::as_slice)
+            .chain(args.slices())
+            .collect();
         let mut conn = self.redis.conn().await?;
         let reply = self.scripts.finish.run(&mut conn, &inputs, &rest).await?;
         FinishOutcome::from_reply(id, &reply)

@@ -48,6 +48,34 @@ local function append_event(stream, job, event)
   return append_entry(stream, job, 'event', event)
 end
 
+-- Appends a running attempt's batch of events: ARGV from `first` on, in
+-- pairs of (kind, payload), kind `event` with an event's JSON (stages) or
+-- `stdout`/`stderr` with raw output bytes. Output beyond MAX_OUTPUT_EVENTS
+-- is left out; the bytes count for the job's storage. Returns the last seq
+-- appended (0 if none) and how many output events were left out.
+local function append_batch(stream, job, first)
+  local seq = 0
+  local dropped = 0
+  local bytes = 0
+  local outputs = tonumber(redis.call('HGET', job, 'out_events') or '0')
+  for i = first, #ARGV, 2 do
+    local kind, payload = ARGV[i], ARGV[i + 1]
+    if kind == 'event' then
+      seq = append_event(stream, job, payload)
+      bytes = bytes + #payload + EVENT_OVERHEAD
+    elseif outputs < MAX_OUTPUT_EVENTS then
+      seq = append_entry(stream, job, 't', kind, 'd', payload)
+      outputs = outputs + 1
+      bytes = bytes + #payload + EVENT_OVERHEAD
+    else
+      dropped = dropped + 1
+    end
+  end
+  redis.call('HSET', job, 'out_events', outputs)
+  redis.call('HINCRBY', job, 'event_bytes', bytes)
+  return seq, dropped
+end
+
 -- The stored form of the `exit` event (the readers put the result in).
 local function exit_event(status, replaces)
   local event = '{"type":"exit","status":"' .. status .. '"'
@@ -327,12 +355,17 @@ end
 -- usage in the ledger (count_usage), then expire_job. Every path that
 -- ends a job goes through it. It clears the late-result record; a
 -- verdict sets it again right after (give_up).
+-- The attempt's last events (ARGV from `tail` on, as append_batch takes
+-- them), when given, go before the exit event.
 -- Returns the exit event's seq, or nil and the job's status when the
 -- table refuses the move (nothing is written then).
-local function settle_job(job, events, stdin, id, status, result, outputs, now, ttl, exit, replaces)
+local function settle_job(job, events, stdin, id, status, result, outputs, now, ttl, exit, replaces, tail)
   local ok, from = set_status(job, status)
   if not ok then
     return nil, from
+  end
+  if tail then
+    append_batch(events, job, tail)
   end
   redis.call('HDEL', job, 'lost_worker', 'lost_attempt', 'lost_until', 'verdict_seq')
   redis.call('HSET', job, 'result', result, 'finished_ms', now)

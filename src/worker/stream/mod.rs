@@ -9,7 +9,9 @@
 //!   after a write, more output waits until [`FLUSH_INTERVAL`] has passed
 //!   since that write, so a flood is coalesced into one `append_events` call
 //!   per interval (or as soon as [`FLUSH_BYTES`] of it wait). A stage start
-//!   or end goes at once, with everything before it, in order. Adjacent
+//!   goes at once, with everything before it, in order; so does a stage's
+//!   end, after waiting up to [`STAGE_END_HOLD`] for what follows it: the
+//!   job's end, normally, and then it goes with the result. Adjacent
 //!   chunks of one stream become one event (of about [`MAX_EVENT_BYTES`] at
 //!   most); an incomplete UTF-8 sequence at the end of a stream's buffer
 //!   waits for the rest of the character, so text stays text, until the stage
@@ -21,13 +23,13 @@
 //!   meanwhile; while Redis is away, at most [`MAX_BUFFERED_BYTES`] of output
 //!   are held and the rest is dropped from the stream (with one warning; the
 //!   result still has it).
-//! - When the job ended, [`EventStream::close`] writes what is left (and the
-//!   end of a stage the sandbox never reported) before the worker writes the
-//!   result, so the `exit` event is the last one. Through a Redis outage it
-//!   retries as patiently as the result itself (the result cannot be written
-//!   before Redis is back either), so output held through an outage reaches
-//!   the stream; only when the worker gives up (at shutdown) are they given
-//!   up, with a warning.
+//! - When the job ended, [`EventStream::close`] hands what is left (and the
+//!   end of a stage the sandbox never reported) to the worker, which writes
+//!   it with the result, in one step and before the `exit` event, so that
+//!   event is the last one (`Jobs::finish_with_events`). The result's write
+//!   retries through a Redis outage, so output held through it reaches the
+//!   stream; only when the worker gives up (at shutdown) are they given up,
+//!   with the result, which is logged whole.
 //!
 //! [`FLUSH_INTERVAL`]: coalesce::FLUSH_INTERVAL
 //! [`MAX_EVENT_BYTES`]: coalesce::MAX_EVENT_BYTES
@@ -41,7 +43,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::backoff::{Backoff, sleep_unless_cancelled};
+use super::backoff::Backoff;
 use crate::job::JobResult;
 use crate::job::events::{JobEvent, StageState};
 use crate::sandbox::SandboxEvent;
@@ -58,6 +60,26 @@ pub(super) const EVENT_BUFFER: usize = 256;
 const MAX_BUFFERED_BYTES: usize = 4 * 1024 * 1024;
 /// Longest wait for one `append_events` call.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a stage's end waits for what follows it before it is written.
+/// The supervisor sends `done` right after the last stage's end, so the
+/// job's end comes within this (a few ms; the rest is margin for a loaded
+/// machine) and both go with the result: one Redis step at the end of a
+/// job instead of two, and the result sooner. A stage that another
+/// follows is followed by that stage's start, which goes at once and takes
+/// the end with it. So the hold never delays the result, and a stage's end
+/// reaches the stream at most this late, never after the `exit` event.
+const STAGE_END_HOLD: Duration = Duration::from_millis(50);
+
+/// When an event taken into the buffer wants it written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// At once.
+    Now,
+    /// Within [`STAGE_END_HOLD`].
+    Soon,
+    /// As output goes ([`flush_due`]).
+    AsOutput,
+}
 
 /// A batch of events on its way to Redis.
 #[derive(Debug, Default)]
@@ -193,13 +215,20 @@ impl EventStream {
                 done = async { in_flight.as_mut().expect("checked").await }, if in_flight.is_some() => {
                     in_flight = None;
                     let (batch, attempt) = done;
-                    if let Some(delay) = self.book_append(batch, attempt, true) {
+                    if let Some(delay) = self.book_append(batch, attempt) {
                         retry_at = Some(Instant::now() + delay);
                     }
                 }
                 event = events.recv(), if open => match event {
                     Some(event) => {
-                        urgent |= self.accept(event);
+                        match self.accept(event) {
+                            Flush::Now => urgent = true,
+                            Flush::Soon => {
+                                let at = Instant::now() + STAGE_END_HOLD;
+                                due = Some(due.map_or(at, |due| due.min(at)));
+                            }
+                            Flush::AsOutput => {}
+                        }
                         if due.is_none() && !self.coalescer.is_empty() {
                             let answering =
                                 self.input_marks.load(Ordering::Relaxed) != input_at_write;
@@ -213,9 +242,9 @@ impl EventStream {
         }
     }
 
-    /// Takes one sandbox event into the buffer; `true` when it should be
-    /// written at once.
-    fn accept(&mut self, event: SandboxEvent) -> bool {
+    /// Takes one sandbox event into the buffer; when it wants the buffer
+    /// written.
+    fn accept(&mut self, event: SandboxEvent) -> Flush {
         if matches!(event, SandboxEvent::StageStart { .. }) && self.first_stage_at.is_none() {
             self.first_stage_at = Some(std::time::Instant::now());
         }
@@ -227,20 +256,20 @@ impl EventStream {
             *self.egress_verdicts.entry(verdict.to_string()).or_default() += 1;
         }
         if self.ended {
-            return false;
+            return Flush::AsOutput;
         }
         match event {
-            SandboxEvent::Ready => false,
+            SandboxEvent::Ready => Flush::AsOutput,
             SandboxEvent::StageStart { stage } => {
                 self.coalescer.push_event(JobEvent::stage_start(&stage));
                 self.open_stage = Some(stage);
-                true
+                Flush::Now
             }
             SandboxEvent::StageEnd { stage, result } => {
                 self.coalescer
                     .push_event(JobEvent::stage_end(&stage, &result));
                 self.open_stage = None;
-                true
+                Flush::Soon
             }
             SandboxEvent::TestStart { index, name } => {
                 self.coalescer.push_event(JobEvent::Test {
@@ -249,7 +278,7 @@ impl EventStream {
                     state: StageState::Start,
                     outcome: None,
                 });
-                true
+                Flush::Now
             }
             SandboxEvent::TestEnd(test) => {
                 let test = *test;
@@ -259,7 +288,7 @@ impl EventStream {
                     state: StageState::End,
                     outcome: Some(Box::new(test.outcome)),
                 });
-                true
+                Flush::Now
             }
             SandboxEvent::Stdout(data) => self.output(Stream::Stdout, data),
             SandboxEvent::Stderr(data) => self.output(Stream::Stderr, data),
@@ -267,16 +296,16 @@ impl EventStream {
                 // After the output before it (the coalescer keeps the order),
                 // and at once: the student is looking at the prompt.
                 self.coalescer.push_event(JobEvent::InputWanted);
-                true
+                Flush::Now
             }
             SandboxEvent::Egress(connection) => {
                 self.coalescer.push_event(JobEvent::Egress(connection));
-                true
+                Flush::Now
             }
         }
     }
 
-    fn output(&mut self, stream: Stream, data: Vec<u8>) -> bool {
+    fn output(&mut self, stream: Stream, data: Vec<u8>) -> Flush {
         if self.held + data.len() > MAX_BUFFERED_BYTES {
             if !self.dropped {
                 self.dropped = true;
@@ -286,11 +315,15 @@ impl EventStream {
                     "redis is not taking the job's events; dropping output from its events stream (the result keeps it)"
                 );
             }
-            return false;
+            return Flush::AsOutput;
         }
         self.held += data.len();
         self.coalescer.push_output(stream, data);
-        self.coalescer.output_bytes >= FLUSH_BYTES
+        if self.coalescer.output_bytes >= FLUSH_BYTES {
+            Flush::Now
+        } else {
+            Flush::AsOutput
+        }
     }
 
     /// The failed batch (if any) followed by what the coalescer holds.
@@ -331,7 +364,7 @@ impl EventStream {
 
     /// Books the outcome of an append; the delay before the next attempt
     /// when it failed (the batch is then first in line again).
-    fn book_append(&mut self, batch: Batch, attempt: Attempt, running: bool) -> Option<Duration> {
+    fn book_append(&mut self, batch: Batch, attempt: Attempt) -> Option<Duration> {
         match attempt {
             Attempt::Written => {
                 self.backoff.reset();
@@ -356,30 +389,25 @@ impl EventStream {
                 retry.extend(std::mem::take(&mut self.retry));
                 self.retry = retry;
                 let delay = self.backoff.next_delay();
-                if running {
-                    tracing::warn!(
-                        job.id = %self.job_id,
-                        %error,
-                        events = self.retry.events.len(),
-                        retry_ms = delay.as_millis() as u64,
-                        "could not append the job's events; retrying (the job keeps running)"
-                    );
-                }
+                tracing::warn!(
+                    job.id = %self.job_id,
+                    %error,
+                    events = self.retry.events.len(),
+                    retry_ms = delay.as_millis() as u64,
+                    "could not append the job's events; retrying (the job keeps running)"
+                );
                 Some(delay)
             }
         }
     }
 
-    /// Writes what is left once the job ended, with the end of a stage the
-    /// sandbox never reported (killed mid-stage) taken from `result`; a few
-    /// attempts, none after `give_up`.
-    /// Before every retry the worker re-announces itself (its heartbeat
-    /// goes first when Redis is back); nothing more is tried once the
-    /// worker gives up (`give_up`, at shutdown).
-    pub(super) async fn close(mut self, result: &JobResult, worker: &super::Shared) {
-        let give_up = &worker.give_up;
+    /// What is left to write once the job ended, with the end of a stage
+    /// the sandbox never reported (killed mid-stage) taken from `result`:
+    /// the worker writes it with the result (nothing once the job is not
+    /// running this attempt any more).
+    pub(super) fn close(mut self, result: &JobResult) -> Vec<JobEvent> {
         if self.ended {
-            return;
+            return Vec::new();
         }
         if let Some(stage) = self.open_stage.take() {
             let stage_result = match stage.as_str() {
@@ -391,40 +419,6 @@ impl EventStream {
                     .push_event(JobEvent::stage_end(&stage, stage_result));
             }
         }
-        let mut batch = self.next_batch(true);
-        // Quick attempts at first, whatever the backoff reached while the
-        // job ran: the result waits for this.
-        self.backoff.reset();
-        let mut attempts = 0;
-        while !batch.events.is_empty() {
-            let (returned, attempt) = self.attempt(batch).await;
-            attempts += 1;
-            let error = match &attempt {
-                Attempt::Failed(error) => error.clone(),
-                _ => return,
-            };
-            let count = returned.events.len();
-            let Some(delay) = self.book_append(returned, attempt, false) else {
-                return;
-            };
-            if !sleep_unless_cancelled(delay, give_up).await || !worker.reannounce(give_up).await {
-                tracing::warn!(
-                    job.id = %self.job_id,
-                    %error,
-                    events = count,
-                    attempts,
-                    "gave up appending the job's last events; its events stream misses them (the result has the output)"
-                );
-                return;
-            }
-            tracing::warn!(
-                job.id = %self.job_id,
-                %error,
-                events = count,
-                retry_ms = delay.as_millis() as u64,
-                "could not append the job's last events; retrying"
-            );
-            batch = std::mem::take(&mut self.retry);
-        }
+        self.next_batch(true).events
     }
 }
