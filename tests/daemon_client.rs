@@ -507,6 +507,47 @@ async fn interactive_run_exits_with_the_programs_code_without_waiting_for_eof() 
     assert!(text(&out.stderr).contains("cannot be used with"), "{out:?}");
 }
 
+/// The WebSocket's ends read 8 KiB at a time (`WS_READ_BUFFER_BYTES`): an
+/// event of 32 KiB of output, and a stdin line of 40 KiB, are each read
+/// whole across several reads, and nothing is lost or reordered.
+#[tokio::test]
+async fn messages_larger_than_the_websockets_read_buffer_arrive_whole() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis).await;
+    let dir = tempfile::tempdir().unwrap();
+    let big = source(
+        dir.path(),
+        "big.py",
+        "import sys\n\
+         line = sys.stdin.readline()\n\
+         sys.stdout.write(''.join(chr(97 + i % 26) for i in range(200000)))\n\
+         sys.stdout.write('|%d|%s' % (len(line), line[-3:]))\n",
+    );
+    let typed: &'static str = Box::leak(format!("{}end\n", "x".repeat(40 * 1024)).into_boxed_str());
+    let out = finish(
+        client(&daemon.url, Some(KEY_A), &[&big], &["-i"]),
+        Some(typed),
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let expected: String = (0..200_000u32)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect::<String>()
+        + &format!("|{}|nd\n", typed.len());
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        stdout.len(),
+        expected.len(),
+        "{}",
+        &stdout[stdout.len().saturating_sub(80)..]
+    );
+    assert!(
+        stdout == expected,
+        "the output differs from what the program wrote"
+    );
+    assert_eq!(text(&out.stderr), "");
+}
+
 #[tokio::test]
 async fn output_appears_while_the_program_still_runs() {
     let redis = RedisServer::start();

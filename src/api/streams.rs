@@ -58,7 +58,7 @@ use super::jobs::{job_id, owned_job};
 use super::places::Place;
 use super::stream_caps::StreamPermit;
 use super::tokens::{Scope, TokenError};
-use crate::job::events::{JobEvent, StoredEvent};
+use crate::job::events::{JobEvent, StoredEvent, WS_READ_BUFFER_BYTES};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
 use crate::store::{Control, InputBudgets, InputOutcome, JobRecord, Store};
@@ -241,6 +241,7 @@ pub(super) async fn websocket(
         .protocols([SUBPROTOCOL])
         .max_message_size(MAX_WIRE_MESSAGE_BYTES)
         .max_frame_size(MAX_WIRE_MESSAGE_BYTES)
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
         .on_failed_upgrade(|error| {
             tracing::debug!(error = %error, "a WebSocket upgrade failed");
         })

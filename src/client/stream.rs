@@ -29,7 +29,7 @@ use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::{CONNECT_TIMEOUT, ClientError};
 use crate::job::JobResult;
-use crate::job::events::JobEvent;
+use crate::job::events::{JobEvent, WS_READ_BUFFER_BYTES};
 
 /// Attempts to reconnect after a connection ended before `exit`, in a row
 /// (an attempt that brings new events starts the count again); the attempts
@@ -251,7 +251,14 @@ impl<'a, S: EventSink> Follower<'a, S> {
         let connected = tokio::time::timeout(
             CONNECT_TIMEOUT,
             // Nagle off: typed lines go out at once.
-            tokio_tungstenite::connect_async_with_config(request, None, true),
+            tokio_tungstenite::connect_async_with_config(
+                request,
+                Some(
+                    tungstenite::protocol::WebSocketConfig::default()
+                        .read_buffer_size(WS_READ_BUFFER_BYTES),
+                ),
+                true,
+            ),
         )
         .await;
         match connected {

@@ -21,7 +21,7 @@ use super::super::{new_job_id, semver3, submit};
 use super::answer::text;
 use super::request::piston_job;
 use super::{SIGNALS, from_api_error, piston_caller, piston_error, piston_name};
-use crate::job::events::{JobEvent, StageState};
+use crate::job::events::{JobEvent, StageState, WS_READ_BUFFER_BYTES};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
 use crate::store::{Control, InputOutcome};
@@ -62,6 +62,7 @@ pub(super) async fn connect(State(state): State<ApiState>, request: Request) -> 
     };
     let sessions = state.sessions.clone();
     upgrade
+        .read_buffer_size(WS_READ_BUFFER_BYTES)
         .on_upgrade(move |socket| sessions.track_future(session(socket, state, caller, id, permit)))
         .into_response()
 }
