@@ -12,6 +12,9 @@
 #                                    top of the common settings (later ones win);
 #                                    sets serve_pid, url; waits for /readyz
 #   wait_warm N [LANGUAGE]           until the pool holds N ready sandboxes
+#   settle_load MAX                  until the 1-minute load average is under
+#                                    MAX (a filled pool's work has settled),
+#                                    60 s at most, then says what it is
 #   stop_private                     stops both, by their pids (the EXIT trap)
 
 redis_pid=""
@@ -75,6 +78,17 @@ wait_warm() {
 		((SECONDS < deadline)) || fail "the warm pool did not reach $1 ready sandboxes within 120 s"
 		sleep 0.2
 	done
+}
+
+settle_load() {
+	local deadline=$((SECONDS + 60)) load
+	while :; do
+		load="$(cut -d' ' -f1 /proc/loadavg)"
+		awk -v l="$load" -v m="$1" 'BEGIN { exit !(l < m) }' && break
+		((SECONDS < deadline)) || break
+		sleep 1
+	done
+	echo "bench: load average $load before the run"
 }
 
 stop_private() {
