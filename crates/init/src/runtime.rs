@@ -27,7 +27,7 @@ use nix::sys::signal::Signal;
 
 use super::InitError;
 use super::files::{Placeholder, create_placeholder, remove_placeholder};
-use super::job_thread::run_as;
+use super::job_thread::{run_as, take_ids};
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
@@ -99,6 +99,12 @@ impl WarmRuntime {
                 return Err(format!("cannot start {:?}: {error}", prestart.argv));
             }
         };
+        // The job thread takes the runtime's ids now, off the job's path: a
+        // job the runtime fits runs as them, so the bundle's files and the
+        // release's limits find it switched already (a php runtime's
+        // placeholder had it switched before). When it cannot, that work
+        // runs on threads of its own, as always.
+        take_ids(prestart.uid, prestart.gid);
         Ok(Self {
             prestart,
             placeholder,
