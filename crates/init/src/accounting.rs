@@ -122,9 +122,24 @@ fn parse_stat(stat: &str) -> Option<(char, u64)> {
 /// container's CPU quota when the worker sent it (`quota_millis`, gVisor);
 /// `u64::MAX` (no ceiling) if neither is known.
 pub(crate) fn usable_cpu_millis(quota_millis: Option<u64>) -> u64 {
+    let affinity = affinity_millis();
+    match quota_millis {
+        Some(quota) => affinity.min(quota.max(1)),
+        None => affinity,
+    }
+}
+
+/// The supervisor's CPU affinity in thousandths of a CPU (`u64::MAX` when
+/// it cannot be read), read once: [`read_affinity`] reads it before the
+/// bundle, off a warm sandbox's job path (under gVisor every system call
+/// there costs tens of µs). It cannot change afterwards: only the
+/// supervisor itself (it does not) or a process with `CAP_SYS_NICE` (no
+/// process of the job has it) could change PID 1's affinity.
+fn affinity_millis() -> u64 {
     use nix::sched::{CpuSet, sched_getaffinity};
     use nix::unistd::Pid;
-    let affinity = match sched_getaffinity(Pid::from_raw(0)) {
+    static AFFINITY: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *AFFINITY.get_or_init(|| match sched_getaffinity(Pid::from_raw(0)) {
         Ok(set) => {
             let count = (0..CpuSet::count())
                 .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
@@ -135,11 +150,12 @@ pub(crate) fn usable_cpu_millis(quota_millis: Option<u64>) -> u64 {
                 .saturating_mul(1000)
         }
         Err(_) => u64::MAX,
-    };
-    match quota_millis {
-        Some(quota) => affinity.min(quota.max(1)),
-        None => affinity,
-    }
+    })
+}
+
+/// Reads the supervisor's CPU affinity now (see [`affinity_millis`]).
+pub(crate) fn read_affinity() {
+    affinity_millis();
 }
 
 /// The most CPU time the job can really have used `elapsed` after its stage

@@ -238,6 +238,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     // Before the bundle: for a warm sandbox, off the job's path.
     let memory = MemoryProbe::discover();
     super::spawn::read_own_limits();
+    super::accounting::read_affinity();
     let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
     check_bundle(&bundle)?;
     // Before anything of the job runs (a warm runtime released into the
