@@ -184,13 +184,15 @@ fn open_workspace(workspace: &str) -> Result<OwnedFd, InitError> {
 
 /// Checks every path, then writes the files under `workspace` as
 /// `uid`/`gid` (see the module docs); the file named
-/// by `placeholder` goes into that file.
+/// by `placeholder` goes into that file. `then` runs right after, as the
+/// same ids, in the same trip to the job thread.
 pub(crate) fn write_bundle_files(
     workspace: &str,
     uid: u32,
     gid: u32,
     files: Vec<BundleFile>,
     placeholder: Option<Placeholder>,
+    then: Option<ThenWork>,
 ) -> Result<(), InitError> {
     for file in &files {
         validate_relative_path(&file.path).map_err(|reason| InitError::BadPath {
@@ -205,9 +207,14 @@ pub(crate) fn write_bundle_files(
             let reuse = placeholder.as_ref().filter(|p| p.name == file.path);
             write_one(&root, file, reuse)?;
         }
-        Ok(())
+        then.map_or(Ok(()), |then| then())
     })
 }
+
+/// Work done as the same ids right after the bundle's files, on the same
+/// trip to the job thread (a warm runtime's limits: see
+/// `WarmRuntime::limits_work`).
+pub(crate) type ThenWork = Box<dyn FnOnce() -> Result<(), InitError> + Send>;
 
 /// Writes `files` below the directory open at `root`, as the calling
 /// thread's ids (a thread already dropped to the right uid).

@@ -26,7 +26,7 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::Signal;
 
 use super::InitError;
-use super::files::{Placeholder, create_placeholder, remove_placeholder};
+use super::files::{Placeholder, ThenWork, create_placeholder, remove_placeholder};
 use super::job_thread::{run_as, take_ids};
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
@@ -48,6 +48,8 @@ pub(crate) struct WarmRuntime {
     nonblocking: bool,
     /// Set once [`WarmRuntime::check_alive`] saw it end.
     ended: bool,
+    /// Its stage's rlimits were set with the bundle's files.
+    limits_set: bool,
 }
 
 impl WarmRuntime {
@@ -112,6 +114,7 @@ impl WarmRuntime {
             control: write,
             nonblocking,
             ended: false,
+            limits_set: false,
         })
     }
 
@@ -193,21 +196,43 @@ impl WarmRuntime {
         }
     }
 
-    /// Gives the runtime the stage's rlimits and the job's args: from here
-    /// on it is the stage's main process.
+    /// The work that gives the runtime `spec`'s rlimits, to be run as the
+    /// runtime's ids with the bundle's files (one trip to the job thread
+    /// instead of two; see [`files::write_bundle_files`]). Once it ran,
+    /// [`Self::limits_were_set`] tells the release not to set them again.
+    /// Setting them before the stage's start changes nothing for the
+    /// runtime, which waits on its control pipe meanwhile: its CPU limit
+    /// counts its CPU since its start either way.
+    ///
+    /// [`files::write_bundle_files`]: super::files::write_bundle_files
+    pub(crate) fn limits_work(&self, spec: &StageSpec) -> ThenWork {
+        let rlimits = StageRlimits::for_limits(&spec.limits);
+        let pid = self.process.pid;
+        Box::new(move || {
+            rlimits
+                .apply_to(pid)
+                .map_err(|source| InitError::RuntimeLimits { pid, source })
+        })
+    }
+
+    /// The work of [`Self::limits_work`] ran: the release leaves the limits.
+    pub(crate) fn limits_were_set(&mut self) {
+        self.limits_set = true;
+    }
+
+    /// Gives the runtime the stage's rlimits (unless they were set with the
+    /// files) and the job's args: from here on it is the stage's main
+    /// process.
     pub(crate) fn release(
         self,
         spec: &StageSpec,
         args: Vec<String>,
     ) -> Result<SpawnedStage, std::io::Error> {
-        let rlimits = StageRlimits::for_limits(&spec.limits);
-        let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
-        run_as("runtime-limits", uid, gid, move || {
-            rlimits
-                .apply_to(pid)
-                .map_err(|source| InitError::RuntimeLimits { pid, source })
-        })
-        .map_err(|error| std::io::Error::other(error.to_string()))?;
+        if !self.limits_set {
+            let work = self.limits_work(spec);
+            run_as("runtime-limits", self.prestart.uid, self.prestart.gid, work)
+                .map_err(|error| std::io::Error::other(error.to_string()))?;
+        }
         let mut message = Vec::new();
         for arg in args {
             message.extend_from_slice(arg.as_bytes());

@@ -250,13 +250,25 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     let mut runtime = keep_if_fits(runtime, &bundle, &mut killer).await;
     let files = std::mem::take(&mut bundle.files);
     let placeholder = runtime.as_mut().and_then(WarmRuntime::take_placeholder);
+    // A kept runtime runs the first stage, as the job's ids
+    // (`keep_if_fits`): its limits are set with the files, in the same trip
+    // to the job thread, rather than in a second one at the release.
+    let limits = runtime
+        .as_ref()
+        .zip(bundle.stages.first())
+        .map(|(runtime, stage)| runtime.limits_work(stage));
+    let limits_given = limits.is_some();
     write_bundle_files(
         &bundle.workspace,
         bundle.uid,
         bundle.gid,
         files,
         placeholder,
+        limits,
     )?;
+    if limits_given && let Some(runtime) = runtime.as_mut() {
+        runtime.limits_were_set();
+    }
 
     let mut context = Context {
         sink,
