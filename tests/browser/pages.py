@@ -220,12 +220,17 @@ class Page(unittest.TestCase):
         return path
 
     def terminal(self):
-        """The terminal's visible text, one line per row, trailing blanks cut."""
+        """The terminal's visible text, one line per row, trailing blanks cut.
+
+        Read in one script: xterm redraws its rows (the cursor's blink
+        too), and rows looked up before a redraw are stale after it."""
         try:
-            rows = driver.find_elements(By.CSS_SELECTOR, "#terminal .xterm-rows > div")
+            texts = driver.execute_script(
+                "return Array.from(document.querySelectorAll("
+                "'#terminal .xterm-rows > div'), (row) => row.textContent);")
         except Exception:  # noqa: BLE001 - before the page exists
             return ""
-        lines = [r.get_attribute("textContent").replace("\u00a0", " ").rstrip() for r in rows]
+        lines = [t.replace("\u00a0", " ").rstrip() for t in texts or []]
         while lines and not lines[-1]:
             lines.pop()
         return "\n".join(lines)
