@@ -6,7 +6,8 @@
 //! the same pipes a stage gets, so once released the stage's event loop
 //! watches it exactly as it watches a process it spawned. What differs:
 //! - it was started with the supervisor's rlimits (no core dumps); the
-//!   stage's are set on it by `prlimit(2)` just before the release, from the
+//!   stage's are set on it by `prlimit(2)` before the release (with the
+//!   bundle's files, when it runs the first stage), from the
 //!   thread that has the job's ids (`job_thread`; the kernel lets a process
 //!   change another's limits only with the same real ids, and only lower a
 //!   hard limit), so the stage ends up with exactly a spawned stage's limits;
