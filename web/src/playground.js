@@ -529,6 +529,10 @@ function handle(job, event) {
   }
   switch (event.type) {
     case "status":
+      // A queued job's place (a `queued` event, not stored) can come before
+      // the stored `status: queued`, which the stream reads from Redis
+      // first: that status must not wipe the place it shows.
+      if (event.status === "queued" && ui.status.dataset.status === "queued" && ui.detail.textContent) break;
       if (event.status === "queued" || event.status === "running") setVerdict(event.status);
       break;
     case "stage":
