@@ -235,6 +235,15 @@ class Page(unittest.TestCase):
             lines.pop()
         return "\n".join(lines)
 
+    def terminal_shows(self, *texts, context=""):
+        """Waits until the terminal shows each of `texts` (failing, with
+        `context`, if it never does), and returns its text: xterm draws what
+        it is given at its next frame, and a job's last output can come in
+        one message with its end, whose verdict the page shows at once."""
+        self.wait(lambda d: all(text in self.terminal() for text in texts),
+                  f"{context}{': ' if context else ''}the terminal does not show {texts!r}")
+        return self.terminal()
+
     def use_key(self, key):
         """Types `key` into the page's key form and submits it."""
         field = self.el("key-input")
@@ -328,7 +337,7 @@ class Playground(Page):
         self.use_key(KEY)
         self.assertFalse(self.el("key-form").is_displayed(), "the key form stays open")
         verdict = self.run_and_wait("succeeded")
-        self.assertIn("Hello, world!", self.terminal())
+        self.terminal_shows("Hello, world!")
         self.assertEqual((verdict["reason"], verdict["exit"]), ("exited", "0"), verdict)
         for figure in ("wall", "cpu"):
             self.assertRegex(verdict[figure], r"^\d+ ms$", verdict)
@@ -348,7 +357,7 @@ class Playground(Page):
             Select(self.el("language")).select_by_value(language["id"])
             verdict = self.run_and_wait()
             self.assertEqual(verdict["status"], "succeeded", f"{language['id']}: {verdict}\n{self.terminal()}")
-            self.assertIn("Hello, world!", self.terminal(), language["id"])
+            self.terminal_shows("Hello, world!", context=language["id"])
         self.shot("02b-last-template")
 
     def test_3_interactive_program_reads_two_typed_lines(self):
@@ -373,7 +382,7 @@ class Playground(Page):
         self.type_in_terminal("beta\n")
         self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the program did not succeed")
         self.assertFalse(self.el("input-wanted").is_displayed(), "the prompt stays after the end")
-        terminal = self.terminal()
+        terminal = self.terminal_shows("you said alpha and beta")
         self.assertIn("first? alpha", terminal)
         self.assertIn("second? beta", terminal)
         self.assertIn("you said alpha and beta", terminal)
@@ -434,7 +443,7 @@ class Playground(Page):
             for job in blockers:
                 http("DELETE", f"{URL}/v1/jobs/{job}", KEY)
         self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the queued run did not run")
-        self.assertIn("my turn", self.terminal())
+        self.terminal_shows("my turn")
         self.assertEqual(self.text("v-detail"), "")
 
     def test_5_compile_error_shows_the_compilers_message(self):
@@ -445,8 +454,7 @@ class Playground(Page):
         self.assertEqual(self.text("file-name"), "main.c")
         self.type_code(["int main(void) { return 0 }"])
         verdict = self.run_and_wait("failed")
-        terminal = self.terminal()
-        self.assertIn("main.c", terminal)
+        terminal = self.terminal_shows("main.c")
         # gcc quotes with ‘’ in a UTF-8 locale, with '' in the C locale.
         self.assertRegex(terminal, r"main\.c:1:26: error: expected [‘']; ?[’'] before [‘']\}[’'] token")
         self.assertEqual(verdict["reason"], "compile: exited", verdict)
@@ -473,7 +481,7 @@ class Playground(Page):
         self.assertFalse(self.el("key-form").is_displayed(), "the page asks for a key")
         self.assertIn("shared playground key (at most 2 runs at once)", self.text("key-state"))
         verdict = self.run_and_wait("succeeded")
-        self.assertIn("Hello, world!", self.terminal())
+        self.terminal_shows("Hello, world!")
         self.assertEqual(verdict["exit"], "0")
         self.assertFalse(driver.execute_script("return Object.keys(sessionStorage).some(k => k.endsWith('api-key'))"))
         self.shot("07-shared-key")
@@ -501,7 +509,7 @@ class Playground(Page):
         first = self.job_id()
         self.type_code(['print("second run")'])
         self.run_and_wait("succeeded")
-        self.assertIn("second run", self.terminal())
+        self.terminal_shows("second run")
         second = self.job_id()
         self.assertNotEqual(first, second)
         # Both jobs carry the tab's user, as the server stored them.
@@ -628,7 +636,7 @@ class Playground(Page):
         self.wait(lambda d: self.text("v-status").lower() == "running", "the program does not run")
         self.type_in_terminal("20 22\n")
         self.wait(lambda d: self.text("v-status").lower() == "succeeded", "the program did not succeed")
-        self.assertEqual(self.terminal(), "20 22\n42")
+        self.assertEqual(self.terminal_shows("42"), "20 22\n42")
         # Its rows keep their verdicts.
         self.el("tab-tests").click()
         self.assertEqual([self.badge(r)[0] for r in self.rows_of_tests()], ["accepted", "wrong_answer"])
