@@ -6,8 +6,8 @@
 //! the same pipes a stage gets, so once released the stage's event loop
 //! watches it exactly as it watches a process it spawned. What differs:
 //! - it was started with the supervisor's rlimits (no core dumps); the
-//!   stage's are set on it by `prlimit(2)` before the release (with the
-//!   bundle's files, when it runs the first stage), from the
+//!   stage's are set on it by `prlimit(2)` before the release, right after
+//!   the bundle's files, from the
 //!   thread that has the job's ids (`job_thread`; the kernel lets a process
 //!   change another's limits only with the same real ids, and only lower a
 //!   hard limit), so the stage ends up with exactly a spawned stage's limits;
@@ -28,7 +28,7 @@ use nix::sys::signal::Signal;
 
 use super::InitError;
 use super::files::{Placeholder, ThenWork, create_placeholder, remove_placeholder};
-use super::job_thread::{run_as, take_ids};
+use super::job_thread::take_ids;
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
@@ -49,7 +49,8 @@ pub(crate) struct WarmRuntime {
     nonblocking: bool,
     /// Set once [`WarmRuntime::check_alive`] saw it end.
     ended: bool,
-    /// Its stage's rlimits were set with the bundle's files.
+    /// Its stage's rlimits go with the bundle's files
+    /// ([`WarmRuntime::limits_work`]).
     limits_set: bool,
 }
 
@@ -197,18 +198,21 @@ impl WarmRuntime {
         }
     }
 
-    /// The work that gives the runtime `spec`'s rlimits, to be run as the
-    /// runtime's ids with the bundle's files (one trip to the job thread
-    /// instead of two; see [`files::write_bundle_files`]). Once it ran,
-    /// [`Self::limits_were_set`] tells the release not to set them again.
-    /// Setting them before the stage's start changes nothing for the
-    /// runtime, which waits on its control pipe meanwhile: its CPU limit
-    /// counts its CPU since its start either way.
+    /// The work that gives the runtime `spec`'s rlimits (the stage it runs,
+    /// the bundle's first), to be run as the runtime's ids with the
+    /// bundle's files: one trip to the job thread (see
+    /// [`files::write_bundle_files`]). The only way the limits are set:
+    /// when that work fails the job ends before any release, and
+    /// [`Self::release`] refuses a runtime whose limits work was never
+    /// handed out. Setting them before the stage's start changes nothing
+    /// for the runtime, which waits on its control pipe meanwhile: its CPU
+    /// limit counts its CPU since its start either way.
     ///
     /// [`files::write_bundle_files`]: super::files::write_bundle_files
-    pub(crate) fn limits_work(&self, spec: &StageSpec) -> ThenWork {
+    pub(crate) fn limits_work(&mut self, spec: &StageSpec) -> ThenWork {
         let rlimits = StageRlimits::for_limits(&spec.limits);
         let pid = self.process.pid;
+        self.limits_set = true;
         Box::new(move || {
             rlimits
                 .apply_to(pid)
@@ -216,23 +220,14 @@ impl WarmRuntime {
         })
     }
 
-    /// The work of [`Self::limits_work`] ran: the release leaves the limits.
-    pub(crate) fn limits_were_set(&mut self) {
-        self.limits_set = true;
-    }
-
-    /// Gives the runtime the stage's rlimits (unless they were set with the
-    /// files) and the job's args: from here on it is the stage's main
-    /// process.
-    pub(crate) fn release(
-        self,
-        spec: &StageSpec,
-        args: Vec<String>,
-    ) -> Result<SpawnedStage, std::io::Error> {
+    /// Gives the runtime the job's args (its stage's rlimits were set with
+    /// the files, [`Self::limits_work`]): from here on it is the stage's
+    /// main process.
+    pub(crate) fn release(self, args: Vec<String>) -> Result<SpawnedStage, std::io::Error> {
         if !self.limits_set {
-            let work = self.limits_work(spec);
-            run_as("runtime-limits", self.prestart.uid, self.prestart.gid, work)
-                .map_err(|error| std::io::Error::other(error.to_string()))?;
+            return Err(std::io::Error::other(
+                "the warm runtime's limits were not set before its release",
+            ));
         }
         let mut message = Vec::new();
         for arg in args {

@@ -81,7 +81,7 @@ pub(crate) async fn run_stage(
     let memory_before = ctx.memory.read();
     let started = Instant::now();
     let spawned = match runtime {
-        Some((warm, args)) => warm.release(spec, args).map_err(SpawnError::Pipes),
+        Some((warm, args)) => warm.release(args).map_err(SpawnError::Pipes),
         None => spawn_stage(spec, ctx.uid, ctx.gid, ctx.run_filter.as_ref()),
     };
     let spawned = match spawned {

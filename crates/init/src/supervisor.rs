@@ -254,10 +254,9 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     // (`keep_if_fits`): its limits are set with the files, in the same trip
     // to the job thread, rather than in a second one at the release.
     let limits = runtime
-        .as_ref()
+        .as_mut()
         .zip(bundle.stages.first())
         .map(|(runtime, stage)| runtime.limits_work(stage));
-    let limits_given = limits.is_some();
     write_bundle_files(
         &bundle.workspace,
         bundle.uid,
@@ -266,9 +265,6 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         placeholder,
         limits,
     )?;
-    if limits_given && let Some(runtime) = runtime.as_mut() {
-        runtime.limits_were_set();
-    }
 
     let mut context = Context {
         sink,
