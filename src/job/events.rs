@@ -29,11 +29,11 @@ use super::result::{Encoding, JobResult, Output, StageResult, Status};
 use crate::protocol::Reason;
 
 /// The read buffer of each end of a job's WebSocket (the API's and the
-/// client's). tungstenite's default is 128 KiB, and it zero-fills the
-/// whole buffer before every read: with 300 connections of small frames
-/// that was a visible share of the machine's CPU in a burst (`perf`:
-/// `memset` and the page faults behind it). A larger message still reads
-/// whole; it takes more reads.
+/// client's). tungstenite's default is 128 KiB per connection, and it
+/// zero-fills up to that much before every read: about 37 MiB of buffers
+/// for 300 sessions, and a `memset` per read (0.2 % of the machine's
+/// samples in the 300-student burst, `perf record -a`). A larger message
+/// still reads whole; it takes more reads.
 pub const WS_READ_BUFFER_BYTES: usize = 8 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
