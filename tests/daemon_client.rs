@@ -29,7 +29,8 @@ fn client(url: &str, key: Option<&str>, files: &[&Path], flags: &[&str]) -> Comm
 }
 
 /// Runs the client to its end (on a blocking thread; up to 60 s).
-async fn finish(mut command: Command, stdin: Option<&'static str>) -> Output {
+async fn finish(mut command: Command, stdin: Option<&str>) -> Output {
+    let stdin = stdin.map(str::to_owned);
     tokio::task::spawn_blocking(move || {
         command.stdout(Stdio::piped()).stderr(Stdio::piped());
         if stdin.is_some() {
@@ -523,10 +524,10 @@ async fn messages_larger_than_the_websockets_read_buffer_arrive_whole() {
          sys.stdout.write(''.join(chr(97 + i % 26) for i in range(200000)))\n\
          sys.stdout.write('|%d|%s' % (len(line), line[-3:]))\n",
     );
-    let typed: &'static str = Box::leak(format!("{}end\n", "x".repeat(40 * 1024)).into_boxed_str());
+    let typed = format!("{}end\n", "x".repeat(40 * 1024));
     let out = finish(
         client(&daemon.url, Some(KEY_A), &[&big], &["-i"]),
-        Some(typed),
+        Some(&typed),
     )
     .await;
     assert_eq!(out.status.code(), Some(0), "{out:?}");
