@@ -303,7 +303,7 @@ const JAVASCRIPT: &[Case] = &[
         "exit_hooks_and_timers",
         "process.on('beforeExit', () => { if (!globalThis.done) { globalThis.done = 1; console.log('beforeExit'); } });\n\
          process.on('exit', (code) => console.log('exit', code));\n\
-         setTimeout(() => console.log('timer'), 5);\nsetImmediate(() => console.log('immediate'));\n\
+         setImmediate(() => { console.log('immediate'); setTimeout(() => console.log('timer'), 5); });\n\
          process.nextTick(() => console.log('tick'));\nconsole.log('main');\n",
     ),
     case(
