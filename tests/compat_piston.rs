@@ -459,7 +459,10 @@ async def main(url):
                 if message["type"] == "stage" and message["stage"] == "run":
                     await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "ada\n"}))
                     sent += 1
-                if message["type"] == "data" and "hello" in message["data"]:
+                # Once, to the greeting: the program's last line ("hello")
+                # comes right before its exit and the close, and a send
+                # after the close raises before the exit is read.
+                if message["type"] == "data" and message["data"] == "hello ada\n" and sent == 1:
                     await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "olleh\n"}))
                     sent += 1
         except websockets.exceptions.ConnectionClosed as closed:
