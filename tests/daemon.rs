@@ -384,6 +384,35 @@ async fn bad_bodies_are_4xx_with_the_error_shape_never_500() {
     assert_eq!(answer.error().0, "not_found");
 }
 
+/// Redis refuses none of the daemon's commands in a job's life: its error
+/// counts are what an operator watches. (Redis before 7.2, Debian 12's
+/// 7.0 among them, refuses `CLIENT SETINFO`, which redis-rs sends on every
+/// new connection unless told not to.)
+#[tokio::test]
+async fn redis_refuses_none_of_the_daemons_commands() {
+    let redis = RedisServer::start();
+    // Only the daemon's connections count (the harness's own check that
+    // the server is up sends `CLIENT SETINFO`).
+    assert_eq!(redis.cli(&["CONFIG", "RESETSTAT"]), "OK");
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let answer = daemon.submit_wait(&python("print('counted')")).await;
+    assert_eq!(answer.body["status"], "succeeded", "{answer:#?}");
+    let connections: u64 = redis
+        .cli(&["INFO", "stats"])
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap();
+    assert!(connections >= 2, "{connections} connections");
+    let errors = redis.cli(&["INFO", "errorstats"]);
+    let refused: Vec<&str> = errors
+        .lines()
+        .filter(|line| line.starts_with("errorstat_") && !line.starts_with("errorstat_NOSCRIPT"))
+        .collect();
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    assert!(refused.is_empty(), "{errors}\n{stats}");
+}
+
 #[tokio::test]
 async fn a_finished_jobs_redis_key_expires_within_the_result_ttl() {
     let redis = RedisServer::start();

@@ -38,7 +38,13 @@ impl Redis {
         // Nagle's algorithm off (redis-rs leaves it on): a command written
         // while an earlier one's reply is outstanding must not wait for a
         // delayed ACK (40 ms) on the hot path.
-        let info = redis::IntoConnectionInfo::into_connection_info(url)?
+        // And no `CLIENT SETINFO` at connect: Redis before 7.2 (Debian 12
+        // ships 7.0) answers it with an error, two per new connection, which
+        // fill `INFO errorstats` with noise an operator would chase.
+        let info = redis::IntoConnectionInfo::into_connection_info(url)?;
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let info = info
+            .set_redis_settings(settings)
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
         let mut config = deadpool_redis::Config::default();
         let timeout = Some(Duration::from_secs(2));
