@@ -184,7 +184,7 @@ impl History {
 /// Up to `count` ids of `set` after `after` in newest-first order, with
 /// their `created_ms`, none older than `min_ms`.
 async fn page_of_ids(
-    conn: &mut deadpool_redis::Connection,
+    conn: &mut super::redis::Connection,
     set: &str,
     after: Option<&HistoryPosition>,
     min_ms: u64,
@@ -232,7 +232,7 @@ async fn page_of_ids(
 }
 
 async fn read_summaries(
-    conn: &mut deadpool_redis::Connection,
+    conn: &mut super::redis::Connection,
     redis: &Redis,
     ids: &[(String, u64)],
 ) -> Result<Vec<Vec<Option<String>>>, StoreError> {

@@ -4,14 +4,17 @@
 
 use std::time::Duration;
 
+use deadpool::managed::{self, Metrics, RecycleResult};
 use deadpool_redis::redis;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use super::keys::Keys;
 use super::{BLOCK_TIMEOUT, StoreError};
 
 #[derive(Clone)]
 pub(super) struct Redis {
-    pool: deadpool_redis::Pool,
+    pool: Pool,
     client: redis::Client,
     pub(super) keys: Keys,
     pub(super) result_ttl: Duration,
@@ -46,19 +49,15 @@ impl Redis {
         let info = info
             .set_redis_settings(settings)
             .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let mut config = deadpool_redis::Config::default();
         let timeout = Some(Duration::from_secs(2));
-        config.pool = Some(deadpool_redis::PoolConfig {
-            max_size: pool_size,
-            timeouts: deadpool_redis::Timeouts {
-                wait: timeout,
-                create: timeout,
-                recycle: timeout,
-            },
-            ..Default::default()
-        });
-        let pool = deadpool_redis::Pool::builder(deadpool_redis::Manager::new(info.clone())?)
-            .config(config.get_pool_config())
+        let manager = Manager {
+            connect: deadpool_redis::Manager::new(info.clone())?,
+        };
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .wait_timeout(timeout)
+            .create_timeout(timeout)
+            .recycle_timeout(timeout)
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()
             .map_err(|error| {
@@ -75,7 +74,7 @@ impl Redis {
         })
     }
 
-    pub(super) async fn conn(&self) -> Result<deadpool_redis::Connection, StoreError> {
+    pub(super) async fn conn(&self) -> Result<Connection, StoreError> {
         Ok(self.pool.get().await?)
     }
 
@@ -99,5 +98,102 @@ impl Redis {
     /// How long a job's keys live once it ended, in whole seconds (at least 1).
     pub(super) fn result_ttl_secs(&self) -> u64 {
         self.result_ttl.as_secs().max(1)
+    }
+}
+
+/// A connection used again within this of its last use is handed out as it
+/// is; one idle longer is checked first (a PING), since Redis or something
+/// between may have closed it meanwhile.
+const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+type Pool = managed::Pool<Manager, Connection>;
+
+/// The pool's manager: deadpool-redis's makes the connections and checks
+/// them, but only those idle for [`CHECK_AFTER_IDLE`] or longer. Its own
+/// check, a PING (with an UNWATCH) before every use, was a round trip to
+/// Redis on every `conn()`: 13 per warm job and 2 per line an interactive
+/// job reads (docs/performance.md). A connection in use tells instead: a
+/// command that failed in a way that needs a new connection (it dropped,
+/// an I/O error) marks it, and a marked connection is never handed out
+/// again. Nothing here uses WATCH, so no UNWATCH is due either.
+struct Manager {
+    connect: deadpool_redis::Manager,
+}
+
+/// A pooled connection and whether a command on it failed for good.
+pub(super) struct Pooled {
+    conn: MultiplexedConnection,
+    broken: bool,
+}
+
+impl managed::Manager for Manager {
+    type Type = Pooled;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Pooled, RedisError> {
+        Ok(Pooled {
+            conn: self.connect.create().await?,
+            broken: false,
+        })
+    }
+
+    async fn recycle(&self, pooled: &mut Pooled, metrics: &Metrics) -> RecycleResult<RedisError> {
+        if pooled.broken {
+            return Err(managed::RecycleError::message(
+                "a command on this connection failed; it is replaced",
+            ));
+        }
+        if metrics.last_used() < CHECK_AFTER_IDLE {
+            return Ok(());
+        }
+        self.connect.recycle(&mut pooled.conn, metrics).await
+    }
+}
+
+impl Pooled {
+    fn note<T>(&mut self, reply: &Result<T, RedisError>) {
+        if let Err(error) = reply
+            && (error.is_unrecoverable_error() || error.is_connection_dropped())
+        {
+            self.broken = true;
+        }
+    }
+}
+
+/// A connection taken from the pool; back to it when dropped.
+pub(super) struct Connection(managed::Object<Manager>);
+
+impl From<managed::Object<Manager>> for Connection {
+    fn from(object: managed::Object<Manager>) -> Self {
+        Self(object)
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let pooled: &'a mut Pooled = &mut self.0;
+        Box::pin(async move {
+            let reply = pooled.conn.req_packed_command(cmd).await;
+            pooled.note(&reply);
+            reply
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let pooled: &'a mut Pooled = &mut self.0;
+        Box::pin(async move {
+            let reply = pooled.conn.req_packed_commands(cmd, offset, count).await;
+            pooled.note(&reply);
+            reply
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.conn.get_db()
     }
 }
