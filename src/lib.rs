@@ -22,11 +22,15 @@
 //! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root
 //!   cancellation token; [`metrics`]: every Prometheus metric.
 //! - [`client`]: the `run` command, a client of a running API.
-//! - [`bench`]: the `bench` command, a load generator for a running API or
+//! - [`bench`](mod@bench): the `bench` command, a load generator for a running API or
 //!   the sandbox engine alone.
 //! - [`config`]: settings shared by every role, validated before use.
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
+// The module documentation describes the code as it is put together, private
+// parts included (`cargo doc --document-private-items` shows it whole); its
+// links to private items are meant.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod api;
 pub mod app;

@@ -3,7 +3,7 @@
 //!
 //! A single reader task holds one dedicated Redis connection and follows
 //! every followed job at once (one blocking `XREAD` over all their events
-//! streams, [`Store::read_feeds`]); what it reads goes to each job's
+//! streams, [`Events::read_feeds`](crate::store::Events::read_feeds)); what it reads goes to each job's
 //! followers through a broadcast channel. A new job is added to the read by
 //! ringing this process's doorbell stream, which wakes the blocked read at
 //! once. So the process holds one connection for all its streams and

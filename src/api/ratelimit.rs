@@ -69,7 +69,7 @@ impl KeyRate {
     }
 }
 
-/// The middleware of the keyed `/v1` routes. A valid key's [`Caller`] is
+/// The middleware of the keyed `/v1` routes. A valid key's [`Caller`](super::auth::Caller) is
 /// left in the request's extensions, where [`super::auth::ApiKeys::
 /// authenticate`] takes it instead of checking the key again.
 pub(super) async fn limit(

@@ -6,11 +6,11 @@
 //! - [`load`]: the lanes that submit and follow the jobs, one path each for
 //!   the WebSocket, `?wait=true` and the engine; reuses the `run` command's
 //!   HTTP client and WebSocket follower.
-//! - [`fairness`]: `--scenario fairness`, one key's backlog against another
+//! - [`fairness`](mod@fairness): `--scenario fairness`, one key's backlog against another
 //!   key's job and a second user's (issue 18).
-//! - [`grading`]: `--scenario grading`, one job with many tests against as
+//! - [`grading`](mod@grading): `--scenario grading`, one job with many tests against as
 //!   many separate jobs (issue 19).
-//! - [`exam`]: `--exam N`, N students answering questions at once, each
+//! - [`exam`](mod@exam): `--exam N`, N students answering questions at once, each
 //!   typing when its program says `input_wanted` (issue 21).
 //! - [`echo`]: the interactive round trip, as pure state.
 //! - [`stats`]: nearest-rank percentiles.

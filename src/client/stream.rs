@@ -11,7 +11,7 @@
 //! back to polling.
 //!
 //! What the events mean to the caller is an [`EventSink`]'s business (the
-//! `run` command's [`Printer`] writes them; `bench` times them), and where
+//! `run` command's [`Printer`](super::printer::Printer) writes them; `bench` times them), and where
 //! Ctrl-C comes from is an [`Interrupts`]'.
 
 use std::collections::VecDeque;

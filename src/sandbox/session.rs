@@ -1,7 +1,7 @@
 //! A job's session in a sandbox: over a started container's connection
 //! (`connection.rs`: create, attach, start; for a warm sandbox, the
 //! supervisor's `ready`), speak frames with the supervisor for one job
-//! until it is done or the deadline passes ([`run_in`]). The result
+//! until it is done or the deadline passes ([`run_in`](super::run::run_in)). The result
 //! comes back before the container is removed ([`RunOutcome`]): the caller
 //! makes it durable first, then removes the container, still holding the
 //! job's slot.

@@ -18,7 +18,7 @@ pub const MESSAGE_CHARS: usize = 256;
 pub enum Verdict {
     Accepted,
     WrongAnswer,
-    /// Over the wall or the CPU limit ([`TestResult::time_limit`] says which).
+    /// Over the wall or the CPU limit ([`TestOutcome::time_limit`] says which).
     TimeLimit,
     MemoryLimit,
     /// Exited with a code other than 0, or died of a signal.

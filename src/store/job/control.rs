@@ -2,7 +2,7 @@
 //! running job (stdin, stdin close, signals) and the `cancel` of a DELETE,
 //! read by the job's worker. Stdin is stored as raw bytes. The stream is
 //! never trimmed (a trim could push a `cancel` out); every message counts
-//! against the job's budgets instead ([`InputBudgets`]).
+//! against the job's budgets instead ([`InputBudgets`](crate::store::InputBudgets)).
 
 use std::collections::HashMap;
 

@@ -19,7 +19,7 @@
 //! The moves themselves are defined once, in
 //! [`crate::job::lifecycle::MOVES`]; every script writes a status only
 //! through `set_status` (in `lib.lua`), generated from that table, which
-//! refuses any other move ([`StoreError::Refused`]). How a script is put
+//! refuses any other move ([`StoreError::Refused`](crate::store::StoreError::Refused)). How a script is put
 //! together: [`script`]. Reading a job back: [`record`]; its control
 //! stream: [`control`].
 //!

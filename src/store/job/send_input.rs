@@ -42,7 +42,7 @@ pub struct InputBudgets {
 }
 
 /// What became of a control message a stream client sent
-/// ([`Store::send_input`]).
+/// ([`Jobs::send_input`](crate::store::Jobs::send_input)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InputOutcome {
     /// On its way to the worker; `stdin_bytes` of stdin were sent so far.

@@ -8,7 +8,7 @@ use crate::job::events::JobEvent;
 
 /// Shortest time between two writes of output (a flood is coalesced into
 /// one write per interval; output after a quiet spell goes at once).
-const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
+pub(super) const FLUSH_INTERVAL: Duration = Duration::from_millis(25);
 /// How long output after a quiet spell (or answering input) waits for the
 /// rest of its burst: `print('x')` is two writes (`x`, then the newline) a
 /// few microseconds apart, which belong in one event.
@@ -16,7 +16,7 @@ const GATHER: Duration = Duration::from_millis(2);
 /// Output waiting that is written without waiting for the interval.
 pub(super) const FLUSH_BYTES: usize = 32 * 1024;
 /// Largest output event; more output of one stream makes another event.
-const MAX_EVENT_BYTES: usize = 32 * 1024;
+pub(super) const MAX_EVENT_BYTES: usize = 32 * 1024;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stream {

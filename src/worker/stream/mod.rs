@@ -1,5 +1,5 @@
 //! The live events of a running job: what the sandbox reports as it happens
-//! goes into the job's events stream (through [`Store::append_events`]) as
+//! goes into the job's events stream (through [`Jobs::append_events`](crate::store::Jobs::append_events)) as
 //! stage and output events, coalesced so a flood of tiny writes does not
 //! become a flood of Redis commands.
 //!
