@@ -121,7 +121,7 @@ struct Manager {
 }
 
 /// A pooled connection and whether a command on it failed for good.
-pub(super) struct Pooled {
+struct Pooled {
     conn: MultiplexedConnection,
     broken: bool,
 }
@@ -152,8 +152,9 @@ impl managed::Manager for Manager {
 
 impl Pooled {
     fn note<T>(&mut self, reply: &Result<T, RedisError>) {
+        // A dropped connection counts too (redis-rs: retry by reconnecting).
         if let Err(error) = reply
-            && (error.is_unrecoverable_error() || error.is_connection_dropped())
+            && error.is_unrecoverable_error()
         {
             self.broken = true;
         }
