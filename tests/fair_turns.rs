@@ -317,16 +317,6 @@ async fn a_cancelled_queued_job_takes_its_turn_and_a_turn_on_its_way_is_spare() 
     assert!(user_active.is_empty(), "{user_active:?}");
 }
 
-/// Calls of `command` Redis has served (INFO commandstats).
-fn calls(redis: &RedisServer, command: &str) -> u64 {
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// What one claim cost: (the id, round trips, commands run inside the
 /// script). Round trips are the commands a client sends (BLMOVE, EVALSHA);
 /// Redis counts the script's own commands in the same statistics.
@@ -334,7 +324,7 @@ async fn claim_cost(redis: &RedisServer, store: &Store) -> (String, u64, u64) {
     let sent = |redis: &RedisServer| {
         ["blmove", "evalsha", "eval", "script|load"]
             .iter()
-            .map(|c| calls(redis, c))
+            .map(|c| redis.calls(c))
             .sum::<u64>()
     };
     let all = |redis: &RedisServer| {
@@ -393,7 +383,7 @@ async fn a_claim_costs_two_round_trips_with_one_tenant_or_a_thousand() {
         (2, 2),
         "BLMOVE and the claim script"
     );
-    assert_eq!(calls(&many, "blmove"), 1);
+    assert_eq!(many.calls("blmove"), 1);
     // The script's own work is bounded too: no command walks the tenants.
     assert!(
         inside_one <= 16 && inside_many <= 16,

@@ -23,11 +23,10 @@ const FLOOD: usize = 40;
 
 /// `INFO memory` field `name`, in bytes.
 fn memory(redis: &RedisServer, name: &str) -> u64 {
-    redis
-        .cli(&["INFO", "memory"])
-        .lines()
-        .find_map(|line| line.trim().strip_prefix(&format!("{name}:"))?.parse().ok())
-        .unwrap_or_else(|| panic!("INFO memory has no {name}"))
+    let value = redis.info("memory", name);
+    value
+        .parse()
+        .unwrap_or_else(|_| panic!("INFO memory {name} is not a number: {value}"))
 }
 
 /// The bound of docs/operations.md ("Redis memory"): used memory stays under

@@ -1,7 +1,8 @@
 //! The store's pool of Redis connections against a real redis-server (and
 //! a proxy that can cut it off): a connection used again soon is not
 //! checked with a round trip first, one idle for a while is, and one whose
-//! command failed for good is replaced, never handed out again.
+//! command failed for good is replaced, never handed out again. The check
+//! is a pipelined UNWATCH and PING; nothing else sends UNWATCH.
 
 mod common;
 
@@ -10,18 +11,6 @@ use std::time::Duration;
 use code_runner::store::Store;
 use common::proxy::RedisProxy;
 use common::redis_server::RedisServer;
-
-/// Calls of `command` the server has counted since its stats were reset
-/// (the pool's check is a pipelined UNWATCH and PING; nothing else sends
-/// UNWATCH).
-fn calls(redis: &RedisServer, command: &str) -> u64 {
-    redis
-        .cli(&["INFO", "commandstats"])
-        .lines()
-        .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
 
 /// One store command (a job that does not exist: `None`).
 async fn one_command(store: &Store) -> Result<(), String> {
@@ -44,15 +33,15 @@ async fn connections_are_checked_when_idle_and_replaced_when_broken() {
     for _ in 0..20 {
         one_command(&store).await.unwrap();
     }
-    assert_eq!(calls(&redis, "hmget"), 20);
-    assert_eq!(calls(&redis, "unwatch"), 0);
-    assert_eq!(calls(&redis, "ping"), 0);
+    assert_eq!(redis.calls("hmget"), 20);
+    assert_eq!(redis.calls("unwatch"), 0);
+    assert_eq!(redis.calls("ping"), 0);
 
     // Idle for more than a second: checked once before it is used.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     one_command(&store).await.unwrap();
-    assert_eq!(calls(&redis, "unwatch"), 1);
-    assert_eq!(calls(&redis, "ping"), 1);
+    assert_eq!(redis.calls("unwatch"), 1);
+    assert_eq!(redis.calls("ping"), 1);
 
     // Cut off right after a use: the next command fails on the dead
     // connection, which then leaves the pool; once Redis is reachable
@@ -70,5 +59,5 @@ async fn connections_are_checked_when_idle_and_replaced_when_broken() {
     );
     proxy.restore();
     one_command(&store).await.unwrap();
-    assert_eq!(calls(&redis, "hmget"), 23);
+    assert_eq!(redis.calls("hmget"), 23);
 }

@@ -112,8 +112,17 @@ impl RedisServer {
         }
     }
 
+    /// A client of the server. Like the daemon's, its connections send no
+    /// `CLIENT SETINFO`, which Redis before 7.2 counts as an error: the
+    /// server's error counts are the daemon's alone.
+    fn client(&self) -> redis::RedisResult<redis::Client> {
+        let info = redis::IntoConnectionInfo::into_connection_info(self.url())?;
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        redis::Client::open(info.set_redis_settings(settings))
+    }
+
     fn ping(&self) -> bool {
-        redis::Client::open(self.url())
+        self.client()
             .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
             .and_then(|mut conn| redis::cmd("PING").query::<String>(&mut conn))
             .is_ok()
@@ -130,7 +139,7 @@ impl RedisServer {
 
     /// A connection to the server.
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.url())
+        self.client()
             .expect("redis url")
             .get_multiplexed_async_connection()
             .await
@@ -148,6 +157,26 @@ impl RedisServer {
         String::from_utf8_lossy(&output.stdout).trim().to_string()
     }
 
+    /// Field `name` of the server's `INFO section` (e.g. `stats`,
+    /// `total_connections_received`).
+    pub fn info(&self, section: &str, name: &str) -> String {
+        self.cli(&["INFO", section])
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("INFO {section} has no {name}"))
+            .to_string()
+    }
+
+    /// Calls of `command` the server has served since its stats were last
+    /// reset (`INFO commandstats`; 0 when none).
+    pub fn calls(&self, command: &str) -> u64 {
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
     /// A field of the `job:<id>` hash (empty when absent), for a daemon
     /// with the default key prefix.
     pub fn job_field(&self, id: &str, field: &str) -> String {
@@ -163,7 +192,8 @@ impl RedisServer {
         for stage in ["compile", "run"] {
             for stream in ["stdout", "stderr"] {
                 if result[stage].is_object() {
-                    let output: Option<Vec<u8>> = redis::Client::open(self.url())
+                    let output: Option<Vec<u8>> = self
+                        .client()
                         .and_then(|client| client.get_connection())
                         .and_then(|mut conn| {
                             redis::cmd("HGET")
@@ -193,7 +223,8 @@ impl RedisServer {
     pub fn stop(&mut self) {
         let mut child = self.child.take().expect("the server is running");
         // The server closes the connection instead of answering.
-        if let Ok(mut conn) = redis::Client::open(self.url())
+        if let Ok(mut conn) = self
+            .client()
             .and_then(|client| client.get_connection_with_timeout(Duration::from_secs(1)))
         {
             let _ = redis::cmd("SHUTDOWN").arg("SAVE").query::<()>(&mut conn);
