@@ -160,21 +160,30 @@ impl RedisServer {
     /// Field `name` of the server's `INFO section` (e.g. `stats`,
     /// `total_connections_received`).
     pub fn info(&self, section: &str, name: &str) -> String {
-        self.cli(&["INFO", section])
-            .lines()
-            .find_map(|line| line.trim().strip_prefix(&format!("{name}:")))
+        self.info_field(section, name)
             .unwrap_or_else(|| panic!("INFO {section} has no {name}"))
-            .to_string()
     }
 
     /// Calls of `command` the server has served since its stats were last
     /// reset (`INFO commandstats`; 0 when none).
     pub fn calls(&self, command: &str) -> u64 {
-        self.cli(&["INFO", "commandstats"])
-            .lines()
-            .find_map(|line| line.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
+        self.info_field("commandstats", &format!("cmdstat_{command}"))
+            .map_or(0, |stats| {
+                stats
+                    .strip_prefix("calls=")
+                    .and_then(|rest| rest.split(',').next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("cmdstat_{command} has no calls: {stats}"))
+            })
+    }
+
+    /// The value of field `name` in `INFO section`, if it has one.
+    fn info_field(&self, section: &str, name: &str) -> Option<String> {
+        self.cli(&["INFO", section]).lines().find_map(|line| {
+            line.trim()
+                .strip_prefix(&format!("{name}:"))
+                .map(str::to_string)
+        })
     }
 
     /// A field of the `job:<id>` hash (empty when absent), for a daemon
