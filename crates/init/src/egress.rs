@@ -132,9 +132,7 @@ impl Relay {
             #[cfg(test)]
             wakeups: wakeups.clone(),
         };
-        let _thread = std::thread::Builder::new()
-            .name("egress-relay".into())
-            .spawn(move || worker.run())?;
+        let _thread = super::spawn_named("egress-relay", move || worker.run())?;
         Ok(Self {
             _stop: stop,
             #[cfg(test)]

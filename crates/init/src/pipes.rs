@@ -71,13 +71,11 @@ impl<P: Send + 'static> HandOff<P> {
     /// it with `serve`.
     fn start(name: &'static str, serve: impl FnOnce(P) + Send + 'static) -> std::io::Result<Self> {
         let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
-        std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if let Ok(pipe) = pipe.recv() {
-                    serve(pipe);
-                }
-            })?;
+        super::spawn_named(name, move || {
+            if let Ok(pipe) = pipe.recv() {
+                serve(pipe);
+            }
+        })?;
         Ok(Self(hand_off))
     }
 

@@ -261,16 +261,12 @@ impl WarmRuntime {
             set_nonblocking(&control, false).map_err(std::io::Error::from)?;
         }
         let rest = message.split_off(written);
-        std::thread::Builder::new()
-            .name("runtime-args".into())
-            .spawn(move || {
-                let mut control = control;
-                if let Err(error) = control.write_all(&rest) {
-                    eprintln!(
-                        "code-runner-init: cannot hand the args to the warm runtime: {error}"
-                    );
-                }
-            })?;
+        super::spawn_named("runtime-args", move || {
+            let mut control = control;
+            if let Err(error) = control.write_all(&rest) {
+                eprintln!("code-runner-init: cannot hand the args to the warm runtime: {error}");
+            }
+        })?;
         Ok(self.process)
     }
 }

@@ -5,6 +5,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::signal::{SigSet, SigmaskHow, sigprocmask};
 
 use super::pipes::{InputPipe, OutputPipe, SharedPipe};
 use super::runs_filter::RunFilter;
@@ -220,7 +221,7 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
         .stderr(Stdio::piped());
     // SAFETY: the closure runs in the forked child between fork and exec,
     // where only async-signal-safe functions may be called. It calls
-    // setsid(2), setrlimit(2), dup2(2) and fcntl(2) through nix's thin
+    // sigprocmask(2), setsid(2), setrlimit(2), dup2(2) and fcntl(2) through nix's thin
     // wrappers — direct system calls that neither allocate nor take locks —
     // with plain integers computed before the fork, and builds its error
     // (if any) from an errno without allocating. std's own pre-exec steps
@@ -233,6 +234,10 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     let stage_filter = StageFilter::get(traced);
     unsafe {
         command.pre_exec(move || {
+            // A fork keeps the mask of the thread that forked, and the
+            // supervisor's helper threads block the signals it handles
+            // (see `spawn_named`): the stage starts with none blocked.
+            sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)?;
             match &rlimits {
                 Some(rlimits) => rlimits.apply()?,
                 None => {
@@ -323,6 +328,60 @@ fn inherit_as_control(fd: RawFd) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stage started from a thread that blocks the handled signals (a
+    /// helper) blocks none: the mask is not inherited.
+    #[test]
+    fn a_stage_started_from_a_helper_thread_blocks_no_signal() {
+        let spawned = super::super::spawn_named("test-helper", || {
+            let argv = ["grep", "^SigBlk", "/proc/self/status"].map(String::from);
+            let env = [("PATH".to_owned(), "/usr/bin:/bin".to_owned())];
+            let stage = spawn(&Launch {
+                argv: &argv,
+                env: &env,
+                cwd: "/",
+                uid: nix::unistd::getuid().as_raw(),
+                gid: nix::unistd::getgid().as_raw(),
+                stdin: false,
+                watch: false,
+                rlimits: None,
+                filter: None,
+                control: None,
+            })
+            .expect("the stage starts");
+            // The helper itself blocks them.
+            let own = SigSet::thread_get_mask().expect("mask");
+            assert!(own.contains(nix::sys::signal::Signal::SIGCHLD));
+            stage
+        })
+        .expect("spawn")
+        .join()
+        .expect("join");
+        let mut stdout = spawned.stdout;
+        let output = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(async move {
+                let mut all = Vec::new();
+                loop {
+                    match stdout.recv().await {
+                        super::super::pipes::Output::Data(data) => all.extend(data),
+                        super::super::pipes::Output::Eof => break all,
+                        super::super::pipes::Output::Failed(error) => panic!("{error}"),
+                    }
+                }
+            });
+        let status =
+            nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(spawned.pid), None).expect("reaped");
+        assert_eq!(
+            String::from_utf8_lossy(&output),
+            "SigBlk:\t0000000000000000\n"
+        );
+        assert_eq!(
+            status,
+            nix::sys::wait::WaitStatus::Exited(nix::unistd::Pid::from_raw(spawned.pid), 0)
+        );
+    }
 
     #[test]
     fn cpu_rlimit_is_a_backstop_above_the_limit() {

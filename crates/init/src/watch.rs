@@ -624,15 +624,13 @@ fn is_signal_delivery(pid: i32) -> bool {
 /// uid's descriptors). `None`: cannot tell.
 fn stdin_is(pid: i32, uid: u32, gid: u32, link: &str) -> Option<bool> {
     let path = format!("/proc/{pid}/fd/0");
-    let target = std::thread::Builder::new()
-        .name("stdin-check".into())
-        .spawn(move || {
-            drop_thread_to(uid, gid).ok()?;
-            std::fs::read_link(path).ok()
-        })
-        .ok()?
-        .join()
-        .ok()??;
+    let target = super::spawn_named("stdin-check", move || {
+        drop_thread_to(uid, gid).ok()?;
+        std::fs::read_link(path).ok()
+    })
+    .ok()?
+    .join()
+    .ok()??;
     Some(target.as_os_str() == link)
 }
 
