@@ -20,23 +20,30 @@
 //!   loop sees the channel closed. Dropping the [`InputPipe`] closes the
 //!   stage's stdin once the chunks already handed over are written.
 //!
-//! Each thread is started before the stage is forked and handed its pipe
+//! Each thread is taken before the stage is forked and handed its pipe
 //! after ([`HandOff`]): a fork bomb leaves no room for a thread once it runs.
 //!
-//! The threads are not joined. An output thread ends at the end of its
-//! stream (every writer gone), when its read fails, or at the first chunk
-//! after the loop dropped its [`OutputPipe`]; the stdin thread when its
-//! channel closes or a write fails. Between two stages the supervisor kills
-//! every process of the job's uid and checks that none is left (or stops),
-//! so no pipe outlives its stage's processes and no thread waits on it for
-//! long.
+//! The threads are not joined. An output thread is done with its pipe at
+//! the end of its stream (every writer gone), when its read fails, or at the
+//! first chunk after the loop dropped its [`OutputPipe`]; the stdin thread
+//! when its channel closes or a write fails. Between two stages the
+//! supervisor kills every process of the job's uid and checks that none is
+//! left (or stops), so no pipe outlives its stage's processes and no thread
+//! waits on it for long.
+//!
+//! A thread done with its pipe does not end: it waits in [`PipeThreads`]
+//! for the next stage's (or run's) pipe, up to [`MAX_IDLE_PIPE_THREADS`] of
+//! them. Under gVisor a thread's exit unmaps its stack (0.3 to 1 ms each,
+//! measured with strace) right when the stage's own exit is being reported,
+//! and starting three new ones costs again at the next stage; a kept thread
+//! costs neither.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use code_runner_protocol::MAX_OUTPUT_CHUNK;
 use tokio::sync::mpsc;
@@ -67,21 +74,98 @@ pub(crate) enum Output {
 pub(crate) struct HandOff<P>(std::sync::mpsc::SyncSender<P>);
 
 impl<P: Send + 'static> HandOff<P> {
-    /// Starts the thread `name`, which waits for its pipe and then serves
-    /// it with `serve`.
-    fn start(name: &'static str, serve: impl FnOnce(P) + Send + 'static) -> std::io::Result<Self> {
+    /// Takes a thread (a kept one if there is one, else a new one), which
+    /// waits for its pipe and then serves it with `serve`.
+    fn start(serve: impl FnOnce(P) + Send + 'static) -> std::io::Result<Self> {
         let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
-        super::spawn_named(name, move || {
+        PIPE_THREADS.run(Box::new(move || {
             if let Ok(pipe) = pipe.recv() {
                 serve(pipe);
             }
-        })?;
+        }))?;
         Ok(Self(hand_off))
     }
 
     pub(crate) fn give(self, pipe: P) {
         // Room for one, and the thread is waiting or gone: never blocks.
         let _ = self.0.send(pipe);
+    }
+}
+
+/// Most threads kept waiting for a pipe: a stage's three, and as many
+/// again for a stage whose threads are still busy with the last one's.
+pub(crate) const MAX_IDLE_PIPE_THREADS: usize = 6;
+
+/// The supervisor's pipe threads.
+static PIPE_THREADS: PipeThreads = PipeThreads::new(MAX_IDLE_PIPE_THREADS);
+
+/// Work for a pipe thread: wait for a pipe and serve it.
+type PipeWork = Box<dyn FnOnce() + Send>;
+
+/// Threads that serve pipes one after another: each one, done with its
+/// work, waits here for the next until `max_idle` others already wait, and
+/// then ends.
+pub(crate) struct PipeThreads {
+    /// How to reach each waiting thread; a send fails only if it is gone.
+    idle: Mutex<Vec<std::sync::mpsc::Sender<PipeWork>>>,
+    max_idle: usize,
+}
+
+impl PipeThreads {
+    const fn new(max_idle: usize) -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+            max_idle,
+        }
+    }
+
+    /// Runs `work` on a waiting thread, or on a new one when none waits.
+    /// It fails only if no thread could be started.
+    fn run(&'static self, mut work: PipeWork) -> std::io::Result<()> {
+        loop {
+            let waiting = self.lock().pop();
+            let Some(thread) = waiting else { break };
+            match thread.send(work) {
+                Ok(()) => return Ok(()),
+                Err(std::sync::mpsc::SendError(back)) => work = back,
+            }
+        }
+        super::spawn_named("stage-pipe", move || self.serve(work)).map(drop)
+    }
+
+    /// A pipe thread's life: `work`, then whatever it is handed while it
+    /// waits, until there is no room to wait.
+    fn serve(&self, mut work: PipeWork) {
+        let (to_me, mine) = std::sync::mpsc::channel();
+        loop {
+            work();
+            {
+                let mut idle = self.lock();
+                if idle.len() >= self.max_idle {
+                    return;
+                }
+                idle.push(to_me.clone());
+            }
+            match mine.recv() {
+                Ok(next) => work = next,
+                // Cannot happen while this thread holds `to_me`.
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// How many threads wait for work.
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::sync::mpsc::Sender<PipeWork>>> {
+        // The lock guards a list of senders only; a panic elsewhere with it
+        // held leaves the list whole.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -102,14 +186,13 @@ pub(crate) struct OutputPipe {
 pub(crate) type OutputHandOff<P> = HandOff<(P, bool)>;
 
 impl OutputPipe {
-    /// Starts the thread `name`, which reads the pipe handed to it.
-    pub(crate) fn start<P: Read + AsFd + Send + 'static>(
-        name: &'static str,
-    ) -> std::io::Result<(Self, OutputHandOff<P>)> {
+    /// Takes a thread, which reads the pipe handed to it.
+    pub(crate) fn start<P: Read + AsFd + Send + 'static>()
+    -> std::io::Result<(Self, OutputHandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
         let pending = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&pending);
-        let hand_off = HandOff::start(name, move |(pipe, count): (P, bool)| {
+        let hand_off = HandOff::start(move |(pipe, count): (P, bool)| {
             read_output(pipe, &tx, count.then_some(&*counted));
         })?;
         Ok((
@@ -350,14 +433,12 @@ fn fionread(fd: BorrowedFd<'_>) -> Option<usize> {
 }
 
 impl InputPipe {
-    /// Starts the thread `name`, which writes to the pipe handed to it.
-    pub(crate) fn start<P: Write + Send + 'static>(
-        name: &'static str,
-    ) -> std::io::Result<(Self, HandOff<P>)> {
+    /// Takes a thread, which writes to the pipe handed to it.
+    pub(crate) fn start<P: Write + Send + 'static>() -> std::io::Result<(Self, HandOff<P>)> {
         let (chunks, rx) = mpsc::channel(1);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let written = Arc::clone(&in_flight);
-        let hand_off = HandOff::start(name, move |pipe| write_input(pipe, rx, &written))?;
+        let hand_off = HandOff::start(move |pipe| write_input(pipe, rx, &written))?;
         Ok((
             Self {
                 chunks,
@@ -437,11 +518,130 @@ mod tests {
         (std::fs::File::from(read), std::fs::File::from(write))
     }
 
+    /// Runs `work` on `pool` and returns the id of the thread it ran on,
+    /// once it ran.
+    fn thread_of(pool: &'static PipeThreads) -> std::thread::ThreadId {
+        let (tx, rx) = std::sync::mpsc::channel();
+        pool.run(Box::new(move || {
+            let _ = tx.send(std::thread::current().id());
+        }))
+        .expect("run");
+        rx.recv_timeout(Duration::from_secs(10)).expect("work ran")
+    }
+
+    /// Waits until `count` threads of `pool` wait for work.
+    fn await_idle(pool: &PipeThreads, count: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while pool.idle() != count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} threads idle, not {count}",
+                pool.idle()
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn a_thread_done_with_its_pipe_serves_the_next_one() {
+        static POOL: PipeThreads = PipeThreads::new(2);
+        let first = thread_of(&POOL);
+        await_idle(&POOL, 1);
+        assert_eq!(thread_of(&POOL), first);
+        await_idle(&POOL, 1);
+        assert_eq!(thread_of(&POOL), first);
+    }
+
+    #[test]
+    fn a_busy_thread_is_not_given_more_work() {
+        static POOL: PipeThreads = PipeThreads::new(2);
+        let (release, hold) = std::sync::mpsc::channel::<()>();
+        let (started, busy) = std::sync::mpsc::channel();
+        POOL.run(Box::new(move || {
+            let _ = started.send(std::thread::current().id());
+            let _ = hold.recv();
+        }))
+        .expect("run");
+        let busy = busy.recv_timeout(Duration::from_secs(10)).expect("started");
+        assert_eq!(POOL.idle(), 0);
+        let other = thread_of(&POOL);
+        assert_ne!(other, busy);
+        drop(release);
+        await_idle(&POOL, 2);
+    }
+
+    /// Sends on its channel when its thread ends.
+    struct OnThreadEnd(std::sync::mpsc::Sender<()>);
+
+    impl Drop for OnThreadEnd {
+        fn drop(&mut self) {
+            let _ = self.0.send(());
+        }
+    }
+
+    thread_local! {
+        static ON_END: std::cell::RefCell<Option<OnThreadEnd>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Four threads busy at once, then all done: two stay waiting, the
+    /// other two end.
+    #[test]
+    fn no_more_threads_wait_than_the_pool_keeps() {
+        static POOL: PipeThreads = PipeThreads::new(2);
+        let (ended, ends) = std::sync::mpsc::channel();
+        let barrier = Arc::new(std::sync::Barrier::new(5));
+        for _ in 0..4 {
+            let ended = ended.clone();
+            let barrier = Arc::clone(&barrier);
+            POOL.run(Box::new(move || {
+                ON_END.with(|slot| *slot.borrow_mut() = Some(OnThreadEnd(ended)));
+                // All four at once: none can take another's work.
+                barrier.wait();
+            }))
+            .expect("run");
+        }
+        barrier.wait();
+        drop(ended);
+        for _ in 0..2 {
+            ends.recv_timeout(Duration::from_secs(10))
+                .expect("a thread ended");
+        }
+        await_idle(&POOL, 2);
+        assert!(
+            ends.try_recv().is_err(),
+            "a third thread ended although it could wait"
+        );
+    }
+
+    /// A stdin thread and two output threads of one stage, and then of the
+    /// next: the second stage's pipes are served by the first one's
+    /// threads.
+    #[test]
+    fn the_next_stages_pipes_are_served_by_the_same_threads() {
+        runtime().block_on(async {
+            let mut threads = Vec::new();
+            for _ in 0..2 {
+                let before = PIPE_THREADS.idle();
+                let (read, write) = os_pipe();
+                let (mut pipe, hand_off) = OutputPipe::start().expect("start");
+                assert_eq!(PIPE_THREADS.idle(), before.saturating_sub(1));
+                pipe.hand_over(hand_off, read, false).expect("hand over");
+                drop(write);
+                assert!(matches!(pipe.recv().await, Output::Eof));
+                threads.push(before);
+            }
+            // The second stage found the first one's thread waiting (other
+            // tests may have left more).
+            assert!(threads[1] >= 1, "no thread was kept: {threads:?}");
+        });
+    }
+
     #[test]
     fn output_comes_in_order_then_eof() {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
-            let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
+            let (mut pipe, hand_off) = OutputPipe::start().expect("start");
             pipe.hand_over(hand_off, read, false).expect("hand over");
             let writer = std::thread::spawn(move || {
                 for i in 0..100u32 {
@@ -475,7 +675,7 @@ mod tests {
     fn counted_output_is_drained_only_once_all_of_it_was_received() {
         runtime().block_on(async {
             let (read, mut write) = os_pipe();
-            let (mut pipe, hand_off) = OutputPipe::start("test-output").expect("start");
+            let (mut pipe, hand_off) = OutputPipe::start().expect("start");
             pipe.hand_over(hand_off, read, true).expect("hand over");
             assert!(pipe.drained());
             let mut sent = 0usize;
@@ -514,7 +714,7 @@ mod tests {
                 read.read_to_end(&mut all).expect("read");
                 all
             });
-            let (pipe, hand_off) = InputPipe::start("test-input").expect("start");
+            let (pipe, hand_off) = InputPipe::start().expect("start");
             hand_off.give(write);
             let mut queued: Vec<u8> = (0..(3 * MAX_INPUT_CHUNK + 5))
                 .map(|i| u8::try_from(i % 251).expect("byte"))
@@ -541,7 +741,7 @@ mod tests {
         runtime().block_on(async {
             let (read, write) = os_pipe();
             drop(read);
-            let (pipe, hand_off) = InputPipe::start("test-input").expect("start");
+            let (pipe, hand_off) = InputPipe::start().expect("start");
             hand_off.give(write);
             // The first chunk is taken; its write fails with EPIPE and the
             // thread ends, after which the pipe reports closed.

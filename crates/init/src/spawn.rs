@@ -259,13 +259,11 @@ pub(crate) fn spawn(launch: &Launch<'_>) -> Result<SpawnedStage, SpawnError> {
     // bomb may leave no room for them.
     let stdin_pipe = launch
         .stdin
-        .then(|| InputPipe::start::<SharedPipe>("stage-stdin"))
+        .then(InputPipe::start::<SharedPipe>)
         .transpose()
         .map_err(SpawnError::Pipes)?;
-    let (mut stdout_pipe, stdout_hand_off) =
-        OutputPipe::start("stage-stdout").map_err(SpawnError::Pipes)?;
-    let (mut stderr_pipe, stderr_hand_off) =
-        OutputPipe::start("stage-stderr").map_err(SpawnError::Pipes)?;
+    let (mut stdout_pipe, stdout_hand_off) = OutputPipe::start().map_err(SpawnError::Pipes)?;
+    let (mut stderr_pipe, stderr_hand_off) = OutputPipe::start().map_err(SpawnError::Pipes)?;
     // Every pipe std creates is close-on-exec in the supervisor, so the
     // child inherits only its own three descriptors (and a control pipe).
     let mut child = command.spawn().map_err(SpawnError::Start)?;
