@@ -74,11 +74,14 @@ pub(crate) enum Output {
 pub(crate) struct HandOff<P>(std::sync::mpsc::SyncSender<P>);
 
 impl<P: Send + 'static> HandOff<P> {
-    /// Takes a thread (a kept one if there is one, else a new one), which
-    /// waits for its pipe and then serves it with `serve`.
-    fn start(serve: impl FnOnce(P) + Send + 'static) -> std::io::Result<Self> {
+    /// Takes a thread of `threads` (a kept one if there is one, else a new
+    /// one), which waits for its pipe and then serves it with `serve`.
+    fn start(
+        threads: &'static PipeThreads,
+        serve: impl FnOnce(P) + Send + 'static,
+    ) -> std::io::Result<Self> {
         let (hand_off, pipe) = std::sync::mpsc::sync_channel(1);
-        PIPE_THREADS.run(Box::new(move || {
+        threads.run(Box::new(move || {
             if let Ok(pipe) = pipe.recv() {
                 serve(pipe);
             }
@@ -189,10 +192,16 @@ impl OutputPipe {
     /// Takes a thread, which reads the pipe handed to it.
     pub(crate) fn start<P: Read + AsFd + Send + 'static>()
     -> std::io::Result<(Self, OutputHandOff<P>)> {
+        Self::start_on(&PIPE_THREADS)
+    }
+
+    fn start_on<P: Read + AsFd + Send + 'static>(
+        threads: &'static PipeThreads,
+    ) -> std::io::Result<(Self, OutputHandOff<P>)> {
         let (tx, chunks) = mpsc::channel(1);
         let pending = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&pending);
-        let hand_off = HandOff::start(move |(pipe, count): (P, bool)| {
+        let hand_off = HandOff::start(threads, move |(pipe, count): (P, bool)| {
             read_output(pipe, &tx, count.then_some(&*counted));
         })?;
         Ok((
@@ -438,7 +447,7 @@ impl InputPipe {
         let (chunks, rx) = mpsc::channel(1);
         let in_flight = Arc::new(AtomicUsize::new(0));
         let written = Arc::clone(&in_flight);
-        let hand_off = HandOff::start(move |pipe| write_input(pipe, rx, &written))?;
+        let hand_off = HandOff::start(&PIPE_THREADS, move |pipe| write_input(pipe, rx, &written))?;
         Ok((
             Self {
                 chunks,
@@ -614,26 +623,45 @@ mod tests {
         );
     }
 
-    /// A stdin thread and two output threads of one stage, and then of the
-    /// next: the second stage's pipes are served by the first one's
-    /// threads.
+    /// A read end that notes the thread that reads it.
+    struct Spy {
+        pipe: std::fs::File,
+        reader: std::sync::mpsc::Sender<std::thread::ThreadId>,
+    }
+
+    impl Read for Spy {
+        fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
+            let _ = self.reader.send(std::thread::current().id());
+            self.pipe.read(buffer)
+        }
+    }
+
+    impl AsFd for Spy {
+        fn as_fd(&self) -> BorrowedFd<'_> {
+            self.pipe.as_fd()
+        }
+    }
+
+    /// The thread that served one stage's output pipe to its end serves
+    /// the next stage's.
     #[test]
-    fn the_next_stages_pipes_are_served_by_the_same_threads() {
+    fn the_next_stages_pipe_is_served_by_the_same_thread() {
+        static POOL: PipeThreads = PipeThreads::new(MAX_IDLE_PIPE_THREADS);
         runtime().block_on(async {
-            let mut threads = Vec::new();
+            let mut served_by = Vec::new();
             for _ in 0..2 {
-                let before = PIPE_THREADS.idle();
                 let (read, write) = os_pipe();
-                let (mut pipe, hand_off) = OutputPipe::start().expect("start");
-                assert_eq!(PIPE_THREADS.idle(), before.saturating_sub(1));
-                pipe.hand_over(hand_off, read, false).expect("hand over");
+                let (reader, readers) = std::sync::mpsc::channel();
+                let (mut pipe, hand_off) = OutputPipe::start_on(&POOL).expect("start");
+                let spy = Spy { pipe: read, reader };
+                pipe.hand_over(hand_off, spy, false).expect("hand over");
                 drop(write);
                 assert!(matches!(pipe.recv().await, Output::Eof));
-                threads.push(before);
+                served_by.push(readers.recv().expect("read by a thread"));
+                // The thread goes back to wait once it is done.
+                await_idle(&POOL, 1);
             }
-            // The second stage found the first one's thread waiting (other
-            // tests may have left more).
-            assert!(threads[1] >= 1, "no thread was kept: {threads:?}");
+            assert_eq!(served_by[0], served_by[1]);
         });
     }
 
