@@ -32,6 +32,9 @@ mod runs;
 /// Warm runtimes started before the bundle.
 #[path = "init_supervisor/runtime.rs"]
 mod runtime;
+/// The supervisor's own threads.
+#[path = "init_supervisor/threads.rs"]
+mod threads;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
