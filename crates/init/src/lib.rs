@@ -178,8 +178,9 @@ fn spawn_thread<T: Send + 'static>(
     })
 }
 
-/// The signals the supervisor's main thread handles (see
-/// `supervisor::Signals`).
+/// The signals the supervisor's main thread handles, in the order of
+/// `supervisor::Signals`' fields (child, terminate, interrupt), which
+/// installs their handlers from this list.
 const HANDLED_SIGNALS: [nix::sys::signal::Signal; 3] = [
     nix::sys::signal::Signal::SIGCHLD,
     nix::sys::signal::Signal::SIGTERM,

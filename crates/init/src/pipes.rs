@@ -97,7 +97,7 @@ impl<P: Send + 'static> HandOff<P> {
 
 /// Most threads kept waiting for a pipe: a stage's three, and as many
 /// again for a stage whose threads are still busy with the last one's.
-pub(crate) const MAX_IDLE_PIPE_THREADS: usize = 6;
+const MAX_IDLE_PIPE_THREADS: usize = 6;
 
 /// The supervisor's pipe threads.
 static PIPE_THREADS: PipeThreads = PipeThreads::new(MAX_IDLE_PIPE_THREADS);
@@ -108,7 +108,7 @@ type PipeWork = Box<dyn FnOnce() + Send>;
 /// Threads that serve pipes one after another: each one, done with its
 /// work, waits here for the next until `max_idle` others already wait, and
 /// then ends.
-pub(crate) struct PipeThreads {
+struct PipeThreads {
     /// How to reach each waiting thread; a send fails only if it is gone.
     idle: Mutex<Vec<std::sync::mpsc::Sender<PipeWork>>>,
     max_idle: usize,

@@ -325,6 +325,7 @@ fn inherit_as_control(fd: RawFd) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::pipes::Output;
     use super::*;
 
     /// A stage started from a thread that blocks the handled signals (a
@@ -363,9 +364,9 @@ mod tests {
                 let mut all = Vec::new();
                 loop {
                     match stdout.recv().await {
-                        super::super::pipes::Output::Data(data) => all.extend(data),
-                        super::super::pipes::Output::Eof => break all,
-                        super::super::pipes::Output::Failed(error) => panic!("{error}"),
+                        Output::Data(data) => all.extend(data),
+                        Output::Eof => break all,
+                        Output::Failed(error) => panic!("{error}"),
                     }
                 }
             });

@@ -27,7 +27,7 @@ use super::runs_filter::RunFilter;
 use super::runtime::WarmRuntime;
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
-use super::{EXIT_FATAL, InitError};
+use super::{EXIT_FATAL, HANDLED_SIGNALS, InitError};
 use code_runner_protocol::{
     Bundle, EgressRelay, Fatal, HostMessage, PROTOCOL_VERSION, Ready, Reason, RunSpec,
     SandboxMessage, SignalKind as HostSignal, StageReport,
@@ -100,17 +100,21 @@ pub(crate) struct Signals {
 }
 
 impl Signals {
+    /// Installs a handler for each of [`HANDLED_SIGNALS`], the one list
+    /// the helper threads block too.
     fn install() -> Result<Self, InitError> {
-        let install = |kind: SignalKind, name: &'static str| {
-            signal(kind).map_err(|source| InitError::SignalHandler {
-                signal: name,
-                source,
+        let [child, terminate, interrupt] = HANDLED_SIGNALS.map(|handled| {
+            signal(SignalKind::from_raw(handled as i32)).map_err(|source| {
+                InitError::SignalHandler {
+                    signal: handled.as_str(),
+                    source,
+                }
             })
-        };
+        });
         Ok(Self {
-            child: install(SignalKind::child(), "SIGCHLD")?,
-            terminate: install(SignalKind::terminate(), "SIGTERM")?,
-            interrupt: install(SignalKind::interrupt(), "SIGINT")?,
+            child: child?,
+            terminate: terminate?,
+            interrupt: interrupt?,
         })
     }
 }

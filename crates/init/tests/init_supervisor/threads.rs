@@ -48,9 +48,9 @@ fn tasks_of(pid: u32) -> Vec<Task> {
     tasks
 }
 
-fn pipe_threads(pid: u32) -> Vec<u32> {
-    tasks_of(pid)
-        .into_iter()
+fn pipe_threads(tasks: &[Task]) -> Vec<u32> {
+    tasks
+        .iter()
         .filter(|task| task.name == "stage-pipe")
         .map(|task| task.tid)
         .collect()
@@ -72,23 +72,19 @@ fn pipe_threads_outlive_their_stage_and_only_the_main_thread_takes_the_handled_s
     sb.send(HostMessage::Bundle(bundle));
     sb.wait_for_stdout("one", T);
     // The first stage's stdout and stderr threads, while it runs.
-    let first = pipe_threads(pid);
-    assert_eq!(first.len(), 2, "{:?}", tasks_of(pid));
+    let running = tasks_of(pid);
+    let first = pipe_threads(&running);
+    assert_eq!(first.len(), 2, "{running:?}");
     while !matches!(sb.next(T), SandboxMessage::Done) {}
 
     // Lingering after `done`: the first stage's threads are still there,
     // waiting, and no more of them than the supervisor keeps.
-    let kept = pipe_threads(pid);
+    let tasks = tasks_of(pid);
+    let kept = pipe_threads(&tasks);
     for tid in &first {
-        assert!(
-            kept.contains(tid),
-            "thread {tid} ended: {:?}",
-            tasks_of(pid)
-        );
+        assert!(kept.contains(tid), "thread {tid} ended: {tasks:?}");
     }
     assert!(kept.len() <= 6, "{kept:?}");
-
-    let tasks = tasks_of(pid);
     for task in &tasks {
         if task.tid == pid {
             assert_eq!(task.blocked & HANDLED, 0, "main thread: {task:?}");
