@@ -18,7 +18,13 @@
 //! its start (php) is given an empty [`Placeholder`] made here before
 //! it starts; the job's file of that name is then written into that same
 //! file (opened without `O_CREAT`, `O_NOFOLLOW`, and checked to be the very
-//! inode made for it), which the runtime reads once released.
+//! inode made for it), which the runtime reads once released. Another: a
+//! warm runtime fed its script through a FIFO (ruby) has that FIFO made
+//! here, as a [`Placeholder`] too; the job's file of that name replaces it
+//! in one step: it is written whole under a name of its own (created with
+//! `O_EXCL` as always, before any other file), then renamed over the FIFO,
+//! checked to be the very inode made for it. A runtime that opens its
+//! script only now finds either the FIFO or the whole file.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -26,9 +32,9 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 
 use nix::errno::Errno;
-use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::fcntl::{AtFlags, OFlag, openat, renameat};
 use nix::sys::stat::{Mode, fchmod, fstat, fstatat, mkdirat};
-use nix::unistd::{UnlinkatFlags, unlinkat};
+use nix::unistd::{UnlinkatFlags, mkfifoat, unlinkat};
 
 use super::InitError;
 use super::job_thread::run_as;
@@ -42,6 +48,10 @@ pub const MAX_PATH_BYTES: usize = 1024;
 const MAX_COMPONENT_BYTES: usize = 255;
 
 const DIR_MODE: u32 = 0o755;
+/// What a fed runtime's file is written as before it replaces the FIFO
+/// (a name nothing else in the workspace has yet: that file is written
+/// first).
+const FED_TEMPORARY_PREFIX: &str = ".code-runner-fed-";
 const FILE_MODE: u32 = 0o644;
 const EXECUTABLE_MODE: u32 = 0o755;
 
@@ -90,13 +100,16 @@ fn failed(path: &str, step: &'static str) -> impl FnOnce(Errno) -> InitError {
     }
 }
 
-/// The empty file a warm runtime holds open for its job's entry file.
+/// The empty file a warm runtime holds open for its job's entry file, or
+/// the FIFO it reads that file from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Placeholder {
     /// A file name in the workspace.
     pub name: String,
     dev: u64,
     ino: u64,
+    /// A FIFO (see [`create_fed_entry`]): replaced by the job's file.
+    fifo: bool,
 }
 
 impl Placeholder {
@@ -114,15 +127,7 @@ pub(crate) fn create_placeholder(
     gid: u32,
     name: &str,
 ) -> Result<Placeholder, InitError> {
-    let bad = |reason| InitError::BadPath {
-        path: name.to_owned(),
-        reason,
-    };
-    if validate_relative_path(name).map_err(bad)?.len() != 1 {
-        return Err(bad(
-            "a warm runtime's preopened file must be a name in its cwd",
-        ));
-    }
+    one_component(name)?;
     let (workspace, name) = (workspace.to_owned(), name.to_owned());
     run_as("write-files", uid, gid, move || {
         let root = open_workspace(&workspace)?;
@@ -140,8 +145,68 @@ pub(crate) fn create_placeholder(
             name,
             dev: stat.st_dev,
             ino: stat.st_ino,
+            fifo: false,
         })
     })
+}
+
+/// Makes `name` in `workspace` a FIFO as `uid`/`gid`, opens it for reading
+/// and writing (so neither end waits, and the runtime's reads wait for
+/// data rather than end) and writes `lead` into it. `name` must be one
+/// path component.
+pub(crate) fn create_fed_entry(
+    workspace: &str,
+    uid: u32,
+    gid: u32,
+    name: &str,
+    lead: u8,
+) -> Result<(Placeholder, OwnedFd), InitError> {
+    one_component(name)?;
+    let (workspace, name) = (workspace.to_owned(), name.to_owned());
+    run_as("write-files", uid, gid, move || {
+        let root = open_workspace(&workspace)?;
+        let fail = |step| failed(&name, step);
+        mkfifoat(&root, name.as_str(), Mode::from_bits_truncate(FILE_MODE))
+            .map_err(fail("create fifo"))?;
+        let fd = openat(
+            &root,
+            name.as_str(),
+            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(fail("open fifo"))?;
+        let stat = fstat(&fd).map_err(fail("stat fifo"))?;
+        let mut file = File::from(fd);
+        file.write_all(&[lead])
+            .map_err(|source| InitError::WriteFile {
+                path: name.clone(),
+                step: "write fifo",
+                source,
+            })?;
+        Ok((
+            Placeholder {
+                name,
+                dev: stat.st_dev,
+                ino: stat.st_ino,
+                fifo: true,
+            },
+            file.into(),
+        ))
+    })
+}
+
+/// Checks that a warm runtime's file is one path component.
+fn one_component(name: &str) -> Result<(), InitError> {
+    let bad = |reason| InitError::BadPath {
+        path: name.to_owned(),
+        reason,
+    };
+    if validate_relative_path(name).map_err(bad)?.len() != 1 {
+        return Err(bad(
+            "a warm runtime's preopened or fed file must be a name in its cwd",
+        ));
+    }
+    Ok(())
 }
 
 /// Removes an unused placeholder (as `uid`/`gid`), if it is still the file
@@ -203,9 +268,16 @@ pub(crate) fn write_bundle_files(
     let workspace = workspace.to_owned();
     run_as("write-files", uid, gid, move || {
         let root = open_workspace(&workspace)?;
-        for file in &files {
-            let reuse = placeholder.as_ref().filter(|p| p.name == file.path);
-            write_one(&root, file, reuse)?;
+        // The placeholder's file first (a fed runtime's is written under a
+        // name of its own before it replaces the FIFO: see `write_one`).
+        let (first, rest): (Vec<_>, Vec<_>) = files
+            .iter()
+            .partition(|file| placeholder.as_ref().is_some_and(|p| p.name == file.path));
+        for file in first {
+            write_one(&root, file, placeholder.as_ref())?;
+        }
+        for file in rest {
+            write_one(&root, file, None)?;
         }
         then.map_or(Ok(()), |then| then())
     })
@@ -264,11 +336,16 @@ fn write_one(
         FILE_MODE
     });
     let at = parent.as_ref().unwrap_or(root);
-    let fd = match placeholder {
+    // A fed runtime's FIFO: the file is written whole under a name of its
+    // own, then renamed over the FIFO (the very one made for it).
+    let fifo = placeholder.filter(|placeholder| placeholder.fifo);
+    let temporary = fifo.map(|_| format!("{FED_TEMPORARY_PREFIX}{name}"));
+    let created = temporary.as_deref().unwrap_or(name);
+    let fd = match placeholder.filter(|placeholder| !placeholder.fifo) {
         // O_EXCL: never reuse an existing file or follow an existing symlink.
         None => openat(
             at,
-            *name,
+            created,
             OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
             mode,
         )
@@ -297,7 +374,15 @@ fn write_one(
             path: file.path.clone(),
             step: "write",
             source,
-        })
+        })?;
+    if let (Some(fifo), Some(temporary)) = (fifo, &temporary) {
+        let stat = fstatat(at, *name, AtFlags::AT_SYMLINK_NOFOLLOW).map_err(fail("stat fifo"))?;
+        if !fifo.is(&stat) {
+            return Err(fail("check fifo")(Errno::EEXIST));
+        }
+        renameat(at, temporary.as_str(), at, *name).map_err(fail("replace fifo"))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,6 +16,14 @@
 //!   closes it (a thread writes what the pipe does not take at once). The
 //!   runtime's hook closes it before the program starts.
 //!
+//! A fed runtime (ruby, `Prestart::fed`) opens its script at its start: a
+//! FIFO the supervisor made and holds open (`files::create_fed_entry`).
+//! Its release also writes the job's file into the FIFO, in the same way,
+//! and closes it; the runtime's parser, which its hook let go on, reads it
+//! up to the end. The supervisor's descriptor is also a reader of the
+//! FIFO: a runtime that died with more than the FIFO holds still to read
+//! leaves the writing thread blocked until the sandbox goes.
+//!
 //! A runtime that did not fit the bundle, or died while waiting, is killed
 //! and reaped before the first stage, which then starts as always.
 
@@ -27,12 +35,14 @@ use nix::fcntl::{FcntlArg, OFlag, fcntl};
 use nix::sys::signal::Signal;
 
 use super::InitError;
-use super::files::{Placeholder, ThenWork, create_placeholder, remove_placeholder};
+use super::files::{
+    Placeholder, ThenWork, create_fed_entry, create_placeholder, remove_placeholder,
+};
 use super::job_thread::take_ids;
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
-use code_runner_protocol::{BundleFile, Prestart, StageSpec};
+use code_runner_protocol::{BundleFile, FED_LEAD, Prestart, StageSpec};
 
 /// How long a killed runtime may take to be reaped.
 const KILL_TIMEOUT: Duration = Duration::from_secs(3);
@@ -40,12 +50,16 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(3);
 /// A started runtime waiting for its job.
 pub(crate) struct WarmRuntime {
     prestart: Prestart,
-    /// The empty entry file it holds open (`Prestart::preopened`).
+    /// The empty entry file it holds open (`Prestart::preopened`), or the
+    /// FIFO it reads it from (`Prestart::fed`).
     placeholder: Option<Placeholder>,
     process: SpawnedStage,
     /// The write end of the control pipe.
     control: OwnedFd,
-    /// Whether writing to `control` never blocks.
+    /// A fed runtime's FIFO, and what the release writes into it (the
+    /// job's file, kept by [`Self::takes_files`]).
+    fifo: Option<(OwnedFd, Vec<u8>)>,
+    /// Whether writing to `control` (and the FIFO) never blocks.
     nonblocking: bool,
     /// Set once [`WarmRuntime::check_alive`] saw it end.
     ended: bool,
@@ -63,12 +77,24 @@ impl WarmRuntime {
         if prestart.stage_argv.is_empty() {
             return Err("a warm runtime must name the stage command it stands for".into());
         }
-        let placeholder = match &prestart.preopened {
-            Some(name) => Some(
-                create_placeholder(&prestart.cwd, prestart.uid, prestart.gid, name)
-                    .map_err(|error| format!("cannot make its entry file: {error}"))?,
+        let (placeholder, fifo) = match (&prestart.preopened, &prestart.fed) {
+            (Some(_), Some(_)) => {
+                return Err("a warm runtime cannot both preopen and be fed its entry file".into());
+            }
+            (Some(name), None) => (
+                Some(
+                    create_placeholder(&prestart.cwd, prestart.uid, prestart.gid, name)
+                        .map_err(|error| format!("cannot make its entry file: {error}"))?,
+                ),
+                None,
             ),
-            None => None,
+            (None, Some(name)) => {
+                let (placeholder, fifo) =
+                    create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, FED_LEAD)
+                        .map_err(|error| format!("cannot make its entry fifo: {error}"))?;
+                (Some(placeholder), Some(fifo))
+            }
+            (None, None) => (None, None),
         };
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|errno| format!("cannot create the control pipe: {errno}"))?;
@@ -92,7 +118,10 @@ impl WarmRuntime {
         drop(read);
         // Ours writes without blocking, so that the args go in from the
         // release itself when the pipe takes them all (see `release`).
-        let nonblocking = set_nonblocking(&write, true).is_ok();
+        let nonblocking = set_nonblocking(&write, true).is_ok()
+            && fifo
+                .as_ref()
+                .is_none_or(|fifo| set_nonblocking(fifo, true).is_ok());
         let process = match launched {
             Ok(process) => process,
             Err(SpawnError::Start(error) | SpawnError::Pipes(error)) => {
@@ -114,6 +143,7 @@ impl WarmRuntime {
             placeholder,
             process,
             control: write,
+            fifo: fifo.map(|fifo| (fifo, Vec::new())),
             nonblocking,
             ended: false,
             limits_set: false,
@@ -131,12 +161,19 @@ impl WarmRuntime {
         self.placeholder.take()
     }
 
-    /// Whether the bundle's files (written into `workspace`) give the file
-    /// it holds open: a runtime with a placeholder runs nothing else.
-    pub(crate) fn has_its_file(&self, workspace: &str, files: &[BundleFile]) -> bool {
-        self.placeholder.as_ref().is_none_or(|placeholder| {
-            workspace == self.prestart.cwd && files.iter().any(|file| file.path == placeholder.name)
-        })
+    /// Whether the bundle's files (written into `workspace`) suit it
+    /// ([`Prestart::takes_files`]): a runtime with a placeholder runs
+    /// nothing else. A fed runtime keeps what its release will write.
+    pub(crate) fn takes_files(&mut self, workspace: &str, files: &[BundleFile]) -> bool {
+        if !self.prestart.takes_files(workspace, files) {
+            return false;
+        }
+        if let (Some((_, feed)), Some(name)) = (self.fifo.as_mut(), self.prestart.fed.as_ref())
+            && let Some(file) = files.iter().find(|file| file.path == *name)
+        {
+            feed.clone_from(&file.content);
+        }
+        true
     }
 
     /// The job's args when `spec`, run as `uid`/`gid`, is the command this
@@ -220,9 +257,9 @@ impl WarmRuntime {
         })
     }
 
-    /// Gives the runtime the job's args (its stage's rlimits were set with
-    /// the files, [`Self::limits_work`]): from here on it is the stage's
-    /// main process.
+    /// Gives the runtime the job's args, and a fed runtime its script (its
+    /// stage's rlimits were set with the files, [`Self::limits_work`]):
+    /// from here on it is the stage's main process.
     pub(crate) fn release(self, args: Vec<String>) -> Result<SpawnedStage, std::io::Error> {
         if !self.limits_set {
             return Err(std::io::Error::other(
@@ -234,41 +271,52 @@ impl WarmRuntime {
             message.extend_from_slice(arg.as_bytes());
             message.push(0);
         }
-        let mut control = std::fs::File::from(self.control);
-        let mut written = 0;
-        while self.nonblocking && written < message.len() {
-            match control.write(&message[written..]) {
-                Ok(n) => written += n,
-                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(error) => {
-                    // The runtime died meanwhile: its end shows in the
-                    // stage's report.
-                    eprintln!(
-                        "code-runner-init: cannot hand the args to the warm runtime: {error}"
-                    );
-                    return Ok(self.process);
-                }
-            }
+        if let Some((fifo, feed)) = self.fifo {
+            hand_over(fifo, feed, self.nonblocking, "script")?;
         }
-        if written == message.len() {
-            // Closing the pipe releases the runtime.
-            return Ok(self.process);
-        }
-        // More args than the pipe holds: the rest from a thread of its own,
-        // as the runtime reads them.
-        if self.nonblocking {
-            set_nonblocking(&control, false).map_err(std::io::Error::from)?;
-        }
-        let rest = message.split_off(written);
-        super::spawn_named("runtime-args", move || {
-            let mut control = control;
-            if let Err(error) = control.write_all(&rest) {
-                eprintln!("code-runner-init: cannot hand the args to the warm runtime: {error}");
-            }
-        })?;
+        hand_over(self.control, message, self.nonblocking, "args")?;
         Ok(self.process)
     }
+}
+
+/// Writes `message` to `fd` and closes it: at once when `fd` does not block
+/// and takes it all, else (the rest) from a thread of its own, as the
+/// runtime reads it. A runtime that died meanwhile is not an error here: its
+/// end shows in the stage's report.
+fn hand_over(
+    fd: OwnedFd,
+    mut message: Vec<u8>,
+    nonblocking: bool,
+    what: &'static str,
+) -> Result<(), std::io::Error> {
+    let mut file = std::fs::File::from(fd);
+    let mut written = 0;
+    while nonblocking && written < message.len() {
+        match file.write(&message[written..]) {
+            Ok(n) => written += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(error) => {
+                eprintln!("code-runner-init: cannot hand the {what} to the warm runtime: {error}");
+                return Ok(());
+            }
+        }
+    }
+    if written == message.len() {
+        // Closing it is what releases the runtime.
+        return Ok(());
+    }
+    if nonblocking {
+        set_nonblocking(&file, false).map_err(std::io::Error::from)?;
+    }
+    let rest = message.split_off(written);
+    super::spawn_named("runtime-args", move || {
+        let mut file = file;
+        if let Err(error) = file.write_all(&rest) {
+            eprintln!("code-runner-init: cannot hand the {what} to the warm runtime: {error}");
+        }
+    })?;
+    Ok(())
 }
 
 /// Sets or clears `O_NONBLOCK` on `fd`'s open file description.

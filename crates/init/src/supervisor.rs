@@ -479,7 +479,7 @@ async fn keep_if_fits(
     let mut runtime = runtime?;
     let alive = runtime.check_alive();
     let fits = bundle.runs.is_none()
-        && runtime.has_its_file(&bundle.workspace, &bundle.files)
+        && runtime.takes_files(&bundle.workspace, &bundle.files)
         && bundle
             .stages
             .first()

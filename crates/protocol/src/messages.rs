@@ -124,6 +124,18 @@ pub struct RunPlan {
 /// file, whose content is then written into the same file (the one the
 /// runtime holds open); an unused runtime's empty file is removed before
 /// the bundle's files are written.
+///
+/// Others (ruby) read the first byte of their main script before any hook
+/// can run, and the rest only after: for them `fed` names that file (in
+/// `cwd`). The supervisor makes it a FIFO, as the runtime's ids, holds it
+/// open and writes one byte into it, [`FED_LEAD`], before starting the
+/// runtime; the runtime reads it (and puts it back), and its hook takes it
+/// back out of the script's buffer before it waits. The runtime fits only
+/// a bundle that carries that file with content the rule of
+/// [`Prestart::feeds`] accepts. The FIFO is then replaced by the job's
+/// regular file (the runtime has it open already), and the release also
+/// writes that file's content into the FIFO and closes it. An unused
+/// runtime's FIFO is removed before the bundle's files are written.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prestart {
     pub uid: u32,
@@ -137,9 +149,53 @@ pub struct Prestart {
     /// The file (a name in `cwd`) the runtime opens at its start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preopened: Option<String>,
+    /// The file (a name in `cwd`) the runtime reads its program from
+    /// through a FIFO the supervisor feeds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fed: Option<String>,
 }
 
+/// The byte a fed runtime's FIFO holds before its job (see [`Prestart`]):
+/// one its hook takes out again. Not `#` (the runtime would read on,
+/// looking for a `#!` line, before its hook could run); should the hook
+/// not take it, the script does not parse, rather than run shifted.
+pub const FED_LEAD: u8 = 0xEF;
+
 impl Prestart {
+    /// Whether a fed runtime (see [`Prestart`]) runs `content` exactly as a
+    /// cold start of the file would. The one statement of the rule. Not
+    /// when the content
+    /// - starts with `#!`: a cold start reads the line's switches from it
+    ///   (and `-x` when it does not name ruby), the fed one read
+    ///   [`FED_LEAD`] first;
+    /// - has a line that starts with `__END__`: `DATA` would be the FIFO
+    ///   (no `rewind`, no `stat` of the file), and the parser stops
+    ///   reading there.
+    pub fn feeds(content: &[u8]) -> bool {
+        !content.starts_with(b"#!")
+            && !content
+                .split(|&byte| byte == b'\n')
+                .any(|line| line.starts_with(b"__END__"))
+    }
+
+    /// Whether the bundle's files (written into `workspace`) suit this
+    /// runtime: a `preopened` or `fed` file must be among them, in the
+    /// runtime's `cwd`, and a fed one's content must be one
+    /// [`Prestart::feeds`] accepts.
+    pub fn takes_files(&self, workspace: &str, files: &[BundleFile]) -> bool {
+        let file = |name: &String| {
+            let file = files.iter().find(|file| file.path == *name);
+            file.filter(|_| workspace == self.cwd)
+        };
+        self.preopened
+            .as_ref()
+            .is_none_or(|name| file(name).is_some())
+            && self
+                .fed
+                .as_ref()
+                .is_none_or(|name| file(name).is_some_and(|file| Prestart::feeds(&file.content)))
+    }
+
     /// The job's args when `stage` is the command this runtime stands for:
     /// its argv starts with `stage_argv`, with the same environment and
     /// working directory, and stdin from the job. The one statement of the
@@ -552,7 +608,8 @@ mod tests {
             stage_argv: vec!["node".into(), "main.js".into()],
             env: vec![("HOME".into(), "/tmp".into())],
             cwd: "/workspace".into(),
-            preopened: Some("main.rb".into()),
+            preopened: Some("main.php".into()),
+            fed: Some("main.rb".into()),
         }));
         for message in [
             bundle,
@@ -611,5 +668,82 @@ mod tests {
             decoder.extend(&report.encode());
             prop_assert_eq!(SandboxMessage::decode(decoder.next_frame().unwrap().unwrap()).unwrap(), report);
         }
+    }
+
+    fn fed_prestart() -> Prestart {
+        Prestart {
+            uid: 1000,
+            gid: 1000,
+            argv: vec!["ruby".into(), "main.rb".into()],
+            stage_argv: vec!["ruby".into(), "main.rb".into()],
+            env: vec![],
+            cwd: "/workspace".into(),
+            preopened: None,
+            fed: Some("main.rb".into()),
+        }
+    }
+
+    fn file(path: &str, content: &[u8]) -> BundleFile {
+        BundleFile {
+            path: path.into(),
+            content: content.to_vec(),
+            executable: false,
+        }
+    }
+
+    #[test]
+    fn a_fed_runtime_takes_only_content_its_parser_reads_as_a_cold_start_does() {
+        for fine in [
+            &b""[..],
+            b"puts 1\n",
+            b"# comment\nputs 1\n",
+            b"# encoding: ascii-8bit\n",
+            b"x = 1 # __END__\n",
+            b" __END__\n",
+            b"puts 1\n#!not first\n",
+            b"\xEF\xBB\xBFputs 1\n",
+        ] {
+            assert!(Prestart::feeds(fine), "{:?}", String::from_utf8_lossy(fine));
+        }
+        for refused in [
+            &b"#!/usr/bin/env ruby -w\nputs 1\n"[..],
+            b"#!",
+            b"puts DATA.read\n__END__\ndata\n",
+            b"__END__",
+            b"p 1\n__END__x\n",
+        ] {
+            assert!(
+                !Prestart::feeds(refused),
+                "{:?}",
+                String::from_utf8_lossy(refused)
+            );
+        }
+    }
+
+    #[test]
+    fn a_fed_runtime_takes_its_file_with_fitting_content() {
+        let prestart = fed_prestart();
+        let ws = "/workspace";
+        assert!(prestart.takes_files(ws, &[file("lib.rb", b"x"), file("main.rb", b"p 1")]));
+        assert!(!prestart.takes_files(ws, &[file("lib.rb", b"x")]));
+        assert!(!prestart.takes_files("/elsewhere", &[file("main.rb", b"p 1")]));
+        assert!(!prestart.takes_files(ws, &[file("main.rb", b"#!ruby\np 1")]));
+        let stage = |argv: &[&str]| StageSpec {
+            name: "run".into(),
+            argv: argv.iter().map(|arg| arg.to_string()).collect(),
+            env: vec![],
+            cwd: "/workspace".into(),
+            stdin: true,
+            watch_input: false,
+            limits: limits(),
+        };
+        let with_args = stage(&["ruby", "main.rb", "a"]);
+        assert_eq!(prestart.args_of(&with_args), Some(&with_args.argv[2..]));
+        assert_eq!(prestart.args_of(&stage(&["ruby", "other.rb"])), None);
+        let plain = Prestart {
+            fed: None,
+            ..prestart
+        };
+        assert!(plain.takes_files(ws, &[]));
     }
 }

@@ -28,6 +28,7 @@ fn prestart(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
         env: stage.env.clone(),
         cwd: stage.cwd.clone(),
         preopened: None,
+        fed: None,
     }))
 }
 
@@ -43,6 +44,32 @@ fn preopening(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
     prestart.argv = vec!["/bin/bash".into(), "-c".into(), PREOPENING.into()];
     prestart.preopened = Some("main.rb".into());
     HostMessage::Prestart(prestart)
+}
+
+/// Like ruby: opens `main.rb` at its start (a FIFO), reads one byte (the
+/// lead, printed in hex) and the file's type, waits for its args, then
+/// prints what it reads from that descriptor and what `main.rb` is now.
+const FED: &str = "exec 3<main.rb; lead=$(dd bs=1 count=1 <&3 2>/dev/null | od -An -tx1); \
+     kind=$(stat -L -c %F /proc/self/fd/3); args=$(tr '\\0' '|' <&200); exec 200<&-; \
+     echo \"runtime got: $args lead$lead from a $kind\"; cat <&3; stat -c '%F %s' main.rb";
+
+fn fed(sb: &Sandbox, stage: &StageSpec, runtime: &str) -> HostMessage {
+    let HostMessage::Prestart(mut prestart) = prestart(sb, stage) else {
+        unreachable!()
+    };
+    prestart.argv = vec!["/bin/bash".into(), "-c".into(), runtime.into()];
+    prestart.fed = Some("main.rb".into());
+    HostMessage::Prestart(prestart)
+}
+
+/// Waits until `main.rb` is in the workspace; its metadata.
+fn made_entry(sb: &Sandbox) -> std::fs::Metadata {
+    let until = std::time::Instant::now() + T;
+    while listing(sb).is_empty() {
+        assert!(std::time::Instant::now() < until, "no entry made");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::symlink_metadata(sb.workspace().join("main.rb")).unwrap()
 }
 
 /// The workspace's entries, sorted.
@@ -270,4 +297,106 @@ fn a_preopened_name_that_is_a_path_gives_no_runtime() {
         "{outcome:?}"
     );
     assert!(listing(&sb).is_empty());
+}
+
+#[test]
+fn a_fed_runtime_reads_the_jobs_file_through_its_fifo() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &["x"]);
+    sb.send(fed(&sb, &stage, FED));
+    // Before the job: a FIFO, as the runtime's uid.
+    let made = made_entry(&sb);
+    assert!(made.file_type().is_fifo(), "{made:?}");
+    assert_eq!(made.uid(), sb.uid);
+    // Let the runtime open it and take its lead byte.
+    std::thread::sleep(Duration::from_millis(300));
+    let bundle = sb.bundle(
+        vec![
+            file("lib.rb", b"", false),
+            file("main.rb", b"puts :job\n", true),
+        ],
+        vec![stage],
+    );
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(
+        outcome.stdout_text(),
+        "runtime got: x| lead ef from a fifo\nputs :job\nregular file 10\n"
+    );
+    // The job's file replaced the FIFO, whole, with its mode; nothing else
+    // is left of the hand-over.
+    let written = std::fs::symlink_metadata(sb.workspace().join("main.rb")).unwrap();
+    assert!(written.file_type().is_file());
+    assert_eq!(written.uid(), sb.uid);
+    assert_eq!(written.permissions().mode() & 0o777, 0o755);
+    assert_eq!(listing(&sb), ["lib.rb", "main.rb"]);
+}
+
+#[test]
+fn a_fed_runtime_takes_a_script_larger_than_its_fifo_holds() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    let runtime = "exec 3<main.rb; dd bs=1 count=1 <&3 2>/dev/null >/dev/null; \
+                   tr -d '\\0' <&200 >/dev/null; exec 200<&-; cat <&3 | sha256sum";
+    sb.send(fed(&sb, &stage, runtime));
+    made_entry(&sb);
+    // 200 KiB: more than a FIFO takes without a reader (64 KiB).
+    let content: Vec<u8> = (0..200 * 1024).map(|i| b'a' + (i % 26) as u8).collect();
+    let bundle = sb.bundle(vec![file("main.rb", &content, false)], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    let digest = std::process::Command::new("sha256sum")
+        .stdin(std::fs::File::open(sb.workspace().join("main.rb")).unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(
+        outcome.stdout_text(),
+        String::from_utf8(digest.stdout).unwrap()
+    );
+}
+
+#[test]
+fn a_fed_runtime_that_opens_its_script_after_the_release_finds_the_whole_file() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    // Waits first, as a runtime the job caught before it opened its script.
+    let late = "tr -d '\\0' <&200 >/dev/null; exec 200<&-; exec 3<main.rb; \
+                stat -L -c %F /proc/self/fd/3; cat <&3";
+    sb.send(fed(&sb, &stage, late));
+    made_entry(&sb);
+    let bundle = sb.bundle(vec![file("main.rb", b"whole\n", false)], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(outcome.stdout_text(), "regular file\nwhole\n");
+}
+
+#[test]
+fn content_a_fed_runtime_cannot_take_starts_cold_and_its_fifo_is_gone() {
+    use std::os::unix::fs::FileTypeExt;
+    let mut sb = Sandbox::start();
+    let fitting = fitting_stage(&sb, &[]);
+    sb.send(fed(&sb, &fitting, FED));
+    assert!(made_entry(&sb).file_type().is_fifo());
+    // A `#!` line: the fed runtime already read another first byte.
+    let mut cold = fitting;
+    cold.argv = vec!["/bin/sh".into(), "-c".into(), "cat main.rb".into()];
+    let bundle = sb.bundle(
+        vec![file("main.rb", b"#!ruby -w\nfresh\n", false)],
+        vec![cold],
+    );
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "#!ruby -w\nfresh\n");
+    let entry = std::fs::symlink_metadata(sb.workspace().join("main.rb")).unwrap();
+    assert!(!entry.file_type().is_fifo() && entry.file_type().is_file());
+    assert_eq!(listing(&sb), ["main.rb"]);
+    assert!(live_processes_of(sb.uid).is_empty());
 }
