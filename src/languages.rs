@@ -36,6 +36,11 @@ pub struct Language {
     /// writes the job's into that same file (`Prestart::preopened`).
     #[serde(default)]
     pub warm_runtime_opens_entry: bool,
+    /// The warm runtime reads its entry file's first byte at its start and
+    /// the rest once started up (ruby): the supervisor feeds it the job's
+    /// file through a FIFO (`Prestart::fed`).
+    #[serde(default)]
+    pub warm_runtime_feeds_entry: bool,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -224,6 +229,18 @@ impl LanguageCatalog {
                     language.id
                 )));
             }
+            if language.warm_runtime_feeds_entry && language.warm_runtime.is_none() {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} sets warm_runtime_feeds_entry without a warm_runtime",
+                    language.id
+                )));
+            }
+            if language.warm_runtime_feeds_entry && language.warm_runtime_opens_entry {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} sets both warm_runtime_opens_entry and warm_runtime_feeds_entry; a runtime's entry file is either opened ahead or fed",
+                    language.id
+                )));
+            }
             if language.warm_runtime.as_ref().is_some_and(Vec::is_empty) {
                 return Err(CatalogError::Invalid(format!(
                     "language {} has an empty warm_runtime command",
@@ -409,5 +426,40 @@ run = ["b"]
             error,
             "invalid language catalog: name X is used by both a and b"
         );
+    }
+
+    #[test]
+    fn a_warm_runtime_is_either_opened_ahead_or_fed_and_only_with_a_command() {
+        let entry = |extra: &str| {
+            format!(
+                "[[language]]\nid = \"rb\"\nname = \"R\"\nversion = \"1\"\nimage = \"i\"\nsource_file = \"main.rb\"\nrun = [\"ruby\", \"{{entry}}\"]\n{extra}"
+            )
+        };
+        let fed = LanguageCatalog::parse(&entry(
+            "warm_runtime = [\"ruby\", \"{entry}\"]\nwarm_runtime_feeds_entry = true\n",
+        ))
+        .unwrap();
+        let language = fed.find("rb").unwrap();
+        assert!(language.warm_runtime_feeds_entry && !language.warm_runtime_opens_entry);
+        for (extra, error) in [
+            (
+                "warm_runtime_feeds_entry = true\n",
+                "invalid language catalog: language rb sets warm_runtime_feeds_entry without a warm_runtime",
+            ),
+            (
+                "warm_runtime = [\"ruby\"]\nwarm_runtime_feeds_entry = true\nwarm_runtime_opens_entry = true\n",
+                "invalid language catalog: language rb sets both warm_runtime_opens_entry and warm_runtime_feeds_entry; a runtime's entry file is either opened ahead or fed",
+            ),
+        ] {
+            let refused = LanguageCatalog::parse(&entry(extra))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(refused, error);
+        }
+        // The shipped catalog feeds ruby's, with the hook in both commands.
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let ruby = catalog.find("ruby").unwrap();
+        assert!(ruby.warm_runtime_feeds_entry);
+        assert_eq!(ruby.warm_runtime.as_ref(), Some(&ruby.run));
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::limits::{CompileLimits, Limits};
 use super::{JobSpec, WORKSPACE};
 use crate::languages::Language;
-use crate::protocol::{BundleFile, Prestart, StageLimits, StageSpec};
+use crate::protocol::{Bundle, BundleFile, Prestart, StageLimits, StageSpec};
 
 /// The catalog's argv with its placeholders filled in (see
 /// `runner-images/languages.toml`): `{entry}`, `{entry_stem}`,
@@ -102,14 +102,21 @@ pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
         env: stage_env(language, &BTreeMap::new(), false),
         cwd: WORKSPACE.into(),
         preopened: language.warm_runtime_opens_entry.then(|| entry.to_string()),
+        fed: language.warm_runtime_feeds_entry.then(|| entry.to_string()),
     })
 }
 
-/// Whether the supervisor runs `stage` (the job's first) on the runtime
-/// `prestart` started (the rule is [`Prestart::args_of`], which the
-/// supervisor applies too).
-pub fn runs_on(prestart: &Prestart, stage: &StageSpec) -> bool {
-    prestart.args_of(stage).is_some()
+/// Whether the supervisor runs `bundle`'s first stage on the runtime
+/// `prestart` started: not a graded bundle's (each run needs a fresh
+/// process), and otherwise by [`Prestart::args_of`] and
+/// [`Prestart::takes_files`], the rule the supervisor applies too.
+pub fn runs_on(prestart: &Prestart, bundle: &Bundle) -> bool {
+    bundle.runs.is_none()
+        && prestart.takes_files(&bundle.workspace, &bundle.files)
+        && bundle
+            .stages
+            .first()
+            .is_some_and(|stage| prestart.args_of(stage).is_some())
 }
 
 pub(super) fn build_stages(

@@ -132,14 +132,7 @@ impl Harness {
         pool.shutdown(Duration::from_secs(30)).await;
         outcome.cleanup.remove().await;
         let expected = match self.warm_spec(&job).runtime {
-            Some(prestart)
-                if job.tests.is_none()
-                    && job
-                        .bundle
-                        .stages
-                        .first()
-                        .is_some_and(|stage| runs_on(&prestart, stage)) =>
-            {
+            Some(prestart) if job.tests.is_none() && runs_on(&prestart, &job.bundle) => {
                 StartKind::WarmRuntime
             }
             _ => StartKind::Warm,
