@@ -14,6 +14,8 @@
 mod common;
 #[path = "warm_runtime_cases/php.rs"]
 mod php;
+#[path = "warm_runtime_cases/ruby.rs"]
+mod ruby;
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +25,7 @@ use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, WarmPool};
 use common::*;
 use php::PHP;
+use ruby::RUBY;
 
 /// One program of a suite.
 struct Case {
@@ -525,7 +528,8 @@ fn the_suites_are_as_large_as_promised() {
     assert!(PYTHON.len() >= 30, "{}", PYTHON.len());
     assert!(JAVASCRIPT.len() >= 20, "{}", JAVASCRIPT.len());
     assert!(PHP.len() >= 20, "{}", PHP.len());
-    for suite in [PYTHON, JAVASCRIPT, PHP] {
+    assert!(RUBY.len() >= 20, "{}", RUBY.len());
+    for suite in [PYTHON, JAVASCRIPT, PHP, RUBY] {
         let mut names: Vec<&str> = suite.iter().map(|c| c.name).collect();
         names.sort_unstable();
         names.dedup();
@@ -546,6 +550,20 @@ async fn javascript_programs_conform_on_a_warm_runtime_under_runc() {
 #[tokio::test]
 async fn php_programs_conform_on_a_warm_runtime_under_runc() {
     conform(Harness::new().await, "php", "main.php", PHP).await;
+}
+
+#[tokio::test]
+async fn ruby_programs_conform_on_a_warm_runtime_under_runc() {
+    conform(Harness::new().await, "ruby", "main.rb", RUBY).await;
+}
+
+#[tokio::test]
+async fn ruby_programs_conform_on_a_warm_runtime_under_runsc() {
+    if let Some(harness) =
+        runsc_harness("ruby_programs_conform_on_a_warm_runtime_under_runsc").await
+    {
+        conform(harness, "ruby", "main.rb", RUBY).await;
+    }
 }
 
 #[tokio::test]
@@ -584,7 +602,7 @@ async fn on_runtime_pool(harness: &Harness, spec: &JobSpec) -> code_runner::job:
 }
 
 #[tokio::test]
-async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one() {
+async fn a_job_whose_environment_entry_or_script_needs_a_fresh_runtime_is_not_given_one() {
     let harness = Harness::new().await.on(StartKind::WarmRuntime);
     // An env var Python reads only at its start: the runtime started
     // without it cannot honour it, so the program starts afresh (and sees it).
@@ -592,14 +610,6 @@ async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one
         "import os, sys\nprint(os.environ['PYTHONHASHSEED'], sys.flags.hash_randomization)\n",
     );
     seeded.env.insert("PYTHONHASHSEED".into(), "0".into());
-    let result = on_runtime_pool(&harness, &seeded).await;
-    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
-    assert_eq!(stdout(&result), "0 0\n");
-    // Another entry file than the one the runtime was started for.
-    let other_entry = job("python", "app.py", "print(__file__)\n");
-    let result = on_runtime_pool(&harness, &other_entry).await;
-    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
-    assert_eq!(stdout(&result), "/workspace/app.py\n");
     // Node's options are read at its start too.
     let mut node = job(
         "javascript",
@@ -608,20 +618,58 @@ async fn a_job_whose_environment_or_entry_needs_a_fresh_runtime_is_not_given_one
     );
     node.env
         .insert("NODE_OPTIONS".into(), "--max-old-space-size=64".into());
-    let result = on_runtime_pool(&harness, &node).await;
-    assert_eq!(result.start, Some(StartKind::Warm), "{result:#?}");
-    assert_eq!(stdout(&result), "--max-old-space-size=64\n");
-    // The same job without them runs on the runtime.
-    let plain = python("print('on the runtime')\n");
-    let result = on_runtime_pool(&harness, &plain).await;
-    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
-    assert_eq!(stdout(&result), "on the runtime\n");
+    // With its args, a ruby job runs on the runtime.
+    let mut with_args = job("ruby", "main.rb", "p ARGV\n");
+    with_args.args = vec!["x".into(), "y z".into()];
+    let cases = [
+        (seeded, StartKind::Warm, "0 0\n"),
+        // Another entry file than the one the runtime was started for.
+        (
+            job("python", "app.py", "print(__file__)\n"),
+            StartKind::Warm,
+            "/workspace/app.py\n",
+        ),
+        (node, StartKind::Warm, "--max-old-space-size=64\n"),
+        // Ruby reads a `#!` line's switches at its start, before it is fed.
+        (
+            job(
+                "ruby",
+                "main.rb",
+                "#!/usr/bin/env ruby -w\np $VERBOSE, __LINE__\n",
+            ),
+            StartKind::Warm,
+            "true\n2\n",
+        ),
+        // And `DATA` after `__END__` is the script's file, which a fed
+        // runtime's is not.
+        (
+            job(
+                "ruby",
+                "main.rb",
+                "DATA.rewind\np DATA.read.lines.size, DATA.stat.file?\n__END__\nthe data\n",
+            ),
+            StartKind::Warm,
+            "4\ntrue\n",
+        ),
+        (with_args, StartKind::WarmRuntime, "[\"x\", \"y z\"]\n"),
+        // A job without any of these runs on the runtime.
+        (
+            python("print('on the runtime')\n"),
+            StartKind::WarmRuntime,
+            "on the runtime\n",
+        ),
+    ];
+    for (spec, start, expected) in &cases {
+        let result = on_runtime_pool(&harness, spec).await;
+        assert_eq!(result.start, Some(*start), "{result:#?}");
+        assert_eq!(stdout(&result), *expected, "{result:#?}");
+    }
     harness.assert_clean().await;
 }
 
 /// A runtime's hook waits only in the runtime the supervisor started: a
-/// program that passes a pipe of its own as descriptor 200 to a python3 or
-/// php child (its write end still open) does not make that child wait for a
+/// program that passes a pipe of its own as descriptor 200 to a python3,
+/// php or ruby (with the hook) child (its write end still open) does not make that child wait for a
 /// job, cold or on a warm runtime.
 #[tokio::test]
 async fn a_child_given_a_pipe_as_descriptor_200_does_not_wait_for_a_job() {
@@ -646,9 +694,18 @@ async fn a_child_given_a_pipe_as_descriptor_200_does_not_wait_for_a_job() {
          fclose($pipes[200]);\n\
          echo 'exit ', proc_close($child), \"\\n\";\n",
     );
+    let ruby_parent = job(
+        "ruby",
+        "main.rb",
+        "read, write = IO.pipe\n\
+         child = ['ruby', '-r/usr/local/lib/code-runner/warm-runtime.rb', '-e', 'puts \"child ran #{ARGV.size}\"']\n\
+         print IO.popen(child, 200 => read, &:read)\n\
+         puts \"exit #{$?.exitstatus}\"\n",
+    );
     let parents = [
         (python_parent, "child ran ['-c']\nexit 0\n"),
         (php_parent, "child ran 1\nexit 0\n"),
+        (ruby_parent, "child ran 0\nexit 0\n"),
     ];
     for start in [StartKind::Cold, StartKind::WarmRuntime] {
         let harness = Harness::new().await.on(start);
@@ -686,7 +743,7 @@ async fn a_job_that_does_not_fit_a_runtime_holding_its_entry_file_never_sees_tha
     harness.assert_clean().await;
 }
 
-/// A hostile program on php's warm runtime, and how it must end.
+/// A hostile program on php's or ruby's warm runtime, and how it must end.
 struct Hostile {
     language: &'static str,
     entry: &'static str,
@@ -701,10 +758,11 @@ struct Hostile {
 /// The limits the supervisor sets on a released runtime (rlimits by
 /// `prlimit`, its watch of wall, CPU and output) and the container's
 /// (memory, pids) hold on php's warm runtime (the one that holds its entry
-/// file open) as on any stage; python's run every hostile test of
-/// `sandbox_limits.rs` and `sandbox_escape.rs`.
+/// file open) and ruby's (the one fed its script) as on any stage;
+/// python's run every hostile test of `sandbox_limits.rs` and
+/// `sandbox_escape.rs`.
 #[tokio::test]
-async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
+async fn hostile_php_and_ruby_programs_on_a_warm_runtime_hit_their_limits() {
     use code_runner::job::limits::LimitsRequest;
     let harness = Harness::new().await.on(StartKind::WarmRuntime);
     let cases = [
@@ -770,6 +828,83 @@ async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
             reason: Reason::OutputLimit,
             stdout: "00000000\n00000001\n",
         },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            source: "chunks = []\nloop { chunks << 'x' * (8 << 20) }\n",
+            limits: LimitsRequest {
+                memory_mb: Some(64),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::MemoryLimit,
+            stdout: "",
+        },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            // Ruby's fork waits and tries again when the kernel refuses
+            // (EAGAIN) rather than raise: count what it got in 1.5 s.
+            source: "n = 0\nThread.new { sleep 1.5; puts(n < 16 ? 'capped' : \"not capped: #{n}\"); $stdout.flush }\n\
+                     loop { fork { sleep 30 }; n += 1 }\n",
+            limits: LimitsRequest {
+                pids: Some(16),
+                wall_ms: Some(2000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "capped\n",
+        },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            source: "loop {}\n",
+            limits: LimitsRequest {
+                cpu_ms: Some(1000),
+                wall_ms: Some(20_000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::CpuTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            source: "sleep 3600\n",
+            limits: LimitsRequest {
+                wall_ms: Some(1000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            source: "i = 0\nloop { printf(\"%08d\\n\", i); i += 1 }\n",
+            limits: LimitsRequest {
+                output_bytes: Some(100_000),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::OutputLimit,
+            stdout: "00000000\n00000001\n",
+        },
+        Hostile {
+            language: "ruby",
+            entry: "main.rb",
+            source: "File.write('/tmp/big', 'x' * (64 << 20))\n",
+            limits: LimitsRequest {
+                disk_mb: Some(8),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::Exited,
+            stdout: "",
+        },
     ];
     for case in &cases {
         let spec = job_with_limits(case.language, case.entry, case.source, case.limits);
@@ -798,5 +933,13 @@ async fn hostile_php_programs_on_a_warm_runtime_hit_their_limits() {
         stdout(&result),
         "array (\n  0 => true,\n  1 => \n  array (\n    0 => '.',\n    1 => '..',\n  ),\n  2 => false,\n)\n"
     );
+    let who = job(
+        "ruby",
+        "main.rb",
+        "p [Process.uid != 0, Dir.children('/tmp'), File.readable?('/proc/1/environ'), Dir.children('.')]\n",
+    );
+    let result = on_runtime_pool(&harness, &who).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(stdout(&result), "[true, [], false, [\"main.rb\"]]\n");
     harness.assert_clean().await;
 }
