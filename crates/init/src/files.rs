@@ -117,6 +117,21 @@ impl Placeholder {
     fn is(&self, stat: &nix::sys::stat::FileStat) -> bool {
         (stat.st_dev, stat.st_ino) == (self.dev, self.ino)
     }
+
+    /// Whether process `pid` (of `uid`/`gid`, whose descriptors only those
+    /// ids may look at) has this file open: one of its `/proc/<pid>/fd`
+    /// entries is it.
+    pub(crate) fn held_by(&self, pid: i32, uid: u32, gid: u32) -> Result<bool, InitError> {
+        let (dev, ino) = (self.dev, self.ino);
+        run_as("write-files", uid, gid, move || {
+            let entries = std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .map_err(|source| InitError::ListDescriptors { pid, source })?;
+            Ok(entries.flatten().any(|entry| {
+                nix::sys::stat::stat(&entry.path())
+                    .is_ok_and(|stat| (stat.st_dev, stat.st_ino) == (dev, ino))
+            }))
+        })
+    }
 }
 
 /// Makes the empty `name` in `workspace` as `uid`/`gid` (on the thread
@@ -152,14 +167,14 @@ pub(crate) fn create_placeholder(
 
 /// Makes `name` in `workspace` a FIFO as `uid`/`gid`, opens it for reading
 /// and writing (so neither end waits, and the runtime's reads wait for
-/// data rather than end) and writes `lead` into it. `name` must be one
-/// path component.
+/// data rather than end) and writes `lead` into it, if any. `name` must be
+/// one path component.
 pub(crate) fn create_fed_entry(
     workspace: &str,
     uid: u32,
     gid: u32,
     name: &str,
-    lead: u8,
+    lead: Option<u8>,
 ) -> Result<(Placeholder, OwnedFd), InitError> {
     one_component(name)?;
     let (workspace, name) = (workspace.to_owned(), name.to_owned());
@@ -177,7 +192,7 @@ pub(crate) fn create_fed_entry(
         .map_err(fail("open fifo"))?;
         let stat = fstat(&fd).map_err(fail("stat fifo"))?;
         let mut file = File::from(fd);
-        file.write_all(&[lead])
+        file.write_all(lead.as_slice())
             .map_err(|source| InitError::WriteFile {
                 path: name.clone(),
                 step: "write fifo",

@@ -130,6 +130,8 @@ pub enum InitError {
         workspace: String,
         source: std::io::Error,
     },
+    #[error("cannot list the descriptors of process {pid}: {source}")]
+    ListDescriptors { pid: i32, source: std::io::Error },
     #[error("cannot write bundle file {path:?} ({step}): {source}")]
     WriteFile {
         path: String,

@@ -24,6 +24,13 @@
 //! FIFO: a runtime that died with more than the FIFO holds still to read
 //! leaves the writing thread blocked until the sandbox goes.
 //!
+//! A hookless fed runtime (R, `Prestart::hookless`) has no control pipe and
+//! its FIFO no lead byte: it waits for its program by reading the FIFO, and
+//! its release is the script alone. It runs a job only once it holds the
+//! FIFO open ([`WarmRuntime::await_fifo_opened`]): one that would open its
+//! script only after the job's file replaced the FIFO would run that file
+//! at once, before its release.
+//!
 //! A runtime that did not fit the bundle, or died while waiting, is killed
 //! and reaped before the first stage, which then starts as always.
 
@@ -46,6 +53,12 @@ use code_runner_protocol::{BundleFile, FED_LEAD, Prestart, StageSpec};
 
 /// How long a killed runtime may take to be reaped.
 const KILL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a job waits for a hookless runtime still starting to open its
+/// FIFO (R does within milliseconds of its start, before its start-up's
+/// bulk), before it starts afresh instead.
+const FIFO_OPEN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often that is looked at meanwhile.
+const FIFO_OPEN_POLL: Duration = Duration::from_millis(2);
 
 /// A started runtime waiting for its job.
 pub(crate) struct WarmRuntime {
@@ -54,8 +67,8 @@ pub(crate) struct WarmRuntime {
     /// FIFO it reads it from (`Prestart::fed`).
     placeholder: Option<Placeholder>,
     process: SpawnedStage,
-    /// The write end of the control pipe.
-    control: OwnedFd,
+    /// The write end of the control pipe (none for a hookless runtime).
+    control: Option<OwnedFd>,
     /// A fed runtime's FIFO, and what the release writes into it (the
     /// job's file, kept by [`Self::takes_files`]).
     fifo: Option<(OwnedFd, Vec<u8>)>,
@@ -77,6 +90,11 @@ impl WarmRuntime {
         if prestart.stage_argv.is_empty() {
             return Err("a warm runtime must name the stage command it stands for".into());
         }
+        if prestart.hookless && prestart.fed.is_none() {
+            return Err("only a fed warm runtime can be hookless".into());
+        }
+        // A hookless runtime reads its script from the first byte.
+        let lead = (!prestart.hookless).then_some(FED_LEAD);
         let (placeholder, fifo) = match (&prestart.preopened, &prestart.fed) {
             (Some(_), Some(_)) => {
                 return Err("a warm runtime cannot both preopen and be fed its entry file".into());
@@ -90,14 +108,20 @@ impl WarmRuntime {
             ),
             (None, Some(name)) => {
                 let (placeholder, fifo) =
-                    create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, FED_LEAD)
+                    create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, lead)
                         .map_err(|error| format!("cannot make its entry fifo: {error}"))?;
                 (Some(placeholder), Some(fifo))
             }
             (None, None) => (None, None),
         };
-        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-            .map_err(|errno| format!("cannot create the control pipe: {errno}"))?;
+        let control = if prestart.hookless {
+            None
+        } else {
+            Some(
+                nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|errno| format!("cannot create the control pipe: {errno}"))?,
+            )
+        };
         let launched = spawn(&Launch {
             argv: &prestart.argv,
             env: &prestart.env,
@@ -112,13 +136,15 @@ impl WarmRuntime {
             watch: true,
             rlimits: None,
             filter: None,
-            control: Some(read.as_raw_fd()),
+            control: control.as_ref().map(|(read, _)| read.as_raw_fd()),
         });
         // The child has its copy; ours would keep the pipe open forever.
-        drop(read);
+        let control = control.map(|(_, write)| write);
         // Ours writes without blocking, so that the args go in from the
         // release itself when the pipe takes them all (see `release`).
-        let nonblocking = set_nonblocking(&write, true).is_ok()
+        let nonblocking = control
+            .as_ref()
+            .is_none_or(|write| set_nonblocking(write, true).is_ok())
             && fifo
                 .as_ref()
                 .is_none_or(|fifo| set_nonblocking(fifo, true).is_ok());
@@ -142,7 +168,7 @@ impl WarmRuntime {
             prestart,
             placeholder,
             process,
-            control: write,
+            control,
             fifo: fifo.map(|fifo| (fifo, Vec::new())),
             nonblocking,
             ended: false,
@@ -185,6 +211,34 @@ impl WarmRuntime {
             return None;
         }
         prestart.args_of(spec).map(<[String]>::to_vec)
+    }
+
+    /// Whether a hookless runtime holds its FIFO open, waiting up to
+    /// [`FIFO_OPEN_TIMEOUT`] while it is still starting (true at once for
+    /// any other runtime). Looked at in `/proc/<pid>/fd` from the job
+    /// thread, as the runtime's ids.
+    pub(crate) async fn await_fifo_opened(&mut self) -> bool {
+        let Some(placeholder) = self.placeholder.clone().filter(|_| self.prestart.hookless) else {
+            return true;
+        };
+        let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
+        let deadline = Instant::now() + FIFO_OPEN_TIMEOUT;
+        loop {
+            match placeholder.held_by(pid, uid, gid) {
+                Ok(true) => return true,
+                Ok(false) => {}
+                Err(error) => {
+                    eprintln!(
+                        "code-runner-init: cannot tell whether the warm runtime opened its script: {error}"
+                    );
+                    return false;
+                }
+            }
+            if Instant::now() >= deadline || !self.check_alive() {
+                return false;
+            }
+            tokio::time::sleep(FIFO_OPEN_POLL).await;
+        }
     }
 
     /// Notes whether the runtime ended while waiting: reaps whatever child
@@ -274,7 +328,16 @@ impl WarmRuntime {
         if let Some((fifo, feed)) = self.fifo {
             hand_over(fifo, feed, self.nonblocking, "script")?;
         }
-        hand_over(self.control, message, self.nonblocking, "args")?;
+        match self.control {
+            Some(control) => hand_over(control, message, self.nonblocking, "args")?,
+            // `Prestart::args_of` gives a hookless runtime only jobs without.
+            None if message.is_empty() => {}
+            None => {
+                return Err(std::io::Error::other(
+                    "a hookless warm runtime cannot take args",
+                ));
+            }
+        }
         Ok(self.process)
     }
 }

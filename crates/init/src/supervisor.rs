@@ -485,7 +485,13 @@ async fn keep_if_fits(
             .first()
             .is_some_and(|stage| runtime.args_for(stage, bundle.uid, bundle.gid).is_some());
     if alive && fits {
-        return Some(runtime);
+        if runtime.await_fifo_opened().await {
+            return Some(runtime);
+        }
+        eprintln!(
+            "code-runner-init: the warm runtime (pid {}) had not opened its script; starting the stage afresh",
+            runtime.pid()
+        );
     }
     if !alive {
         eprintln!(

@@ -136,6 +136,15 @@ pub struct RunPlan {
 /// regular file (the runtime has it open already), and the release also
 /// writes that file's content into the FIFO and closes it. An unused
 /// runtime's FIFO is removed before the bundle's files are written.
+///
+/// A fed runtime may also be `hookless` (R): it opens its script at its
+/// start and reads it only once started up, with no hook of its own in
+/// between, so it waits for its program by itself, reading the FIFO. It
+/// has no descriptor 200 and its FIFO no lead byte; it fits only a job
+/// without args (the runtime took its command line at its start) and takes
+/// any content. The supervisor uses it only once it holds the FIFO open
+/// (seen in `/proc`): one that opened its script after the job's file
+/// replaced the FIFO would run that file before its release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prestart {
     pub uid: u32,
@@ -153,6 +162,9 @@ pub struct Prestart {
     /// through a FIFO the supervisor feeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fed: Option<String>,
+    /// A fed runtime without a hook (see [`Prestart`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hookless: bool,
 }
 
 /// The byte a fed runtime's FIFO holds before its job (see [`Prestart`]):
@@ -181,7 +193,7 @@ impl Prestart {
     /// Whether the bundle's files (written into `workspace`) suit this
     /// runtime: a `preopened` or `fed` file must be among them, in the
     /// runtime's `cwd`, and a fed one's content must be one
-    /// [`Prestart::feeds`] accepts.
+    /// [`Prestart::feeds`] accepts (any content, for a `hookless` one).
     pub fn takes_files(&self, workspace: &str, files: &[BundleFile]) -> bool {
         let file = |name: &String| {
             let file = files.iter().find(|file| file.path == *name);
@@ -190,22 +202,22 @@ impl Prestart {
         self.preopened
             .as_ref()
             .is_none_or(|name| file(name).is_some())
-            && self
-                .fed
-                .as_ref()
-                .is_none_or(|name| file(name).is_some_and(|file| Prestart::feeds(&file.content)))
+            && self.fed.as_ref().is_none_or(|name| {
+                file(name).is_some_and(|file| self.hookless || Prestart::feeds(&file.content))
+            })
     }
 
     /// The job's args when `stage` is the command this runtime stands for:
     /// its argv starts with `stage_argv`, with the same environment and
-    /// working directory, and stdin from the job. The one statement of the
-    /// rule: the supervisor decides by it (with the ids), the host predicts
-    /// and reports by it.
+    /// working directory, and stdin from the job; a `hookless` runtime's
+    /// only without args. The one statement of the rule: the supervisor
+    /// decides by it (with the ids), the host predicts and reports by it.
     pub fn args_of<'a>(&self, stage: &'a StageSpec) -> Option<&'a [String]> {
         let fits = stage.stdin
             && stage.cwd == self.cwd
             && stage.env == self.env
-            && stage.argv.starts_with(&self.stage_argv);
+            && stage.argv.starts_with(&self.stage_argv)
+            && (!self.hookless || stage.argv.len() == self.stage_argv.len());
         fits.then(|| &stage.argv[self.stage_argv.len()..])
     }
 }
@@ -610,6 +622,7 @@ mod tests {
             cwd: "/workspace".into(),
             preopened: Some("main.php".into()),
             fed: Some("main.rb".into()),
+            hookless: true,
         }));
         for message in [
             bundle,
@@ -680,6 +693,7 @@ mod tests {
             cwd: "/workspace".into(),
             preopened: None,
             fed: Some("main.rb".into()),
+            hookless: false,
         }
     }
 
@@ -745,5 +759,40 @@ mod tests {
             ..prestart
         };
         assert!(plain.takes_files(ws, &[]));
+    }
+
+    #[test]
+    fn a_hookless_runtime_takes_any_content_and_no_args() {
+        let prestart = Prestart {
+            argv: vec!["Rscript".into(), "--vanilla".into(), "main.r".into()],
+            stage_argv: vec!["Rscript".into(), "--vanilla".into(), "main.r".into()],
+            fed: Some("main.r".into()),
+            hookless: true,
+            ..fed_prestart()
+        };
+        let ws = "/workspace";
+        for content in [&b"#!/usr/bin/Rscript\nprint(1)\n"[..], b"", b"x\n__END__\n"] {
+            assert!(prestart.takes_files(ws, &[file("main.r", content)]));
+        }
+        assert!(!prestart.takes_files(ws, &[file("other.r", b"print(1)")]));
+        let stage = |argv: &[&str]| StageSpec {
+            name: "run".into(),
+            argv: argv.iter().map(|arg| arg.to_string()).collect(),
+            env: vec![],
+            cwd: "/workspace".into(),
+            stdin: true,
+            watch_input: false,
+            limits: limits(),
+        };
+        let bare = stage(&["Rscript", "--vanilla", "main.r"]);
+        assert_eq!(prestart.args_of(&bare), Some(&[][..]));
+        assert_eq!(
+            prestart.args_of(&stage(&["Rscript", "--vanilla", "main.r", "a"])),
+            None
+        );
+        assert_eq!(
+            prestart.args_of(&stage(&["Rscript", "--vanilla", "main.r", ""])),
+            None
+        );
     }
 }

@@ -29,6 +29,7 @@ fn prestart(sb: &Sandbox, stage: &StageSpec) -> HostMessage {
         cwd: stage.cwd.clone(),
         preopened: None,
         fed: None,
+        hookless: false,
     }))
 }
 
@@ -398,5 +399,99 @@ fn content_a_fed_runtime_cannot_take_starts_cold_and_its_fifo_is_gone() {
     let entry = std::fs::symlink_metadata(sb.workspace().join("main.rb")).unwrap();
     assert!(!entry.file_type().is_fifo() && entry.file_type().is_file());
     assert_eq!(listing(&sb), ["main.rb"]);
+    assert!(live_processes_of(sb.uid).is_empty());
+}
+
+/// Like R: opens `main.rb` at its start (a FIFO with no lead byte), has no
+/// control descriptor, and waits for its program by reading the FIFO; then
+/// prints it, what it read it from, its file-size limit (the stage's, set before the release)
+/// and what `main.rb` is now.
+const HOOKLESS: &str = "exec 3<main.rb; kind=$(stat -L -c %F /proc/self/fd/3); script=$(cat <&3); \
+     echo \"runtime got: $script from a $kind\"; \
+     test -e /proc/self/fd/200 && echo control-open || echo control-closed; ulimit -f; \
+     stat -c '%F %s' main.rb";
+
+fn hookless(sb: &Sandbox, stage: &StageSpec, runtime: &str) -> HostMessage {
+    let HostMessage::Prestart(mut prestart) = fed(sb, stage, runtime) else {
+        unreachable!()
+    };
+    prestart.hookless = true;
+    HostMessage::Prestart(prestart)
+}
+
+#[test]
+fn a_hookless_runtime_reads_the_jobs_file_from_its_first_byte() {
+    let mut sb = Sandbox::start();
+    let mut stage = fitting_stage(&sb, &[]);
+    stage.limits.fsize_bytes = 512 * 1024;
+    sb.send(hookless(&sb, &stage, HOOKLESS));
+    made_entry(&sb);
+    let bundle = sb.bundle(
+        vec![file("main.rb", b"#!first\nsecond", false)],
+        vec![stage],
+    );
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    assert_eq!(
+        outcome.stdout_text(),
+        "runtime got: #!first\nsecond from a fifo\ncontrol-closed\n512\nregular file 14\n"
+    );
+    assert_eq!(listing(&sb), ["main.rb"]);
+}
+
+#[test]
+fn a_job_waits_for_a_hookless_runtime_still_starting_to_open_its_fifo() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    // The bundle comes at once, before the runtime opens its script: the
+    // job waits for it rather than have it open the job's file unreleased.
+    let slow = format!("sleep 0.5; {HOOKLESS}");
+    sb.send(hookless(&sb, &stage, &slow));
+    let bundle = sb.bundle(vec![file("main.rb", b"late", false)], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
+    assert_eq!(
+        outcome.stdout_text(),
+        "runtime got: late from a fifo\ncontrol-closed\n1024\nregular file 4\n"
+    );
+}
+
+#[test]
+fn a_hookless_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    let stuck = format!("sleep 30; {HOOKLESS}");
+    sb.send(hookless(&sb, &stage, &stuck));
+    made_entry(&sb);
+    let bundle = sb.bundle(vec![file("main.rb", b"never", false)], vec![stage]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    // Started cold: the command does not exist.
+    assert_eq!(outcome.only_report().exit_code, Some(127), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "");
+    assert!(
+        outcome.diagnostics.contains("had not opened its script"),
+        "{outcome:?}"
+    );
+    assert!(live_processes_of(sb.uid).is_empty());
+}
+
+#[test]
+fn a_hookless_runtime_takes_no_args() {
+    let mut sb = Sandbox::start();
+    let fitting = fitting_stage(&sb, &[]);
+    sb.send(hookless(&sb, &fitting, HOOKLESS));
+    made_entry(&sb);
+    let with_args = fitting_stage(&sb, &["x"]);
+    let bundle = sb.bundle(vec![file("main.rb", b"p 1", false)], vec![with_args]);
+    sb.send(bundle);
+    let outcome = sb.finish(T);
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    assert_eq!(outcome.only_report().exit_code, Some(127), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "");
     assert!(live_processes_of(sb.uid).is_empty());
 }
