@@ -41,6 +41,11 @@ pub struct Language {
     /// file through a FIFO (`Prestart::fed`).
     #[serde(default)]
     pub warm_runtime_feeds_entry: bool,
+    /// The fed runtime has no hook (R): it waits for its program by
+    /// reading the FIFO, and takes only jobs without args
+    /// (`Prestart::hookless`).
+    #[serde(default)]
+    pub warm_runtime_hookless: bool,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -232,6 +237,12 @@ impl LanguageCatalog {
             if language.warm_runtime_feeds_entry && language.warm_runtime.is_none() {
                 return Err(CatalogError::Invalid(format!(
                     "language {} sets warm_runtime_feeds_entry without a warm_runtime",
+                    language.id
+                )));
+            }
+            if language.warm_runtime_hookless && !language.warm_runtime_feeds_entry {
+                return Err(CatalogError::Invalid(format!(
+                    "language {} sets warm_runtime_hookless without warm_runtime_feeds_entry; only a fed runtime can wait without a hook",
                     language.id
                 )));
             }
@@ -450,6 +461,10 @@ run = ["b"]
                 "warm_runtime = [\"ruby\"]\nwarm_runtime_feeds_entry = true\nwarm_runtime_opens_entry = true\n",
                 "invalid language catalog: language rb sets both warm_runtime_opens_entry and warm_runtime_feeds_entry; a runtime's entry file is either opened ahead or fed",
             ),
+            (
+                "warm_runtime = [\"ruby\"]\nwarm_runtime_hookless = true\n",
+                "invalid language catalog: language rb sets warm_runtime_hookless without warm_runtime_feeds_entry; only a fed runtime can wait without a hook",
+            ),
         ] {
             let refused = LanguageCatalog::parse(&entry(extra))
                 .unwrap_err()
@@ -459,7 +474,11 @@ run = ["b"]
         // The shipped catalog feeds ruby's, with the hook in both commands.
         let catalog = LanguageCatalog::embedded().unwrap();
         let ruby = catalog.find("ruby").unwrap();
-        assert!(ruby.warm_runtime_feeds_entry);
+        assert!(ruby.warm_runtime_feeds_entry && !ruby.warm_runtime_hookless);
         assert_eq!(ruby.warm_runtime.as_ref(), Some(&ruby.run));
+        // R's is fed and waits by itself: the run command as it is.
+        let r = catalog.find("r").unwrap();
+        assert!(r.warm_runtime_feeds_entry && r.warm_runtime_hookless);
+        assert_eq!(r.warm_runtime.as_ref(), Some(&r.run));
     }
 }

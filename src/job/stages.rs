@@ -103,6 +103,7 @@ pub fn warm_runtime(language: &Language, uid: u32) -> Option<Prestart> {
         cwd: WORKSPACE.into(),
         preopened: language.warm_runtime_opens_entry.then(|| entry.to_string()),
         fed: language.warm_runtime_feeds_entry.then(|| entry.to_string()),
+        hookless: language.warm_runtime_hookless,
     })
 }
 
