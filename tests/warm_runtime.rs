@@ -14,6 +14,8 @@
 mod common;
 #[path = "warm_runtime_cases/php.rs"]
 mod php;
+#[path = "warm_runtime_cases/r.rs"]
+mod r;
 #[path = "warm_runtime_cases/ruby.rs"]
 mod ruby;
 
@@ -25,6 +27,7 @@ use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, WarmPool};
 use common::*;
 use php::PHP;
+use r::R;
 use ruby::RUBY;
 
 /// One program of a suite.
@@ -529,7 +532,10 @@ fn the_suites_are_as_large_as_promised() {
     assert!(JAVASCRIPT.len() >= 20, "{}", JAVASCRIPT.len());
     assert!(PHP.len() >= 20, "{}", PHP.len());
     assert!(RUBY.len() >= 20, "{}", RUBY.len());
-    for suite in [PYTHON, JAVASCRIPT, PHP, RUBY] {
+    assert!(R.len() >= 20, "{}", R.len());
+    // R's runtime takes no args: a case with some would run plain warm.
+    assert!(R.iter().all(|case| case.args.is_empty()));
+    for suite in [PYTHON, JAVASCRIPT, PHP, RUBY, R] {
         let mut names: Vec<&str> = suite.iter().map(|c| c.name).collect();
         names.sort_unstable();
         names.dedup();
@@ -563,6 +569,18 @@ async fn ruby_programs_conform_on_a_warm_runtime_under_runsc() {
         runsc_harness("ruby_programs_conform_on_a_warm_runtime_under_runsc").await
     {
         conform(harness, "ruby", "main.rb", RUBY).await;
+    }
+}
+
+#[tokio::test]
+async fn r_programs_conform_on_a_warm_runtime_under_runc() {
+    conform(Harness::new().await, "r", "main.r", R).await;
+}
+
+#[tokio::test]
+async fn r_programs_conform_on_a_warm_runtime_under_runsc() {
+    if let Some(harness) = runsc_harness("r_programs_conform_on_a_warm_runtime_under_runsc").await {
+        conform(harness, "r", "main.r", R).await;
     }
 }
 
@@ -621,6 +639,9 @@ async fn a_job_whose_environment_entry_or_script_needs_a_fresh_runtime_is_not_gi
     // With its args, a ruby job runs on the runtime.
     let mut with_args = job("ruby", "main.rb", "p ARGV\n");
     with_args.args = vec!["x".into(), "y z".into()];
+    // R took its command line at its start: with args, a fresh one.
+    let mut r_with_args = job("r", "main.r", "cat(commandArgs(TRUE), sep = '|')\n");
+    r_with_args.args = vec!["x".into(), "y z".into()];
     let cases = [
         (seeded, StartKind::Warm, "0 0\n"),
         // Another entry file than the one the runtime was started for.
@@ -652,6 +673,12 @@ async fn a_job_whose_environment_entry_or_script_needs_a_fresh_runtime_is_not_gi
             "4\ntrue\n",
         ),
         (with_args, StartKind::WarmRuntime, "[\"x\", \"y z\"]\n"),
+        (r_with_args, StartKind::Warm, "x|y z"),
+        (
+            job("r", "main.r", "cat(length(commandArgs(TRUE)), 'args')\n"),
+            StartKind::WarmRuntime,
+            "0 args",
+        ),
         // A job without any of these runs on the runtime.
         (
             python("print('on the runtime')\n"),
@@ -743,7 +770,7 @@ async fn a_job_that_does_not_fit_a_runtime_holding_its_entry_file_never_sees_tha
     harness.assert_clean().await;
 }
 
-/// A hostile program on php's or ruby's warm runtime, and how it must end.
+/// A hostile program on php's, ruby's or R's warm runtime, and how it must end.
 struct Hostile {
     language: &'static str,
     entry: &'static str,
@@ -758,11 +785,12 @@ struct Hostile {
 /// The limits the supervisor sets on a released runtime (rlimits by
 /// `prlimit`, its watch of wall, CPU and output) and the container's
 /// (memory, pids) hold on php's warm runtime (the one that holds its entry
-/// file open) and ruby's (the one fed its script) as on any stage;
+/// file open), ruby's (the one fed its script) and R's (fed, hookless) as
+/// on any stage;
 /// python's run every hostile test of `sandbox_limits.rs` and
 /// `sandbox_escape.rs`.
 #[tokio::test]
-async fn hostile_php_and_ruby_programs_on_a_warm_runtime_hit_their_limits() {
+async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
     use code_runner::job::limits::LimitsRequest;
     let harness = Harness::new().await.on(StartKind::WarmRuntime);
     let cases = [
@@ -905,6 +933,81 @@ async fn hostile_php_and_ruby_programs_on_a_warm_runtime_hit_their_limits() {
             reason: Reason::Exited,
             stdout: "",
         },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "x <- list()\nrepeat x[[length(x) + 1]] <- numeric(1e6)\n",
+            limits: LimitsRequest {
+                memory_mb: Some(128),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::MemoryLimit,
+            stdout: "",
+        },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "n <- 0\nfor (i in 1:40) {\n  rc <- suppressWarnings(system('sleep 30 &', ignore.stdout = TRUE, ignore.stderr = TRUE))\n  if (rc == 0) n <- n + 1\n}\n\
+                     cat(if (n < 16) 'capped' else paste('not capped:', n), '\\n', sep = '')\nSys.sleep(30)\n",
+            limits: LimitsRequest {
+                pids: Some(16),
+                wall_ms: Some(3000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "capped\n",
+        },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "repeat {}\n",
+            limits: LimitsRequest {
+                cpu_ms: Some(1000),
+                wall_ms: Some(20_000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::CpuTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "Sys.sleep(3600)\n",
+            limits: LimitsRequest {
+                wall_ms: Some(1000),
+                ..Default::default()
+            },
+            status: Status::TimedOut,
+            reason: Reason::WallTimeout,
+            stdout: "",
+        },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "i <- 0\nrepeat { cat(sprintf('%08d\\n', i)); i <- i + 1 }\n",
+            limits: LimitsRequest {
+                output_bytes: Some(100_000),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::OutputLimit,
+            stdout: "00000000\n00000001\n",
+        },
+        Hostile {
+            language: "r",
+            entry: "main.r",
+            source: "writeBin(raw(64 * 2^20), '/tmp/big')\n",
+            limits: LimitsRequest {
+                disk_mb: Some(8),
+                ..Default::default()
+            },
+            status: Status::Failed,
+            reason: Reason::Exited,
+            stdout: "",
+        },
     ];
     for case in &cases {
         let spec = job_with_limits(case.language, case.entry, case.source, case.limits);
@@ -941,5 +1044,15 @@ async fn hostile_php_and_ruby_programs_on_a_warm_runtime_hit_their_limits() {
     let result = on_runtime_pool(&harness, &who).await;
     assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
     assert_eq!(stdout(&result), "[true, [], false, [\"main.rb\"]]\n");
+    // R's /tmp holds only its own session directory.
+    let who = job(
+        "r",
+        "main.r",
+        "cat(Sys.info()[['effective_user']] != 'root', grepl('^Rtmp', list.files('/tmp')),\n\
+             file.access('/proc/1/environ', 4) == 0, list.files('.', all.files = TRUE, no.. = TRUE), '\\n')\n",
+    );
+    let result = on_runtime_pool(&harness, &who).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(stdout(&result), "TRUE TRUE FALSE main.r \n");
     harness.assert_clean().await;
 }
