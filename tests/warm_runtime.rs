@@ -21,6 +21,7 @@ mod ruby;
 
 use std::time::{Duration, Instant};
 
+use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{FileSpec, JobSpec, StartKind, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::pool::PoolSettings;
@@ -775,11 +776,117 @@ struct Hostile {
     language: &'static str,
     entry: &'static str,
     source: &'static str,
-    limits: code_runner::job::limits::LimitsRequest,
+    limits: LimitsRequest,
     status: Status,
     reason: Reason,
     /// What stdout must start with.
     stdout: &'static str,
+}
+
+impl Hostile {
+    /// Allocates past `memory_mb`: ends `memory_limit`.
+    fn memory(
+        language: &'static str,
+        entry: &'static str,
+        source: &'static str,
+        memory_mb: u64,
+    ) -> Self {
+        Self::failing(
+            language,
+            entry,
+            source,
+            LimitsRequest {
+                memory_mb: Some(memory_mb),
+                ..Default::default()
+            },
+            Reason::MemoryLimit,
+        )
+    }
+
+    /// Spins past 1 s of CPU, well within its wall limit: `cpu_timeout`.
+    fn cpu(language: &'static str, entry: &'static str, source: &'static str) -> Self {
+        Self {
+            status: Status::TimedOut,
+            ..Self::failing(
+                language,
+                entry,
+                source,
+                LimitsRequest {
+                    cpu_ms: Some(1000),
+                    wall_ms: Some(20_000),
+                    ..Default::default()
+                },
+                Reason::CpuTimeout,
+            )
+        }
+    }
+
+    /// Sleeps past 1 s of wall time: `wall_timeout`.
+    fn wall(language: &'static str, entry: &'static str, source: &'static str) -> Self {
+        Self {
+            status: Status::TimedOut,
+            ..Self::failing(
+                language,
+                entry,
+                source,
+                LimitsRequest {
+                    wall_ms: Some(1000),
+                    ..Default::default()
+                },
+                Reason::WallTimeout,
+            )
+        }
+    }
+
+    /// Prints `%08d\n` lines for ever past 100 000 bytes: `output_limit`,
+    /// the first bytes kept.
+    fn output(language: &'static str, entry: &'static str, source: &'static str) -> Self {
+        Self {
+            stdout: "00000000\n00000001\n",
+            ..Self::failing(
+                language,
+                entry,
+                source,
+                LimitsRequest {
+                    output_bytes: Some(100_000),
+                    ..Default::default()
+                },
+                Reason::OutputLimit,
+            )
+        }
+    }
+
+    /// Writes 64 MB into an 8 MB disk: the program fails (exits non-zero).
+    fn disk(language: &'static str, entry: &'static str, source: &'static str) -> Self {
+        Self::failing(
+            language,
+            entry,
+            source,
+            LimitsRequest {
+                disk_mb: Some(8),
+                ..Default::default()
+            },
+            Reason::Exited,
+        )
+    }
+
+    fn failing(
+        language: &'static str,
+        entry: &'static str,
+        source: &'static str,
+        limits: LimitsRequest,
+        reason: Reason,
+    ) -> Self {
+        Self {
+            language,
+            entry,
+            source,
+            limits,
+            status: Status::Failed,
+            reason,
+            stdout: "",
+        }
+    }
 }
 
 /// The limits the supervisor sets on a released runtime (rlimits by
@@ -791,21 +898,14 @@ struct Hostile {
 /// `sandbox_escape.rs`.
 #[tokio::test]
 async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
-    use code_runner::job::limits::LimitsRequest;
     let harness = Harness::new().await.on(StartKind::WarmRuntime);
     let cases = [
-        Hostile {
-            language: "php",
-            entry: "main.php",
-            source: "<?php ini_set('memory_limit', '-1'); $c = []; for (;;) { $c[] = str_repeat('x', 8 << 20); }\n",
-            limits: LimitsRequest {
-                memory_mb: Some(64),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::MemoryLimit,
-            stdout: "",
-        },
+        Hostile::memory(
+            "php",
+            "main.php",
+            "<?php ini_set('memory_limit', '-1'); $c = []; for (;;) { $c[] = str_repeat('x', 8 << 20); }\n",
+            64,
+        ),
         Hostile {
             language: "php",
             entry: "main.php",
@@ -819,55 +919,19 @@ async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
             reason: Reason::WallTimeout,
             stdout: "forking\nfork refused\n",
         },
-        Hostile {
-            language: "php",
-            entry: "main.php",
-            source: "<?php for (;;) {}\n",
-            limits: LimitsRequest {
-                cpu_ms: Some(1000),
-                wall_ms: Some(20_000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::CpuTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "php",
-            entry: "main.php",
-            source: "<?php sleep(3600);\n",
-            limits: LimitsRequest {
-                wall_ms: Some(1000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::WallTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "php",
-            entry: "main.php",
-            source: "<?php for ($i = 0; ; $i++) { printf(\"%08d\\n\", $i); }\n",
-            limits: LimitsRequest {
-                output_bytes: Some(100_000),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::OutputLimit,
-            stdout: "00000000\n00000001\n",
-        },
-        Hostile {
-            language: "ruby",
-            entry: "main.rb",
-            source: "chunks = []\nloop { chunks << 'x' * (8 << 20) }\n",
-            limits: LimitsRequest {
-                memory_mb: Some(64),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::MemoryLimit,
-            stdout: "",
-        },
+        Hostile::cpu("php", "main.php", "<?php for (;;) {}\n"),
+        Hostile::wall("php", "main.php", "<?php sleep(3600);\n"),
+        Hostile::output(
+            "php",
+            "main.php",
+            "<?php for ($i = 0; ; $i++) { printf(\"%08d\\n\", $i); }\n",
+        ),
+        Hostile::memory(
+            "ruby",
+            "main.rb",
+            "chunks = []\nloop { chunks << 'x' * (8 << 20) }\n",
+            64,
+        ),
         Hostile {
             language: "ruby",
             entry: "main.rb",
@@ -884,67 +948,24 @@ async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
             reason: Reason::WallTimeout,
             stdout: "capped\n",
         },
-        Hostile {
-            language: "ruby",
-            entry: "main.rb",
-            source: "loop {}\n",
-            limits: LimitsRequest {
-                cpu_ms: Some(1000),
-                wall_ms: Some(20_000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::CpuTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "ruby",
-            entry: "main.rb",
-            source: "sleep 3600\n",
-            limits: LimitsRequest {
-                wall_ms: Some(1000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::WallTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "ruby",
-            entry: "main.rb",
-            source: "i = 0\nloop { printf(\"%08d\\n\", i); i += 1 }\n",
-            limits: LimitsRequest {
-                output_bytes: Some(100_000),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::OutputLimit,
-            stdout: "00000000\n00000001\n",
-        },
-        Hostile {
-            language: "ruby",
-            entry: "main.rb",
-            source: "File.write('/tmp/big', 'x' * (64 << 20))\n",
-            limits: LimitsRequest {
-                disk_mb: Some(8),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::Exited,
-            stdout: "",
-        },
-        Hostile {
-            language: "r",
-            entry: "main.r",
-            source: "x <- list()\nrepeat x[[length(x) + 1]] <- numeric(1e6)\n",
-            limits: LimitsRequest {
-                memory_mb: Some(128),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::MemoryLimit,
-            stdout: "",
-        },
+        Hostile::cpu("ruby", "main.rb", "loop {}\n"),
+        Hostile::wall("ruby", "main.rb", "sleep 3600\n"),
+        Hostile::output(
+            "ruby",
+            "main.rb",
+            "i = 0\nloop { printf(\"%08d\\n\", i); i += 1 }\n",
+        ),
+        Hostile::disk(
+            "ruby",
+            "main.rb",
+            "File.write('/tmp/big', 'x' * (64 << 20))\n",
+        ),
+        Hostile::memory(
+            "r",
+            "main.r",
+            "x <- list()\nrepeat x[[length(x) + 1]] <- numeric(1e6)\n",
+            128,
+        ),
         Hostile {
             language: "r",
             entry: "main.r",
@@ -959,55 +980,14 @@ async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
             reason: Reason::WallTimeout,
             stdout: "capped\n",
         },
-        Hostile {
-            language: "r",
-            entry: "main.r",
-            source: "repeat {}\n",
-            limits: LimitsRequest {
-                cpu_ms: Some(1000),
-                wall_ms: Some(20_000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::CpuTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "r",
-            entry: "main.r",
-            source: "Sys.sleep(3600)\n",
-            limits: LimitsRequest {
-                wall_ms: Some(1000),
-                ..Default::default()
-            },
-            status: Status::TimedOut,
-            reason: Reason::WallTimeout,
-            stdout: "",
-        },
-        Hostile {
-            language: "r",
-            entry: "main.r",
-            source: "i <- 0\nrepeat { cat(sprintf('%08d\\n', i)); i <- i + 1 }\n",
-            limits: LimitsRequest {
-                output_bytes: Some(100_000),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::OutputLimit,
-            stdout: "00000000\n00000001\n",
-        },
-        Hostile {
-            language: "r",
-            entry: "main.r",
-            source: "writeBin(raw(64 * 2^20), '/tmp/big')\n",
-            limits: LimitsRequest {
-                disk_mb: Some(8),
-                ..Default::default()
-            },
-            status: Status::Failed,
-            reason: Reason::Exited,
-            stdout: "",
-        },
+        Hostile::cpu("r", "main.r", "repeat {}\n"),
+        Hostile::wall("r", "main.r", "Sys.sleep(3600)\n"),
+        Hostile::output(
+            "r",
+            "main.r",
+            "i <- 0\nrepeat { cat(sprintf('%08d\\n', i)); i <- i + 1 }\n",
+        ),
+        Hostile::disk("r", "main.r", "writeBin(raw(64 * 2^20), '/tmp/big')\n"),
     ];
     for case in &cases {
         let spec = job_with_limits(case.language, case.entry, case.source, case.limits);

@@ -484,18 +484,19 @@ async fn keep_if_fits(
             .stages
             .first()
             .is_some_and(|stage| runtime.args_for(stage, bundle.uid, bundle.gid).is_some());
-    if alive && fits {
-        if runtime.await_fifo_opened().await {
-            return Some(runtime);
-        }
-        eprintln!(
-            "code-runner-init: the warm runtime (pid {}) had not opened its script; starting the stage afresh",
-            runtime.pid()
-        );
+    if alive && fits && runtime.await_fifo_opened().await {
+        return Some(runtime);
     }
-    if !alive {
+    // Looked at again: it may have ended while the job waited for it to
+    // open its script.
+    if !runtime.check_alive() {
         eprintln!(
             "code-runner-init: the warm runtime (pid {}) ended before its job; starting the stage afresh",
+            runtime.pid()
+        );
+    } else if alive && fits {
+        eprintln!(
+            "code-runner-init: the warm runtime (pid {}) had not opened its script; starting the stage afresh",
             runtime.pid()
         );
     }

@@ -697,6 +697,19 @@ mod tests {
         }
     }
 
+    /// A run stage of `argv` in /workspace, with stdin and no env.
+    fn stage(argv: &[&str]) -> StageSpec {
+        StageSpec {
+            name: "run".into(),
+            argv: argv.iter().map(|arg| arg.to_string()).collect(),
+            env: vec![],
+            cwd: "/workspace".into(),
+            stdin: true,
+            watch_input: false,
+            limits: limits(),
+        }
+    }
+
     fn file(path: &str, content: &[u8]) -> BundleFile {
         BundleFile {
             path: path.into(),
@@ -742,15 +755,6 @@ mod tests {
         assert!(!prestart.takes_files(ws, &[file("lib.rb", b"x")]));
         assert!(!prestart.takes_files("/elsewhere", &[file("main.rb", b"p 1")]));
         assert!(!prestart.takes_files(ws, &[file("main.rb", b"#!ruby\np 1")]));
-        let stage = |argv: &[&str]| StageSpec {
-            name: "run".into(),
-            argv: argv.iter().map(|arg| arg.to_string()).collect(),
-            env: vec![],
-            cwd: "/workspace".into(),
-            stdin: true,
-            watch_input: false,
-            limits: limits(),
-        };
         let with_args = stage(&["ruby", "main.rb", "a"]);
         assert_eq!(prestart.args_of(&with_args), Some(&with_args.argv[2..]));
         assert_eq!(prestart.args_of(&stage(&["ruby", "other.rb"])), None);
@@ -775,15 +779,6 @@ mod tests {
             assert!(prestart.takes_files(ws, &[file("main.r", content)]));
         }
         assert!(!prestart.takes_files(ws, &[file("other.r", b"print(1)")]));
-        let stage = |argv: &[&str]| StageSpec {
-            name: "run".into(),
-            argv: argv.iter().map(|arg| arg.to_string()).collect(),
-            env: vec![],
-            cwd: "/workspace".into(),
-            stdin: true,
-            watch_input: false,
-            limits: limits(),
-        };
         let bare = stage(&["Rscript", "--vanilla", "main.r"]);
         assert_eq!(prestart.args_of(&bare), Some(&[][..]));
         assert_eq!(

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use code_runner_protocol::{HostMessage, Prestart, Reason, SandboxMessage, StageSpec};
+use code_runner_protocol::{BundleFile, HostMessage, Prestart, Reason, SandboxMessage, StageSpec};
 
 use super::harness::{Sandbox, file, live_processes_of};
 
@@ -106,7 +106,13 @@ fn said_warm_runtime(messages: &[SandboxMessage]) -> Vec<bool> {
 /// the stage ran on the runtime and exited 0; returns its stdout.
 fn run_on_the_runtime(sb: &mut Sandbox, stage: StageSpec) -> String {
     sb.send(prestart(sb, &stage));
-    let bundle = sb.bundle(vec![], vec![stage]);
+    released(sb, vec![], stage)
+}
+
+/// Sends the bundle of `files` and `stage` to the runtime prestarted, and
+/// checks that the stage ran on it and exited 0; returns its stdout.
+fn released(sb: &mut Sandbox, files: Vec<BundleFile>, stage: StageSpec) -> String {
+    let bundle = sb.bundle(files, vec![stage]);
     sb.send(bundle);
     let outcome = sb.finish(T);
     let report = outcome.only_report();
@@ -312,19 +318,12 @@ fn a_fed_runtime_reads_the_jobs_file_through_its_fifo() {
     assert_eq!(made.uid(), sb.uid);
     // Let the runtime open it and take its lead byte.
     std::thread::sleep(Duration::from_millis(300));
-    let bundle = sb.bundle(
-        vec![
-            file("lib.rb", b"", false),
-            file("main.rb", b"puts :job\n", true),
-        ],
-        vec![stage],
-    );
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
-    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    let files = vec![
+        file("lib.rb", b"", false),
+        file("main.rb", b"puts :job\n", true),
+    ];
     assert_eq!(
-        outcome.stdout_text(),
+        released(&mut sb, files, stage),
         "runtime got: x| lead ef from a fifo\nputs :job\nregular file 10\n"
     );
     // The job's file replaced the FIFO, whole, with its mode; nothing else
@@ -426,16 +425,9 @@ fn a_hookless_runtime_reads_the_jobs_file_from_its_first_byte() {
     stage.limits.fsize_bytes = 512 * 1024;
     sb.send(hookless(&sb, &stage, HOOKLESS));
     made_entry(&sb);
-    let bundle = sb.bundle(
-        vec![file("main.rb", b"#!first\nsecond", false)],
-        vec![stage],
-    );
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
-    assert_eq!(outcome.only_report().exit_code, Some(0), "{outcome:?}");
+    let files = vec![file("main.rb", b"#!first\nsecond", false)];
     assert_eq!(
-        outcome.stdout_text(),
+        released(&mut sb, files, stage),
         "runtime got: #!first\nsecond from a fifo\ncontrol-closed\n512\nregular file 14\n"
     );
     assert_eq!(listing(&sb), ["main.rb"]);
@@ -449,12 +441,8 @@ fn a_job_waits_for_a_hookless_runtime_still_starting_to_open_its_fifo() {
     // job waits for it rather than have it open the job's file unreleased.
     let slow = format!("sleep 0.5; {HOOKLESS}");
     sb.send(hookless(&sb, &stage, &slow));
-    let bundle = sb.bundle(vec![file("main.rb", b"late", false)], vec![stage]);
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
     assert_eq!(
-        outcome.stdout_text(),
+        released(&mut sb, vec![file("main.rb", b"late", false)], stage),
         "runtime got: late from a fifo\ncontrol-closed\n1024\nregular file 4\n"
     );
 }
