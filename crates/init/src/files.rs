@@ -165,17 +165,30 @@ pub(crate) fn create_placeholder(
     })
 }
 
+/// A fed runtime's FIFO, as [`create_fed_entry`] made it.
+pub(crate) struct FedEntry {
+    pub placeholder: Placeholder,
+    /// The supervisor's read end: the FIFO has a reader from its start, so
+    /// that the write end opens without waiting and writes into it never
+    /// fail before the runtime opens it. Closed once the runtime is seen
+    /// holding the FIFO (`WarmRuntime`), so that a runtime that ends with
+    /// its script unread fails the writes instead of leaving them waiting.
+    pub reader: OwnedFd,
+    /// The write end, holding `lead` already: what keeps the runtime's
+    /// reads waiting for data rather than ending.
+    pub writer: OwnedFd,
+}
+
 /// Makes `name` in `workspace` a FIFO as `uid`/`gid`, opens it for reading
-/// and writing (so neither end waits, and the runtime's reads wait for
-/// data rather than end) and writes `lead` into it, if any. `name` must be
-/// one path component.
+/// and, separately, for writing without blocking (see [`FedEntry`]), and
+/// writes `lead` into it, if any. `name` must be one path component.
 pub(crate) fn create_fed_entry(
     workspace: &str,
     uid: u32,
     gid: u32,
     name: &str,
     lead: Option<u8>,
-) -> Result<(Placeholder, OwnedFd), InitError> {
+) -> Result<FedEntry, InitError> {
     one_component(name)?;
     let (workspace, name) = (workspace.to_owned(), name.to_owned());
     run_as("write-files", uid, gid, move || {
@@ -183,30 +196,37 @@ pub(crate) fn create_fed_entry(
         let fail = |step| failed(&name, step);
         mkfifoat(&root, name.as_str(), Mode::from_bits_truncate(FILE_MODE))
             .map_err(fail("create fifo"))?;
-        let fd = openat(
-            &root,
-            name.as_str(),
-            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(fail("open fifo"))?;
-        let stat = fstat(&fd).map_err(fail("stat fifo"))?;
-        let mut file = File::from(fd);
+        let open = |flags| {
+            openat(
+                &root,
+                name.as_str(),
+                flags | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(fail("open fifo"))
+        };
+        // The reader first: a FIFO's write end opened without blocking
+        // fails while it has no reader.
+        let reader = open(OFlag::O_RDONLY)?;
+        let writer = open(OFlag::O_WRONLY)?;
+        let stat = fstat(&writer).map_err(fail("stat fifo"))?;
+        let mut file = File::from(writer);
         file.write_all(lead.as_slice())
             .map_err(|source| InitError::WriteFile {
                 path: name.clone(),
                 step: "write fifo",
                 source,
             })?;
-        Ok((
-            Placeholder {
+        Ok(FedEntry {
+            placeholder: Placeholder {
                 name,
                 dev: stat.st_dev,
                 ino: stat.st_ino,
                 fifo: true,
             },
-            file.into(),
-        ))
+            reader,
+            writer: file.into(),
+        })
     })
 }
 

@@ -20,16 +20,22 @@
 //! FIFO the supervisor made and holds open (`files::create_fed_entry`).
 //! Its release also writes the job's file into the FIFO, in the same way,
 //! and closes it; the runtime's parser, which its hook let go on, reads it
-//! up to the end. The supervisor's descriptor is also a reader of the
-//! FIFO: a runtime that died with more than the FIFO holds still to read
-//! leaves the writing thread blocked until the sandbox goes.
+//! up to the end.
 //!
 //! A hookless fed runtime (R, `Prestart::hookless`) has no control pipe and
 //! its FIFO no lead byte: it waits for its program by reading the FIFO, and
-//! its release is the script alone. It runs a job only once it holds the
-//! FIFO open ([`WarmRuntime::await_fifo_opened`]): one that would open its
+//! its release is the script alone.
+//!
+//! A fed runtime of either kind runs a job only once it holds the FIFO open
+//! ([`WarmRuntime::await_fifo_opened`]): a hookless one that would open its
 //! script only after the job's file replaced the FIFO would run that file
-//! at once, before its release.
+//! at once, before its release, and a hooked one would read the file by its
+//! name, leaving what the release writes into the FIFO unread. The
+//! supervisor looks for that open while the sandbox waits for its job
+//! ([`WarmRuntime::watching_fifo`]), so that a job normally finds it seen;
+//! once seen, it closes its own read end of the FIFO, so that a runtime
+//! that ends with its script unread fails the release's writes rather than
+//! leaving them waiting until the sandbox goes.
 //!
 //! A runtime that did not fit the bundle, or died while waiting, is killed
 //! and reaped before the first stage, which then starts as always.
@@ -43,7 +49,7 @@ use nix::sys::signal::Signal;
 
 use super::InitError;
 use super::files::{
-    Placeholder, ThenWork, create_fed_entry, create_placeholder, remove_placeholder,
+    FedEntry, Placeholder, ThenWork, create_fed_entry, create_placeholder, remove_placeholder,
 };
 use super::job_thread::take_ids;
 use super::kill::{Killer, Target};
@@ -53,12 +59,13 @@ use code_runner_protocol::{BundleFile, FED_LEAD, Prestart, StageSpec};
 
 /// How long a killed runtime may take to be reaped.
 const KILL_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long a job waits for a hookless runtime still starting to open its
-/// FIFO (R does within milliseconds of its start, before its start-up's
-/// bulk), before it starts afresh instead.
+/// How long after its start a fed runtime may take to open its FIFO (ruby
+/// and R do within milliseconds, before their start-up's bulk): a job that
+/// comes before waits for it until then, and one that comes later to a
+/// runtime that has not starts afresh instead.
 const FIFO_OPEN_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often that is looked at meanwhile.
-const FIFO_OPEN_POLL: Duration = Duration::from_millis(2);
+/// How often that is looked at meanwhile (before the job, and by it).
+pub(crate) const FIFO_OPEN_POLL: Duration = Duration::from_millis(2);
 
 /// A started runtime waiting for its job.
 pub(crate) struct WarmRuntime {
@@ -69,9 +76,15 @@ pub(crate) struct WarmRuntime {
     process: SpawnedStage,
     /// The write end of the control pipe (none for a hookless runtime).
     control: Option<OwnedFd>,
-    /// A fed runtime's FIFO, and what the release writes into it (the
-    /// job's file, kept by [`Self::takes_files`]).
+    /// A fed runtime's FIFO (its write end), and what the release writes
+    /// into it (the job's file, kept by [`Self::takes_files`]).
     fifo: Option<(OwnedFd, Vec<u8>)>,
+    /// A fed runtime not yet seen holding its FIFO open: the FIFO, and the
+    /// supervisor's read end of it ([`FedEntry::reader`]), closed once it is.
+    unseen: Option<(Placeholder, OwnedFd)>,
+    /// Until when the runtime may take to open its FIFO
+    /// ([`FIFO_OPEN_TIMEOUT`] after its start).
+    fifo_deadline: Instant,
     /// Whether writing to `control` (and the FIFO) never blocks.
     nonblocking: bool,
     /// Set once [`WarmRuntime::check_alive`] saw it end.
@@ -95,7 +108,7 @@ impl WarmRuntime {
         }
         // A hookless runtime reads its script from the first byte.
         let lead = (!prestart.hookless).then_some(FED_LEAD);
-        let (placeholder, fifo) = match (&prestart.preopened, &prestart.fed) {
+        let (placeholder, fifo, unseen) = match (&prestart.preopened, &prestart.fed) {
             (Some(_), Some(_)) => {
                 return Err("a warm runtime cannot both preopen and be fed its entry file".into());
             }
@@ -105,14 +118,19 @@ impl WarmRuntime {
                         .map_err(|error| format!("cannot make its entry file: {error}"))?,
                 ),
                 None,
+                None,
             ),
             (None, Some(name)) => {
-                let (placeholder, fifo) =
-                    create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, lead)
-                        .map_err(|error| format!("cannot make its entry fifo: {error}"))?;
-                (Some(placeholder), Some(fifo))
+                let FedEntry {
+                    placeholder,
+                    reader,
+                    writer,
+                } = create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, lead)
+                    .map_err(|error| format!("cannot make its entry fifo: {error}"))?;
+                let unseen = (placeholder.clone(), reader);
+                (Some(placeholder), Some(writer), Some(unseen))
             }
-            (None, None) => (None, None),
+            (None, None) => (None, None, None),
         };
         let control = if prestart.hookless {
             None
@@ -170,6 +188,8 @@ impl WarmRuntime {
             process,
             control,
             fifo: fifo.map(|fifo| (fifo, Vec::new())),
+            unseen,
+            fifo_deadline: Instant::now() + FIFO_OPEN_TIMEOUT,
             nonblocking,
             ended: false,
             limits_set: false,
@@ -213,18 +233,48 @@ impl WarmRuntime {
         prestart.args_of(spec).map(<[String]>::to_vec)
     }
 
-    /// Whether a hookless runtime holds its FIFO open, waiting up to
-    /// [`FIFO_OPEN_TIMEOUT`] while it is still starting (true at once for
-    /// any other runtime). Looked at in `/proc/<pid>/fd` from the job
-    /// thread, as the runtime's ids.
-    pub(crate) async fn await_fifo_opened(&mut self) -> bool {
-        let Some(placeholder) = self.placeholder.clone().filter(|_| self.prestart.hookless) else {
-            return true;
+    /// Whether the sandbox, waiting for its bundle, is to look again in
+    /// [`FIFO_OPEN_POLL`] whether the runtime opened its FIFO
+    /// ([`Self::look_for_fifo_idle`]): a fed runtime, alive, not seen
+    /// holding it yet, within [`FIFO_OPEN_TIMEOUT`] of its start.
+    pub(crate) fn watching_fifo(&self) -> bool {
+        self.unseen.is_some() && !self.ended && Instant::now() < self.fifo_deadline
+    }
+
+    /// Looks once whether the runtime opened its FIFO, before its job. One
+    /// that cannot be looked at is not watched further (the job looks once
+    /// more, and starts afresh if it cannot either).
+    pub(crate) fn look_for_fifo_idle(&mut self) {
+        if let Err(error) = self.look_for_fifo() {
+            eprintln!(
+                "code-runner-init: cannot tell whether the warm runtime opened its script: {error}"
+            );
+            self.fifo_deadline = Instant::now();
+        }
+    }
+
+    /// Whether the runtime holds its FIFO open (true for one seen before,
+    /// and for any runtime not fed). Looked at in `/proc/<pid>/fd` from the
+    /// job thread, as the runtime's ids; once it does, the supervisor's own
+    /// read end is closed.
+    fn look_for_fifo(&mut self) -> Result<bool, InitError> {
+        let Some((placeholder, _)) = &self.unseen else {
+            return Ok(true);
         };
         let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
-        let deadline = Instant::now() + FIFO_OPEN_TIMEOUT;
+        if !placeholder.held_by(pid, uid, gid)? {
+            return Ok(false);
+        }
+        self.unseen = None;
+        Ok(true)
+    }
+
+    /// Whether a fed runtime holds its FIFO open, waiting while it may
+    /// still be starting (until [`FIFO_OPEN_TIMEOUT`] after its start; true
+    /// at once for one seen before and for any other runtime).
+    pub(crate) async fn await_fifo_opened(&mut self) -> bool {
         loop {
-            match placeholder.held_by(pid, uid, gid) {
+            match self.look_for_fifo() {
                 Ok(true) => return true,
                 Ok(false) => {}
                 Err(error) => {
@@ -234,7 +284,7 @@ impl WarmRuntime {
                     return false;
                 }
             }
-            if Instant::now() >= deadline || !self.check_alive() {
+            if Instant::now() >= self.fifo_deadline || !self.check_alive() {
                 return false;
             }
             tokio::time::sleep(FIFO_OPEN_POLL).await;
@@ -325,6 +375,10 @@ impl WarmRuntime {
             message.extend_from_slice(arg.as_bytes());
             message.push(0);
         }
+        // `keep_if_fits` saw a fed runtime holding its FIFO, and closed the
+        // supervisor's read end then: what the runtime does not read fails
+        // the writes once it ends.
+        drop(self.unseen);
         if let Some((fifo, feed)) = self.fifo {
             hand_over(fifo, feed, self.nonblocking, "script")?;
         }

@@ -24,7 +24,7 @@ use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
 use super::kill::{Killer, Signaller, Target};
 use super::runs::{Scratch, empty_dirs};
 use super::runs_filter::RunFilter;
-use super::runtime::WarmRuntime;
+use super::runtime::{FIFO_OPEN_POLL, WarmRuntime};
 use super::stage::run_stage;
 use super::stdin::StdinQueue;
 use super::{EXIT_FATAL, HANDLED_SIGNALS, InitError};
@@ -443,6 +443,16 @@ async fn await_bundle(
             _ = signals.child.recv() => {
                 if let Some(runtime) = runtime.as_mut() {
                     WarmRuntime::check_alive(runtime);
+                }
+                continue;
+            }
+            // A fed runtime's open of its FIFO, seen here rather than on
+            // the job's path.
+            () = tokio::time::sleep(FIFO_OPEN_POLL),
+                if runtime.as_ref().is_some_and(WarmRuntime::watching_fifo) =>
+            {
+                if let Some(runtime) = runtime.as_mut() {
+                    runtime.look_for_fifo_idle();
                 }
                 continue;
             }

@@ -135,16 +135,18 @@ pub struct RunPlan {
 /// [`Prestart::feeds`] accepts. The FIFO is then replaced by the job's
 /// regular file (the runtime has it open already), and the release also
 /// writes that file's content into the FIFO and closes it. An unused
-/// runtime's FIFO is removed before the bundle's files are written.
+/// runtime's FIFO is removed before the bundle's files are written. The
+/// supervisor uses a fed runtime only once it holds the FIFO open (seen in
+/// `/proc`): one that opened its script after the job's file replaced the
+/// FIFO would read that file instead, and a hookless one would run it
+/// before its release.
 ///
 /// A fed runtime may also be `hookless` (R): it opens its script at its
 /// start and reads it only once started up, with no hook of its own in
 /// between, so it waits for its program by itself, reading the FIFO. It
 /// has no descriptor 200 and its FIFO no lead byte; it fits only a job
 /// without args (the runtime took its command line at its start) and takes
-/// any content. The supervisor uses it only once it holds the FIFO open
-/// (seen in `/proc`): one that opened its script after the job's file
-/// replaced the FIFO would run that file before its release.
+/// any content.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prestart {
     pub uid: u32,

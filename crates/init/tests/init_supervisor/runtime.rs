@@ -12,6 +12,7 @@ use std::time::Duration;
 use code_runner_protocol::{BundleFile, HostMessage, Prestart, Reason, SandboxMessage, StageSpec};
 
 use super::harness::{Sandbox, file, live_processes_of};
+use super::threads::tasks_of;
 
 const T: Duration = Duration::from_secs(20);
 
@@ -361,19 +362,147 @@ fn a_fed_runtime_takes_a_script_larger_than_its_fifo_holds() {
 }
 
 #[test]
-fn a_fed_runtime_that_opens_its_script_after_the_release_finds_the_whole_file() {
+fn a_job_waits_for_a_fed_runtime_still_starting_to_open_its_fifo() {
     let mut sb = Sandbox::start();
     let stage = fitting_stage(&sb, &[]);
-    // Waits first, as a runtime the job caught before it opened its script.
-    let late = "tr -d '\\0' <&200 >/dev/null; exec 200<&-; exec 3<main.rb; \
-                stat -L -c %F /proc/self/fd/3; cat <&3";
-    sb.send(fed(&sb, &stage, late));
-    made_entry(&sb);
-    let bundle = sb.bundle(vec![file("main.rb", b"whole\n", false)], vec![stage]);
+    // The bundle comes at once, before the runtime opens its script: the
+    // job waits for it rather than have it read the job's file by its name
+    // and leave the FIFO's copy unread.
+    let slow = format!("sleep 0.5; {FED}");
+    sb.send(fed(&sb, &stage, &slow));
+    assert_eq!(
+        released(&mut sb, vec![file("main.rb", b"late\n", false)], stage),
+        "runtime got:  lead ef from a fifo\nlate\nregular file 5\n"
+    );
+}
+
+#[test]
+fn a_fed_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    let stuck = format!("sleep 30; {FED}");
+    sb.send(fed(&sb, &stage, &stuck));
+    not_used_when_it_never_opens_its_fifo(&mut sb, stage);
+}
+
+/// Sends a job for the runtime prestarted (one that does not open its
+/// FIFO) at once, and checks that it started afresh after the runtime's
+/// time to open it ran out, and that the runtime is gone.
+fn not_used_when_it_never_opens_its_fifo(sb: &mut Sandbox, stage: StageSpec) {
+    made_entry(sb);
+    let bundle = sb.bundle(vec![file("main.rb", b"never", false)], vec![stage]);
     sb.send(bundle);
     let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [true]);
-    assert_eq!(outcome.stdout_text(), "regular file\nwhole\n");
+    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
+    // Started cold: the command does not exist.
+    assert_eq!(outcome.only_report().exit_code, Some(127), "{outcome:?}");
+    assert_eq!(outcome.stdout_text(), "");
+    assert!(
+        outcome.diagnostics.contains("had not opened its script"),
+        "{outcome:?}"
+    );
+    assert!(live_processes_of(sb.uid).is_empty());
+}
+
+/// The access modes ("r", "w", "rw") of the supervisor's descriptors open
+/// on the FIFO `main.rb`, sorted.
+fn supervisor_ends_of_the_fifo(sb: &Sandbox) -> Vec<&'static str> {
+    use std::os::unix::fs::MetadataExt;
+    let fifo = std::fs::symlink_metadata(sb.workspace().join("main.rb")).unwrap();
+    let pid = sb.child.id();
+    let mut ends = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+        let entry = entry.unwrap();
+        let Ok(open) = std::fs::metadata(entry.path()) else {
+            continue; // closed meanwhile
+        };
+        if (open.dev(), open.ino()) != (fifo.dev(), fifo.ino()) {
+            continue;
+        }
+        let fd = entry.file_name().into_string().unwrap();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap();
+        let flags = info
+            .lines()
+            .find_map(|line| line.strip_prefix("flags:"))
+            .unwrap();
+        ends.push(match u32::from_str_radix(flags.trim(), 8).unwrap() & 3 {
+            0 => "r",
+            1 => "w",
+            _ => "rw",
+        });
+    }
+    ends.sort_unstable();
+    ends
+}
+
+#[test]
+fn once_a_fed_runtime_holds_its_fifo_the_supervisor_keeps_only_its_write_end() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &["y"]);
+    // Opens its script a second after its start, long before its job.
+    let slow = format!("sleep 1; {FED}");
+    sb.send(fed(&sb, &stage, &slow));
+    made_entry(&sb);
+    // Until the runtime opens it, the FIFO's reader is the supervisor's.
+    assert_eq!(supervisor_ends_of_the_fifo(&sb), ["r", "w"]);
+    // Seen while the sandbox waits for its job: the read end goes.
+    let until = std::time::Instant::now() + T;
+    while supervisor_ends_of_the_fifo(&sb) != ["w"] {
+        assert!(std::time::Instant::now() < until, "the read end stayed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        released(&mut sb, vec![file("main.rb", b"seen\n", false)], stage),
+        "runtime got: y| lead ef from a fifo\nseen\nregular file 5\n"
+    );
+}
+
+#[test]
+fn a_fed_runtime_that_ends_with_its_script_unread_leaves_no_thread_writing_it() {
+    let mut sb = Sandbox::start();
+    let stage = fitting_stage(&sb, &[]);
+    // Takes its lead byte and its release, and ends without its script.
+    let quitter = "exec 3<main.rb; dd bs=1 count=1 <&3 2>/dev/null >/dev/null; \
+                   tr -d '\\0' <&200 >/dev/null; exit 3";
+    sb.send(fed(&sb, &stage, quitter));
+    made_entry(&sb);
+    // 200 KiB: the release writes what the FIFO does not take at once
+    // from a thread of its own.
+    let content = vec![b'#'; 200 * 1024];
+    let HostMessage::Bundle(mut bundle) =
+        sb.bundle(vec![file("main.rb", &content, false)], vec![stage])
+    else {
+        unreachable!()
+    };
+    // The supervisor stays after `done`, to be looked at.
+    bundle.linger_ms = 60_000;
+    sb.send(HostMessage::Bundle(bundle));
+    let report = loop {
+        match sb.next(T) {
+            SandboxMessage::StageEnd(report) => break report,
+            SandboxMessage::Done => panic!("done before the stage's end"),
+            _ => {}
+        }
+    };
+    assert_eq!(report.exit_code, Some(3), "{report:?}");
+    assert_eq!(said_warm_runtime(&sb.seen), [true]);
+    // The writing thread ends: its writes fail once the runtime is gone.
+    let pid = sb.child.id();
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let writers: Vec<_> = tasks_of(pid)
+            .into_iter()
+            .filter(|task| task.name == "runtime-args")
+            .collect();
+        if writers.is_empty() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "still writing the script: {writers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
@@ -453,19 +582,7 @@ fn a_hookless_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
     let stage = fitting_stage(&sb, &[]);
     let stuck = format!("sleep 30; {HOOKLESS}");
     sb.send(hookless(&sb, &stage, &stuck));
-    made_entry(&sb);
-    let bundle = sb.bundle(vec![file("main.rb", b"never", false)], vec![stage]);
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
-    // Started cold: the command does not exist.
-    assert_eq!(outcome.only_report().exit_code, Some(127), "{outcome:?}");
-    assert_eq!(outcome.stdout_text(), "");
-    assert!(
-        outcome.diagnostics.contains("had not opened its script"),
-        "{outcome:?}"
-    );
-    assert!(live_processes_of(sb.uid).is_empty());
+    not_used_when_it_never_opens_its_fifo(&mut sb, stage);
 }
 
 #[test]

@@ -11,13 +11,14 @@ const HANDLED: u64 = (1 << (2 - 1)) | (1 << (15 - 1)) | (1 << (17 - 1));
 
 /// A thread of the supervisor: its id, name and blocked signals.
 #[derive(Debug)]
-struct Task {
+pub(super) struct Task {
     tid: u32,
-    name: String,
+    pub name: String,
     blocked: u64,
 }
 
-fn tasks_of(pid: u32) -> Vec<Task> {
+/// The threads of process `pid`, by id.
+pub(super) fn tasks_of(pid: u32) -> Vec<Task> {
     let mut tasks = Vec::new();
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let tid: u32 = entry
