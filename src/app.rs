@@ -76,6 +76,10 @@ pub async fn run(
         Ok(floors) => floors.unwrap_or_default(),
         Err(error) => return config_error(error),
     };
+    let warm_memory_reserve = match worker.map(WorkerSettings::warm_memory_reserve).transpose() {
+        Ok(reserve) => reserve.unwrap_or_default(),
+        Err(error) => return config_error(error),
+    };
     let token_secret = match api.map(ApiSettings::token_secret).transpose() {
         Ok(secret) => secret.flatten(),
         Err(error) => return config_error(error),
@@ -212,6 +216,7 @@ pub async fn run(
             warm_runtimes: settings.warm_runtimes,
             yield_while_busy: settings.yield_while_busy,
             refill_hold: crate::worker::REFILL_HOLD,
+            warm_memory_reserve,
             max_requeues,
         };
         let worker = Worker::new(config, services(engine));

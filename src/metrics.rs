@@ -18,6 +18,8 @@ pub struct Metrics {
     pub slots_max: IntGauge,
     /// Containers of ended jobs waiting to be removed (not holding a slot).
     pub removals_queued: IntGauge,
+    /// 1 while the warm pool starts nothing for want of memory.
+    pub warm_memory_held: IntGauge,
     /// `LLEN jobs:queue`, read when /metrics is scraped.
     pub queue_depth: IntGauge,
     /// API keys with jobs queued (in the fair turns' ring).
@@ -113,6 +115,10 @@ impl Metrics {
             removals_queued: gauge(
                 "code_runner_removals_queued",
                 "Containers of jobs that ended by themselves, waiting to be removed or being removed (they hold no slot and no process of their job).",
+            )?,
+            warm_memory_held: gauge(
+                "code_runner_warm_memory_held",
+                "1 while this worker's warm pool starts no sandbox because the machine has less memory available than its reserve.",
             )?,
             queue_depth: gauge(
                 "code_runner_queue_depth",
@@ -214,6 +220,7 @@ mod tests {
             .inc();
         metrics.warm_ready.with_label_values(&["python"]).set(2);
         metrics.warm_target.with_label_values(&["python"]).set(4);
+        metrics.warm_memory_held.set(1);
         metrics
             .job_starts
             .with_label_values(&["python", "warm"])
@@ -243,6 +250,7 @@ mod tests {
             "code_runner_reaper_orphans_total{kind=\"worker_lost\"} 1",
             "code_runner_warm_ready{language=\"python\"} 2",
             "code_runner_warm_target{language=\"python\"} 4",
+            "code_runner_warm_memory_held 1",
             "code_runner_job_starts_total{language=\"python\",start=\"warm\"} 1",
             "code_runner_claim_to_start_seconds_count{start=\"cold\"} 1",
             "code_runner_egress_connections_total{verdict=\"not_allowed\"} 1",

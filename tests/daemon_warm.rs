@@ -125,6 +125,55 @@ async fn a_killed_workers_warm_sandboxes_are_reaped_and_a_live_ones_are_not() {
     assert_eq!(daemon::run_stdout(&answer.body), "warm\n");
 }
 
+/// A worker whose warm pool's memory reserve the machine does not have
+/// starts no warm sandbox, says so in its log and on /metrics, and runs its
+/// jobs cold.
+#[tokio::test]
+async fn a_worker_short_of_its_memory_reserve_starts_no_warm_sandbox() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_API_KEYS", keys())
+        .env("CODE_RUNNER_WARM_MAX", 2)
+        .env("CODE_RUNNER_WARM", "python=2")
+        .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
+        // A petabyte: more than this machine has available.
+        .env("CODE_RUNNER_WARM_MEMORY_RESERVE_MB", 1u64 << 30)
+        .start()
+        .await;
+    let metrics = daemon
+        .wait_metric("code_runner_warm_memory_held", 1.0, WITHIN)
+        .await;
+    assert_eq!(
+        daemon::metric(&metrics, "code_runner_warm_target{language=\"python\"}"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert!(
+        daemon.log().contains(
+            "warm sandboxes wait to be started: the machine has less memory available than the pool's reserve"
+        ),
+        "{}",
+        daemon.log()
+    );
+    let answer = daemon.submit_wait(&daemon::python("print('cold')")).await;
+    assert_eq!(answer.status, StatusCode::OK, "{answer:#?}");
+    assert_eq!(answer.body["result"]["start"], "cold", "{answer:#?}");
+    assert_eq!(daemon::run_stdout(&answer.body), "cold\n");
+    // Looked at again every second since: still nothing started.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(warm_containers(&daemon.worker_id).await.is_empty());
+    let metrics = daemon.metrics().await;
+    assert_eq!(
+        daemon::metric(&metrics, "code_runner_warm_ready{language=\"python\"}"),
+        Some(0.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        daemon::metric(&metrics, "code_runner_warm_memory_held"),
+        Some(1.0)
+    );
+}
+
 #[tokio::test]
 async fn a_schedule_entry_raises_the_pool_in_its_window_and_lets_it_fall_after() {
     let redis = RedisServer::start();

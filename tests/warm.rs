@@ -17,7 +17,7 @@ use bollard::query_parameters::InspectContainerOptions;
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobSpec, StartKind, Status};
 use code_runner::protocol::Reason;
-use code_runner::sandbox::pool::PoolSettings;
+use code_runner::sandbox::pool::{LanguageStatus, PoolSettings, memory};
 use code_runner::sandbox::{JobIo, SandboxEvent, WarmPool};
 use common::{Harness, job_with_limits, python, runsc_enabled, stdout, stdout_lines, wait_for};
 
@@ -154,6 +154,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             parallel_starts: 1,
             refill_hold: code_runner::worker::REFILL_HOLD,
             slots: None,
+            memory_reserve: 0,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
@@ -189,6 +190,7 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
             parallel_starts: 1,
             refill_hold: code_runner::worker::REFILL_HOLD,
             slots: None,
+            memory_reserve: 0,
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
@@ -211,6 +213,58 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
     .await;
     assert_eq!(pool.status().borrow().ready(), 0);
     pool.shutdown(WITHIN).await;
+    harness.assert_clean().await;
+}
+
+/// The pool starts no sandbox while the machine has less memory available
+/// than its reserve, and says so in its status; with a reserve the machine
+/// has, it fills.
+#[tokio::test]
+async fn a_pool_starts_nothing_while_less_memory_than_its_reserve_is_available() {
+    let harness = Harness::new().await;
+    let job = harness.prepare(&python("print(1)"));
+    let settings = |memory_reserve| PoolSettings {
+        max: 2,
+        lifetime: Duration::from_secs(600),
+        longest_job: Duration::from_secs(60),
+        parallel_starts: 2,
+        refill_hold: code_runner::worker::REFILL_HOLD,
+        slots: None,
+        memory_reserve,
+    };
+    let short = WarmPool::start(&harness.engine, settings(u64::MAX));
+    short.set_targets(vec![(harness.warm_spec(&job), 2)]);
+    wait_for("the pool waiting for memory", WITHIN, || async {
+        short.status().borrow().memory_held.then_some(())
+    })
+    .await;
+    // Looked at again (every second) meanwhile: still nothing started.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let status = short.status().borrow().clone();
+    assert!(status.memory_held);
+    assert_eq!(
+        status.languages["python"],
+        LanguageStatus {
+            target: 2,
+            ready: 0,
+            creating: 0
+        }
+    );
+    assert!(warm_containers(&harness).await.is_empty());
+    assert!(short.claim(&job).await.is_none());
+    short.shutdown(WITHIN).await;
+
+    let available = memory::machine_bytes("MemAvailable").expect("/proc/meminfo");
+    let enough = WarmPool::start(&harness.engine, settings(available / 4));
+    enough.set_targets(vec![(harness.warm_spec(&job), 2)]);
+    wait_for("the pool filled", WITHIN, || async {
+        let status = enough.status().borrow().clone();
+        (status.ready() == 2).then_some(())
+    })
+    .await;
+    assert!(!enough.status().borrow().memory_held);
+    assert_eq!(warm_containers(&harness).await.len(), 2);
+    enough.shutdown(WITHIN).await;
     harness.assert_clean().await;
 }
 

@@ -478,6 +478,7 @@ async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) 
             parallel_starts: 2,
             refill_hold: code_runner::worker::REFILL_HOLD,
             slots: None,
+            memory_reserve: 0,
         },
     );
     pool.set_targets(vec![(spec, 2)]);

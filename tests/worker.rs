@@ -113,6 +113,7 @@ impl World {
             warm_runtimes: true,
             yield_while_busy: true,
             refill_hold: code_runner::worker::REFILL_HOLD,
+            warm_memory_reserve: 0,
             max_requeues: 3,
         };
         adjust(&mut config);

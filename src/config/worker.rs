@@ -80,9 +80,30 @@ pub struct WorkerSettings {
         action = ArgAction::Set
     )]
     pub yield_while_busy: bool,
+
+    /// No warm sandbox is started while the machine has less memory
+    /// available than this (`MemAvailable`), in MiB; 0: no reserve.
+    /// Default: a tenth of the machine's memory.
+    #[arg(long, env = "CODE_RUNNER_WARM_MEMORY_RESERVE_MB")]
+    pub warm_memory_reserve_mb: Option<u64>,
 }
 
 impl WorkerSettings {
+    /// The warm pool's memory reserve in bytes
+    /// (`CODE_RUNNER_WARM_MEMORY_RESERVE_MB`, by default a tenth of the
+    /// machine's memory).
+    pub fn warm_memory_reserve(&self) -> Result<u64, ConfigError> {
+        match self.warm_memory_reserve_mb {
+            None => Ok(crate::sandbox::pool::memory::default_reserve()),
+            Some(mib) => mib.checked_mul(1024 * 1024).ok_or_else(|| {
+                ConfigError::new(
+                    "CODE_RUNNER_WARM_MEMORY_RESERVE_MB",
+                    format!("{mib} MiB is more than any machine has"),
+                )
+            }),
+        }
+    }
+
     /// The per-language warm floors of `CODE_RUNNER_WARM`, checked against
     /// the catalog and `CODE_RUNNER_WARM_MAX`.
     pub fn warm_floors(
@@ -184,5 +205,55 @@ impl WorkerSettings {
             ));
         }
         Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::WorkerSettings;
+    use crate::sandbox::pool::memory::default_reserve;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        worker: WorkerSettings,
+    }
+
+    fn parse(args: &[&str]) -> WorkerSettings {
+        Cli::try_parse_from(std::iter::once("code-runner").chain(args.iter().copied()))
+            .unwrap()
+            .worker
+    }
+
+    #[test]
+    fn the_warm_memory_reserve_is_in_mib_and_a_tenth_of_the_machine_by_default() {
+        let reserve = |args: &[&str]| parse(args).warm_memory_reserve().unwrap();
+        assert_eq!(
+            reserve(&["--warm-memory-reserve-mb", "512"]),
+            512 * 1024 * 1024
+        );
+        assert_eq!(reserve(&["--warm-memory-reserve-mb", "0"]), 0);
+        assert_eq!(reserve(&[]), default_reserve());
+        assert!(default_reserve() > 0);
+    }
+
+    #[test]
+    fn a_warm_memory_reserve_past_any_machine_names_its_setting() {
+        let error = parse(&["--warm-memory-reserve-mb", &u64::MAX.to_string()])
+            .warm_memory_reserve()
+            .unwrap_err();
+        assert_eq!(error.setting, "CODE_RUNNER_WARM_MEMORY_RESERVE_MB");
+        assert_eq!(
+            error.message,
+            format!("{} MiB is more than any machine has", u64::MAX)
+        );
+        // Not a number: refused by the command line, naming the flag.
+        let refused = Cli::try_parse_from(["code-runner", "--warm-memory-reserve-mb", "lots"])
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(refused.contains("--warm-memory-reserve-mb"), "{refused}");
     }
 }

@@ -135,6 +135,10 @@ pub struct WorkerConfig {
     /// still holds half its target ready ([`REFILL_HOLD`] as served;
     /// yielding off: no wait).
     pub refill_hold: Duration,
+    /// No warm sandbox is started while the machine has fewer bytes
+    /// available than this (`CODE_RUNNER_WARM_MEMORY_RESERVE_MB`); 0: no
+    /// reserve.
+    pub warm_memory_reserve: u64,
     /// Times a job claimed but never started is put back in the queue when
     /// its worker is lost (here: when this worker recovers its own list).
     pub max_requeues: u32,
@@ -252,6 +256,7 @@ impl Worker {
                         .config
                         .yield_while_busy
                         .then_some(self.config.max_sandboxes),
+                    memory_reserve: self.config.warm_memory_reserve,
                 },
             )
         });

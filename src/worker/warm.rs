@@ -144,6 +144,7 @@ impl Shared {
                             .with_label_values(&[language])
                             .set(figures.ready as i64);
                     }
+                    metrics.warm_memory_held.set(i64::from(now.memory_held));
                 }
                 if status.changed().await.is_err() {
                     return;

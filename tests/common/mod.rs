@@ -173,6 +173,7 @@ impl Harness {
                 parallel_starts: 2,
                 refill_hold: code_runner::worker::REFILL_HOLD,
                 slots: None,
+                memory_reserve: 0,
             },
         );
         pool.set_targets(vec![(self.warm_spec(job), count)]);

@@ -26,8 +26,9 @@
 //! # Bounds
 //!
 //! The pool never holds more than `max` members (creating, ready or being
-//! removed), creates at most `parallel_starts` at once, and backs off after
-//! failed starts (Docker down) so it never spins. Members are labelled
+//! removed), creates at most `parallel_starts` at once, starts none while
+//! the machine has less memory available than its reserve (`memory.rs`),
+//! and backs off after failed starts (Docker down) so it never spins. Members are labelled
 //! `code-runner.warm=1` with this worker's id and a deadline covering their
 //! lifetime plus the longest job, so the reaper removes a dead worker's
 //! members like its job containers and leaves a live worker's alone.
@@ -55,6 +56,7 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
 /// worker's removal queue waits as long.
 pub const JOB_END_SETTLE: Duration = Duration::from_millis(30);
 
+pub mod memory;
 mod state;
 
 pub use state::MemberState;
@@ -107,6 +109,9 @@ pub struct PoolSettings {
     /// a spec's pool is not refilled beyond the slots they leave free (see
     /// `WarmPool::set_running`). `None`: no such bound.
     pub slots: Option<usize>,
+    /// No member is started while the machine has fewer bytes available
+    /// than this (`MemAvailable`; see `memory.rs`); 0: no reserve.
+    pub memory_reserve: u64,
 }
 
 /// The pool's figures for one language.
@@ -123,6 +128,9 @@ pub struct WarmStatus {
     pub languages: BTreeMap<String, LanguageStatus>,
     /// Members being removed.
     pub discarding: usize,
+    /// Starts wait: the machine has less memory available than the
+    /// pool's reserve ([`PoolSettings::memory_reserve`]).
+    pub memory_held: bool,
 }
 
 impl WarmStatus {
@@ -378,7 +386,7 @@ impl WarmPool {
                 }
                 let hold_ends = state.refill_hold_until.filter(|until| *until > now);
                 let settled = self.settles_at(&state).filter(|at| *at > now);
-                [state.retry_at, hold_ends, settled]
+                [state.retry_at, hold_ends, settled, state.memory_recheck_at]
                     .into_iter()
                     .flatten()
                     .min()
@@ -423,7 +431,9 @@ impl WarmPool {
             .slots
             .filter(|_| state.jobs_running > 0)
             .map(|slots| slots.saturating_sub(state.jobs_running));
-        for (spec, target) in specs {
+        // Looked at once a pass, when a start is about to be made.
+        let mut memory_allows = None;
+        'specs: for (spec, target) in specs {
             if holding && 2 * state.ready(&spec) >= target {
                 continue;
             }
@@ -432,6 +442,11 @@ impl WarmPool {
                 && state.members.len() < settings.max
                 && state.creating() < parallel
             {
+                if !*memory_allows
+                    .get_or_insert_with(|| memory::allows(settings.memory_reserve, state))
+                {
+                    break 'specs;
+                }
                 let id = state.next_id;
                 state.next_id += 1;
                 let discard = CancellationToken::new();
@@ -451,6 +466,11 @@ impl WarmPool {
                     .tasks
                     .spawn(async move { inner.member(id, spec, discard).await });
             }
+        }
+        if memory_allows.is_none() {
+            // No start was wanted: nothing waits for memory.
+            state.memory_held = false;
+            state.memory_recheck_at = None;
         }
         self.inner.publish(state);
     }

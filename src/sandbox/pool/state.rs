@@ -73,6 +73,10 @@ pub(super) struct State {
     pub(super) job_ended: Option<tokio::time::Instant>,
     /// Until when refills wait for those jobs to end.
     pub(super) refill_hold_until: Option<tokio::time::Instant>,
+    /// Starts wait for memory (see `WarmPool::memory_allows`), and when it
+    /// is looked at again.
+    pub(super) memory_held: bool,
+    pub(super) memory_recheck_at: Option<tokio::time::Instant>,
 }
 
 impl State {
@@ -127,7 +131,10 @@ impl State {
     }
 
     pub(super) fn status(&self) -> WarmStatus {
-        let mut status = WarmStatus::default();
+        let mut status = WarmStatus {
+            memory_held: self.memory_held,
+            ..WarmStatus::default()
+        };
         for (language, (_, target)) in &self.targets {
             status.languages.entry(language.clone()).or_default().target = *target;
         }

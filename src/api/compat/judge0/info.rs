@@ -36,6 +36,7 @@ use super::languages::{JUDGE0_IDS, judge0_name};
 use super::view::STATUSES;
 use super::{caller, from_api_error};
 use crate::job::Status;
+use crate::sandbox::pool::memory::meminfo_bytes;
 use crate::store::history::{HistoryPosition, HistoryQuery};
 use crate::store::now_ms;
 use crate::store::usage::Day;
@@ -129,12 +130,7 @@ fn machine_info(arch: &str, cpuinfo: &str, meminfo: &str, usable_cpus: usize) ->
             info.insert(label.into(), json!(value));
         }
     }
-    let kib = |name: &str| {
-        meminfo.lines().find_map(|line| {
-            let (key, rest) = line.split_once(':')?;
-            (key.trim() == name).then(|| rest.split_whitespace().next()?.parse::<u64>().ok())?
-        })
-    };
+    let kib = |name: &str| meminfo_bytes(meminfo, name).map(|bytes| bytes / 1024);
     for (label, key) in [("Mem", "MemTotal"), ("Swap", "SwapTotal")] {
         if let Some(kib) = kib(key) {
             info.insert(label.into(), json!(human_size(kib)));
