@@ -126,8 +126,8 @@ async fn a_killed_workers_warm_sandboxes_are_reaped_and_a_live_ones_are_not() {
 }
 
 /// A worker whose warm pool's memory reserve the machine does not have
-/// starts no warm sandbox, says so in its log and on /metrics, and runs its
-/// jobs cold.
+/// starts no warm sandbox, says so in its log, on /metrics and in the
+/// capacity view, and runs its jobs cold.
 #[tokio::test]
 async fn a_worker_short_of_its_memory_reserve_starts_no_warm_sandbox() {
     let redis = RedisServer::start();
@@ -154,6 +154,26 @@ async fn a_worker_short_of_its_memory_reserve_starts_no_warm_sandbox() {
         ),
         "{}",
         daemon.log()
+    );
+    // The capacity view counts the worker, and the shell says why.
+    let view = wait_for("the worker counted as held", WITHIN, || async {
+        let view = capacity(&daemon).await;
+        (view["memory_held_workers"] == 1).then_some(view)
+    })
+    .await;
+    assert_eq!(view["workers"], 1, "{view}");
+    let output = run_to_end(
+        &["capacity", "list"],
+        &[
+            ("CODE_RUNNER_URL", daemon.url.as_str()),
+            ("CODE_RUNNER_API_KEY", KEY_OPS),
+        ],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains("live workers: 1\n1 of them start no warm sandbox: their machine has less memory available than CODE_RUNNER_WARM_MEMORY_RESERVE_MB\n"),
+        "{table}"
     );
     let answer = daemon.submit_wait(&daemon::python("print('cold')")).await;
     assert_eq!(answer.status, StatusCode::OK, "{answer:#?}");

@@ -8,7 +8,9 @@
 //!   holds now: the scheduled `floor`, the live workers' summed `target`
 //!   and `ready` sandboxes, and `short` (with `missing`) when the targets
 //!   do not reach the floor (too few workers, or their
-//!   `CODE_RUNNER_WARM_MAX` too low: add machines).
+//!   `CODE_RUNNER_WARM_MAX` too low: add machines); and how many live
+//!   workers start no warm sandbox for want of memory
+//!   (`memory_held_workers`: their ready ones stay below their targets).
 //! - `DELETE /v1/capacity/{id}` → 204; 404 when there is no such entry.
 
 use std::collections::BTreeMap;
@@ -96,6 +98,9 @@ struct CapacityView {
     now: String,
     /// Live workers.
     workers: usize,
+    /// Live workers whose pool starts nothing for want of memory (their
+    /// heartbeat's `warm_memory_held`).
+    memory_held_workers: usize,
     entries: Vec<EntryView>,
     languages: BTreeMap<String, LanguageCapacity>,
 }
@@ -141,6 +146,15 @@ pub(super) fn fleet_capacity(
     }
     languages.retain(|_, c| c.floor > 0 || c.target > 0 || c.ready > 0);
     languages
+}
+
+/// How many of `heartbeats` say their pool starts nothing for want of
+/// memory.
+fn memory_held_workers(heartbeats: &[serde_json::Value]) -> usize {
+    heartbeats
+        .iter()
+        .filter(|heartbeat| heartbeat["warm_memory_held"] == true)
+        .count()
 }
 
 /// `PUT /v1/capacity`.
@@ -268,6 +282,7 @@ pub(super) async fn list(
     let view = CapacityView {
         now: rfc3339(now),
         workers: workers.len(),
+        memory_held_workers: memory_held_workers(&heartbeats),
         entries: entries
             .into_iter()
             .map(|entry| EntryView::new(entry, now))
@@ -326,6 +341,18 @@ mod tests {
         assert!(!languages.contains_key("c"), "not active yet");
         let held = fleet_capacity(&entries[2..], &heartbeats, 250);
         assert_eq!(held["c"].missing, 5);
+    }
+
+    #[test]
+    fn workers_held_for_memory_are_counted() {
+        let heartbeats = [
+            serde_json::json!({"warm": {"python": {"ready": 0, "target": 10}}, "warm_memory_held": true}),
+            serde_json::json!({"warm": {"python": {"ready": 10, "target": 10}}, "warm_memory_held": false}),
+            serde_json::json!({"slots_max": 4}),
+            serde_json::Value::Null,
+        ];
+        assert_eq!(memory_held_workers(&heartbeats), 1);
+        assert_eq!(memory_held_workers(&heartbeats[1..]), 0);
     }
 
     #[test]

@@ -150,6 +150,12 @@ fn print_schedule(value: &serde_json::Value) {
     print_entries(value["entries"].as_array().map_or(&[][..], Vec::as_slice));
     println!();
     println!("live workers: {}", value["workers"].as_u64().unwrap_or(0));
+    let held = value["memory_held_workers"].as_u64().unwrap_or(0);
+    if held > 0 {
+        println!(
+            "{held} of them start no warm sandbox: their machine has less memory available than CODE_RUNNER_WARM_MEMORY_RESERVE_MB"
+        );
+    }
     println!(
         "{:<12} {:>6} {:>7} {:>6}  HELD",
         "LANGUAGE", "FLOOR", "TARGET", "READY"

@@ -12,7 +12,8 @@ use crate::sandbox::WarmStatus;
 
 /// The heartbeat's value: what an operator, an autoscaler or the capacity
 /// API reads about this worker. `warm` (with a warm pool) has, per
-/// language, the sandboxes `ready` and the `target`.
+/// language, the sandboxes `ready` and the `target`; `warm_memory_held`
+/// (with a warm pool) says whether it starts none for want of memory.
 pub(super) fn heartbeat_value(
     slots_used: usize,
     slots_max: usize,
@@ -37,6 +38,7 @@ pub(super) fn heartbeat_value(
             })
             .collect();
         value["warm"] = serde_json::Value::Object(languages);
+        value["warm_memory_held"] = serde_json::Value::Bool(warm.memory_held);
     }
     value.to_string()
 }
@@ -154,5 +156,10 @@ mod tests {
             value["warm"],
             serde_json::json!({"python": {"ready": 3, "target": 4}})
         );
+        assert_eq!(value["warm_memory_held"], false);
+        warm.memory_held = true;
+        let value: serde_json::Value =
+            serde_json::from_str(&heartbeat_value(0, 4, 1, Some(&warm))).unwrap();
+        assert_eq!(value["warm_memory_held"], true);
     }
 }
