@@ -15,7 +15,8 @@
 //! panel grading two tests live (one accepted, one a wrong answer with its
 //! difference), a compile error, a refused test, the float check with
 //! stop-on-failure and Stop there, the
-//! dashboard with a running job) and saves a
+//! dashboard with a running job, and a worker whose warm pool waits for
+//! memory) and saves a
 //! screenshot of each under `target/browser-screenshots/`.
 //!
 //! `CODE_RUNNER_TEST_FIREFOX=1 scripts/test` runs the same pages in Firefox ESR too
@@ -36,6 +37,8 @@ use common::redis_server::RedisServer;
 use common::up_keys::{ensure_keys, read_key};
 
 const PLAYGROUND_KEY: &str = "key-play-0123456789";
+/// The second daemon's admin key, for its dashboard.
+const SHARED_ADMIN_KEY: &str = "key-ops-0123456789";
 /// Longest the whole browser run may take.
 const BROWSER_DEADLINE: Duration = Duration::from_secs(300);
 
@@ -78,10 +81,17 @@ async fn daemons() -> (RedisServer, Daemon, RedisServer, Daemon, String) {
     let shared_key = DaemonBuilder::new(Role::Serve, &shared_redis)
         .env(
             "CODE_RUNNER_API_KEYS",
-            format!("a:{KEY_A},play:{PLAYGROUND_KEY}:2"),
+            format!("a:{KEY_A},play:{PLAYGROUND_KEY}:2,ops:{SHARED_ADMIN_KEY}:admin"),
         )
         .env("CODE_RUNNER_PLAYGROUND_PATH", "/playground")
         .env("CODE_RUNNER_PLAYGROUND_KEY", "play")
+        // A warm pool whose memory reserve (a petabyte) the machine does
+        // not have: it starts nothing, and its dashboard says why.
+        .env("CODE_RUNNER_WARM_MAX", 1)
+        .env("CODE_RUNNER_WARM", "python=1")
+        .env("CODE_RUNNER_WARM_MEMORY_RESERVE_MB", 1u64 << 30)
+        .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 500)
+        .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 2000)
         .start()
         .await;
     own_key
@@ -105,6 +115,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon, admin_key: &s
         .env("CODE_RUNNER_KEY", KEY_A)
         .env("CODE_RUNNER_ADMIN_KEY", admin_key)
         .env("CODE_RUNNER_PLAYGROUND_KEY", PLAYGROUND_KEY)
+        .env("CODE_RUNNER_SHARED_ADMIN_KEY", SHARED_ADMIN_KEY)
         .env("CODE_RUNNER_SCREENSHOTS", screenshots())
         .env("CODE_RUNNER_BROWSER", browser)
         .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -135,7 +146,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon, admin_key: &s
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 15 tests"), "{output}");
+    assert!(output.contains("Ran 16 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

@@ -179,6 +179,9 @@ struct WorkerView {
     /// Warm sandboxes per language (`{"python": {"ready": 3, "target": 4}}`),
     /// when the worker reports them.
     warm: Option<serde_json::Value>,
+    /// Whether its pool starts no sandbox for want of memory, when the
+    /// worker reports it.
+    warm_memory_held: Option<bool>,
 }
 
 impl WorkerView {
@@ -191,6 +194,7 @@ impl WorkerView {
             version: value["version"].as_str().map(str::to_string),
             started_at: value["started_ms"].as_u64().map(rfc3339),
             warm: value.get("warm").filter(|w| w.is_object()).cloned(),
+            warm_memory_held: value["warm_memory_held"].as_bool(),
             id: worker.id,
         }
     }
@@ -363,17 +367,22 @@ mod tests {
                 version: Some("0.1.0".into()),
                 started_at: Some("1970-01-01T00:00:00.000Z".into()),
                 warm: None,
+                warm_memory_held: None,
             }
         );
         let warm = worker(
-            r#"{"slots_used":0,"slots_max":2,"warm":{"python":{"ready":3,"target":4}},"extra":true}"#,
+            r#"{"slots_used":0,"slots_max":2,"warm":{"python":{"ready":3,"target":4}},"warm_memory_held":true,"extra":true}"#,
         );
         assert_eq!(
             warm.warm,
             Some(serde_json::json!({"python": {"ready": 3, "target": 4}}))
         );
+        assert_eq!(warm.warm_memory_held, Some(true));
         let garbage = worker("not json");
-        assert_eq!((garbage.slots_used, garbage.warm), (None, None));
+        assert_eq!(
+            (garbage.slots_used, garbage.warm, garbage.warm_memory_held),
+            (None, None, None)
+        );
     }
 
     #[test]

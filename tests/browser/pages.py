@@ -9,6 +9,8 @@ serve` each, with its own redis-server) and passes them in the environment:
     CODE_RUNNER_ADMIN_KEY     an admin key of the first daemon
     CODE_RUNNER_PLAYGROUND_KEY  the second daemon's shared playground key
                               (to read the visitors' jobs back)
+    CODE_RUNNER_SHARED_ADMIN_KEY  an admin key of the second daemon, whose
+                              warm pool waits for memory
     CODE_RUNNER_SCREENSHOTS   where each test saves a screenshot of its state
     CODE_RUNNER_BROWSER       chromium (default) or firefox
 
@@ -41,6 +43,7 @@ SHARED_URL = os.environ["CODE_RUNNER_SHARED_URL"].rstrip("/")
 KEY = os.environ["CODE_RUNNER_KEY"]
 ADMIN_KEY = os.environ["CODE_RUNNER_ADMIN_KEY"]
 PLAYGROUND_KEY = os.environ["CODE_RUNNER_PLAYGROUND_KEY"]
+SHARED_ADMIN_KEY = os.environ["CODE_RUNNER_SHARED_ADMIN_KEY"]
 SHOTS = os.environ["CODE_RUNNER_SCREENSHOTS"]
 BROWSER = os.environ.get("CODE_RUNNER_BROWSER", "chromium")
 
@@ -796,6 +799,26 @@ class Dashboard(Page):
             self.shot("08-dashboard")
         finally:
             http("DELETE", f"{URL}/v1/jobs/{job['id']}", KEY)
+
+    def test_8b_dashboard_shows_a_worker_waiting_for_memory(self):
+        # The second server's pool asks for a python sandbox and has a memory
+        # reserve (a petabyte) the machine does not have: it starts none.
+        self.open(f"{SHARED_URL}/dashboard")
+        self.use_key(SHARED_ADMIN_KEY)
+        warm = "#workers tbody tr td:nth-child(3)"
+        self.wait(lambda d: [c.text for c in d.find_elements(By.CSS_SELECTOR, warm)]
+                  == ["python 0/1 · waiting for memory"],
+                  "the worker does not show that its pool waits for memory")
+        held = driver.find_element(By.CSS_SELECTOR, warm)
+        self.assertIn("held", held.get_attribute("class").split())
+        self.assertEqual(
+            held.get_attribute("title"),
+            "The worker starts no warm sandbox: its machine has less memory available than "
+            "CODE_RUNNER_WARM_MEMORY_RESERVE_MB.")
+        self.assertEqual(self.text("t-warm"), "0")
+        self.assertLessEqual(driver.execute_script("return document.documentElement.scrollWidth"),
+                             driver.execute_script("return window.innerWidth"))
+        self.shot("08b-dashboard-waiting-for-memory")
 
     def test_9_dashboard_refuses_a_key_without_admin(self):
         self.expected_errors = ("/v1/dashboard - Failed to load resource: the server responded with a status of 403",)

@@ -54,11 +54,12 @@ function took(job, now) {
   return job.finished_at ? `${ms} ms` : `${(ms / 1000).toFixed(0)} s so far`;
 }
 
-function warmText(warm) {
+function warmText(warm, memoryHeld) {
   if (!warm || typeof warm !== "object" || Object.keys(warm).length === 0) return "—";
-  return Object.entries(warm)
+  const pools = Object.entries(warm)
     .map(([language, pool]) => `${language} ${pool?.ready ?? "?"}/${pool?.target ?? "?"}`)
     .join(", ");
+  return memoryHeld === true ? `${pools} · waiting for memory` : pools;
 }
 
 function warmReady(workers) {
@@ -126,7 +127,11 @@ function render(data) {
     fill.style.width = `${worker.slots_max ? Math.min(100, (100 * worker.slots_used) / worker.slots_max) : 0}%`;
     bar.append(fill);
     slots.append(bar, document.createTextNode(`${worker.slots_used ?? "?"} / ${worker.slots_max ?? "?"}`));
-    cell(row, warmText(worker.warm));
+    const warm = cell(row, warmText(worker.warm, worker.warm_memory_held));
+    if (worker.warm_memory_held === true) {
+      warm.classList.add("held");
+      warm.title = "The worker starts no warm sandbox: its machine has less memory available than CODE_RUNNER_WARM_MEMORY_RESERVE_MB.";
+    }
     cell(row, worker.version || "—");
     cell(row, ago(worker.started_at, now));
   }
