@@ -384,12 +384,7 @@ impl WarmPool {
                 if state.retry_at.is_none_or(|at| at <= now) {
                     self.start_missing(&mut state);
                 }
-                let hold_ends = state.refill_hold_until.filter(|until| *until > now);
-                let settled = self.settles_at(&state).filter(|at| *at > now);
-                [state.retry_at, hold_ends, settled, state.memory_recheck_at]
-                    .into_iter()
-                    .flatten()
-                    .min()
+                state.next_wake(now, self.settles_at(&state))
             };
             tokio::select! {
                 () = self.inner.stop.cancelled() => return,

@@ -130,6 +130,30 @@ impl State {
         Ok(())
     }
 
+    /// When the refiller must look again by itself (besides its wake-ups):
+    /// the soonest of a failed start's pause, the refill hold, `settled`
+    /// (the settle after the last job) and the memory's next look, of those
+    /// still to come. One that has passed is left out: the pass that just
+    /// ran saw it (the memory's, passed during a failed start's pause, is
+    /// looked at when the pause ends), and waiting for it would only wake
+    /// the loop at once, again and again, while a start is under way.
+    pub(super) fn next_wake(
+        &self,
+        now: tokio::time::Instant,
+        settled: Option<tokio::time::Instant>,
+    ) -> Option<tokio::time::Instant> {
+        [
+            self.retry_at,
+            self.refill_hold_until,
+            settled,
+            self.memory_recheck_at,
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|at| *at > now)
+        .min()
+    }
+
     pub(super) fn status(&self) -> WarmStatus {
         let mut status = WarmStatus {
             memory_held: self.memory_held,
@@ -246,6 +270,27 @@ mod tests {
         let (tx, _rx) = mpsc::channel(1);
         state.apply(9, Transition::Ready(tx)).unwrap();
         assert_eq!((state.failures, state.retry_at), (0, None));
+    }
+
+    #[test]
+    fn the_refiller_wakes_for_the_soonest_time_still_to_come_only() {
+        let now = tokio::time::Instant::now();
+        let ms = |n| Duration::from_millis(n);
+        let mut state = State::default();
+        assert_eq!(state.next_wake(now, None), None);
+        state.retry_at = Some(now + ms(500));
+        state.refill_hold_until = Some(now + ms(300));
+        state.memory_recheck_at = Some(now + ms(1000));
+        assert_eq!(state.next_wake(now, Some(now + ms(30))), Some(now + ms(30)));
+        assert_eq!(state.next_wake(now, None), Some(now + ms(300)));
+        // A failed start's pause that has passed while the next start is
+        // under way: nothing to wake for but what is still to come.
+        state.retry_at = Some(now - ms(1));
+        state.refill_hold_until = None;
+        assert_eq!(state.next_wake(now, None), Some(now + ms(1000)));
+        // Everything passed (now itself included): no wake-up of its own.
+        state.memory_recheck_at = Some(now);
+        assert_eq!(state.next_wake(now, Some(now - ms(5))), None);
     }
 
     #[test]
