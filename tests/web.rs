@@ -351,7 +351,7 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
     redis.cli(&[
         "SET",
         "worker:w-live:hb",
-        r#"{"slots_used":2,"slots_max":4,"version":"9.9.9","started_ms":0,"warm":{"python":{"ready":3,"target":4}}}"#,
+        r#"{"slots_used":2,"slots_max":4,"version":"9.9.9","started_ms":0,"warm":{"python":{"ready":3,"target":4}},"warm_memory_held":true}"#,
         "PX",
         "60000",
     ]);
@@ -401,6 +401,7 @@ async fn the_dashboard_needs_an_admin_key_and_shows_workers_and_recent_jobs() {
             "version": "9.9.9",
             "started_at": "1970-01-01T00:00:00.000Z",
             "warm": {"python": {"ready": 3, "target": 4}},
+            "warm_memory_held": true,
         }])
     );
     let recent = view.body["recent_jobs"].as_array().unwrap();
