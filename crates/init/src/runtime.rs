@@ -79,9 +79,10 @@ pub(crate) struct WarmRuntime {
     /// A fed runtime's FIFO (its write end), and what the release writes
     /// into it (the job's file, kept by [`Self::takes_files`]).
     fifo: Option<(OwnedFd, Vec<u8>)>,
-    /// A fed runtime not yet seen holding its FIFO open: the FIFO, and the
-    /// supervisor's read end of it ([`FedEntry::reader`]), closed once it is.
-    unseen: Option<(Placeholder, OwnedFd)>,
+    /// The supervisor's read end of a fed runtime's FIFO
+    /// ([`FedEntry::reader`]), while the runtime is not yet seen holding
+    /// the FIFO (its `placeholder`) open: closed once it is.
+    fifo_reader: Option<OwnedFd>,
     /// Until when the runtime may take to open its FIFO
     /// ([`FIFO_OPEN_TIMEOUT`] after its start).
     fifo_deadline: Instant,
@@ -108,7 +109,7 @@ impl WarmRuntime {
         }
         // A hookless runtime reads its script from the first byte.
         let lead = (!prestart.hookless).then_some(FED_LEAD);
-        let (placeholder, fifo, unseen) = match (&prestart.preopened, &prestart.fed) {
+        let (placeholder, fifo, fifo_reader) = match (&prestart.preopened, &prestart.fed) {
             (Some(_), Some(_)) => {
                 return Err("a warm runtime cannot both preopen and be fed its entry file".into());
             }
@@ -127,8 +128,7 @@ impl WarmRuntime {
                     writer,
                 } = create_fed_entry(&prestart.cwd, prestart.uid, prestart.gid, name, lead)
                     .map_err(|error| format!("cannot make its entry fifo: {error}"))?;
-                let unseen = (placeholder.clone(), reader);
-                (Some(placeholder), Some(writer), Some(unseen))
+                (Some(placeholder), Some(writer), Some(reader))
             }
             (None, None) => (None, None, None),
         };
@@ -188,7 +188,7 @@ impl WarmRuntime {
             process,
             control,
             fifo: fifo.map(|fifo| (fifo, Vec::new())),
-            unseen,
+            fifo_reader,
             fifo_deadline: Instant::now() + FIFO_OPEN_TIMEOUT,
             nonblocking,
             ended: false,
@@ -238,35 +238,41 @@ impl WarmRuntime {
     /// ([`Self::look_for_fifo_idle`]): a fed runtime, alive, not seen
     /// holding it yet, within [`FIFO_OPEN_TIMEOUT`] of its start.
     pub(crate) fn watching_fifo(&self) -> bool {
-        self.unseen.is_some() && !self.ended && Instant::now() < self.fifo_deadline
+        self.fifo_reader.is_some() && !self.ended && Instant::now() < self.fifo_deadline
     }
 
     /// Looks once whether the runtime opened its FIFO, before its job. One
     /// that cannot be looked at is not watched further (the job looks once
     /// more, and starts afresh if it cannot either).
     pub(crate) fn look_for_fifo_idle(&mut self) {
-        if let Err(error) = self.look_for_fifo() {
-            eprintln!(
-                "code-runner-init: cannot tell whether the warm runtime opened its script: {error}"
-            );
+        if self.look_for_fifo().is_none() {
             self.fifo_deadline = Instant::now();
         }
     }
 
     /// Whether the runtime holds its FIFO open (true for one seen before,
-    /// and for any runtime not fed). Looked at in `/proc/<pid>/fd` from the
-    /// job thread, as the runtime's ids; once it does, the supervisor's own
-    /// read end is closed.
-    fn look_for_fifo(&mut self) -> Result<bool, InitError> {
-        let Some((placeholder, _)) = &self.unseen else {
-            return Ok(true);
+    /// and for any runtime not fed); `None` (said on stderr) when that
+    /// cannot be told. Looked at in `/proc/<pid>/fd` from the job thread,
+    /// as the runtime's ids; once it does, the supervisor's own read end is
+    /// closed.
+    fn look_for_fifo(&mut self) -> Option<bool> {
+        let (Some(_), Some(placeholder)) = (&self.fifo_reader, &self.placeholder) else {
+            return Some(true);
         };
         let (pid, uid, gid) = (self.process.pid, self.prestart.uid, self.prestart.gid);
-        if !placeholder.held_by(pid, uid, gid)? {
-            return Ok(false);
+        match placeholder.held_by(pid, uid, gid) {
+            Ok(false) => Some(false),
+            Ok(true) => {
+                self.fifo_reader = None;
+                Some(true)
+            }
+            Err(error) => {
+                eprintln!(
+                    "code-runner-init: cannot tell whether the warm runtime opened its script: {error}"
+                );
+                None
+            }
         }
-        self.unseen = None;
-        Ok(true)
     }
 
     /// Whether a fed runtime holds its FIFO open, waiting while it may
@@ -275,14 +281,9 @@ impl WarmRuntime {
     pub(crate) async fn await_fifo_opened(&mut self) -> bool {
         loop {
             match self.look_for_fifo() {
-                Ok(true) => return true,
-                Ok(false) => {}
-                Err(error) => {
-                    eprintln!(
-                        "code-runner-init: cannot tell whether the warm runtime opened its script: {error}"
-                    );
-                    return false;
-                }
+                Some(true) => return true,
+                Some(false) => {}
+                None => return false,
             }
             if Instant::now() >= self.fifo_deadline || !self.check_alive() {
                 return false;
@@ -378,7 +379,7 @@ impl WarmRuntime {
         // `keep_if_fits` saw a fed runtime holding its FIFO, and closed the
         // supervisor's read end then: what the runtime does not read fails
         // the writes once it ends.
-        drop(self.unseen);
+        drop(self.fifo_reader);
         if let Some((fifo, feed)) = self.fifo {
             hand_over(fifo, feed, self.nonblocking, "script")?;
         }

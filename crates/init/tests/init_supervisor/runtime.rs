@@ -361,49 +361,6 @@ fn a_fed_runtime_takes_a_script_larger_than_its_fifo_holds() {
     );
 }
 
-#[test]
-fn a_job_waits_for_a_fed_runtime_still_starting_to_open_its_fifo() {
-    let mut sb = Sandbox::start();
-    let stage = fitting_stage(&sb, &[]);
-    // The bundle comes at once, before the runtime opens its script: the
-    // job waits for it rather than have it read the job's file by its name
-    // and leave the FIFO's copy unread.
-    let slow = format!("sleep 0.5; {FED}");
-    sb.send(fed(&sb, &stage, &slow));
-    assert_eq!(
-        released(&mut sb, vec![file("main.rb", b"late\n", false)], stage),
-        "runtime got:  lead ef from a fifo\nlate\nregular file 5\n"
-    );
-}
-
-#[test]
-fn a_fed_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
-    let mut sb = Sandbox::start();
-    let stage = fitting_stage(&sb, &[]);
-    let stuck = format!("sleep 30; {FED}");
-    sb.send(fed(&sb, &stage, &stuck));
-    not_used_when_it_never_opens_its_fifo(&mut sb, stage);
-}
-
-/// Sends a job for the runtime prestarted (one that does not open its
-/// FIFO) at once, and checks that it started afresh after the runtime's
-/// time to open it ran out, and that the runtime is gone.
-fn not_used_when_it_never_opens_its_fifo(sb: &mut Sandbox, stage: StageSpec) {
-    made_entry(sb);
-    let bundle = sb.bundle(vec![file("main.rb", b"never", false)], vec![stage]);
-    sb.send(bundle);
-    let outcome = sb.finish(T);
-    assert_eq!(said_warm_runtime(&outcome.messages), [false]);
-    // Started cold: the command does not exist.
-    assert_eq!(outcome.only_report().exit_code, Some(127), "{outcome:?}");
-    assert_eq!(outcome.stdout_text(), "");
-    assert!(
-        outcome.diagnostics.contains("had not opened its script"),
-        "{outcome:?}"
-    );
-    assert!(live_processes_of(sb.uid).is_empty());
-}
-
 /// The access modes ("r", "w", "rw") of the supervisor's descriptors open
 /// on the FIFO `main.rb`, sorted.
 fn supervisor_ends_of_the_fifo(sb: &Sandbox) -> Vec<&'static str> {
@@ -564,27 +521,72 @@ fn a_hookless_runtime_reads_the_jobs_file_from_its_first_byte() {
     assert_eq!(listing(&sb), ["main.rb"]);
 }
 
+/// Makes the prestart of a fed runtime of one kind: [`fed`] or [`hookless`].
+type FedKind = fn(&Sandbox, &StageSpec, &str) -> HostMessage;
+
+/// Each kind of fed runtime, with its test runtime, a script for it and
+/// what it prints when released with that script.
+const FED_KINDS: [(&str, FedKind, &str, &[u8], &str); 2] = [
+    (
+        "hooked",
+        fed,
+        FED,
+        b"late\n",
+        "runtime got:  lead ef from a fifo\nlate\nregular file 5\n",
+    ),
+    (
+        "hookless",
+        hookless,
+        HOOKLESS,
+        b"late",
+        "runtime got: late from a fifo\ncontrol-closed\n1024\nregular file 4\n",
+    ),
+];
+
 #[test]
-fn a_job_waits_for_a_hookless_runtime_still_starting_to_open_its_fifo() {
-    let mut sb = Sandbox::start();
-    let stage = fitting_stage(&sb, &[]);
-    // The bundle comes at once, before the runtime opens its script: the
-    // job waits for it rather than have it open the job's file unreleased.
-    let slow = format!("sleep 0.5; {HOOKLESS}");
-    sb.send(hookless(&sb, &stage, &slow));
-    assert_eq!(
-        released(&mut sb, vec![file("main.rb", b"late", false)], stage),
-        "runtime got: late from a fifo\ncontrol-closed\n1024\nregular file 4\n"
-    );
+fn a_job_waits_for_a_fed_runtime_still_starting_to_open_its_fifo() {
+    for (kind, prestart, runtime, script, printed) in FED_KINDS {
+        let mut sb = Sandbox::start();
+        let stage = fitting_stage(&sb, &[]);
+        // The bundle comes at once, before the runtime opens its script:
+        // the job waits for it rather than have a hooked runtime read the
+        // job's file by its name (leaving the FIFO's copy unread), or a
+        // hookless one open it and run it unreleased.
+        let slow = format!("sleep 0.5; {runtime}");
+        sb.send(prestart(&sb, &stage, &slow));
+        assert_eq!(
+            released(&mut sb, vec![file("main.rb", script, false)], stage),
+            printed,
+            "{kind}"
+        );
+    }
 }
 
 #[test]
-fn a_hookless_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
-    let mut sb = Sandbox::start();
-    let stage = fitting_stage(&sb, &[]);
-    let stuck = format!("sleep 30; {HOOKLESS}");
-    sb.send(hookless(&sb, &stage, &stuck));
-    not_used_when_it_never_opens_its_fifo(&mut sb, stage);
+fn a_fed_runtime_that_does_not_open_its_fifo_in_time_is_not_used() {
+    for (kind, prestart, runtime, _, _) in FED_KINDS {
+        let mut sb = Sandbox::start();
+        let stage = fitting_stage(&sb, &[]);
+        let stuck = format!("sleep 30; {runtime}");
+        sb.send(prestart(&sb, &stage, &stuck));
+        made_entry(&sb);
+        let bundle = sb.bundle(vec![file("main.rb", b"never", false)], vec![stage]);
+        sb.send(bundle);
+        let outcome = sb.finish(T);
+        assert_eq!(said_warm_runtime(&outcome.messages), [false], "{kind}");
+        // Started cold: the command does not exist.
+        assert_eq!(
+            outcome.only_report().exit_code,
+            Some(127),
+            "{kind}: {outcome:?}"
+        );
+        assert_eq!(outcome.stdout_text(), "", "{kind}");
+        assert!(
+            outcome.diagnostics.contains("had not opened its script"),
+            "{kind}: {outcome:?}"
+        );
+        assert!(live_processes_of(sb.uid).is_empty(), "{kind}");
+    }
 }
 
 #[test]
