@@ -19,7 +19,9 @@ use code_runner::job::{JobSpec, StartKind, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::pool::{LanguageStatus, PoolSettings, memory};
 use code_runner::sandbox::{JobIo, SandboxEvent, WarmPool};
-use common::{Harness, job_with_limits, python, runsc_enabled, stdout, stdout_lines, wait_for};
+use common::{
+    Harness, job_with_limits, pool_settings, python, runsc_enabled, stdout, stdout_lines, wait_for,
+};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -145,18 +147,12 @@ async fn a_job_outside_the_pools_class_runs_cold_with_its_own_limits() {
 async fn a_broken_or_expired_warm_sandbox_is_replaced() {
     let harness = Harness::new().await;
     let job = harness.prepare(&python("print(1)"));
-    let pool = WarmPool::start(
-        &harness.engine,
-        PoolSettings {
-            max: 1,
-            lifetime: Duration::from_secs(600),
-            longest_job: Duration::from_secs(60),
-            parallel_starts: 1,
-            refill_hold: code_runner::worker::REFILL_HOLD,
-            slots: None,
-            memory_reserve: 0,
-        },
-    );
+    let one_at_a_time = PoolSettings {
+        longest_job: Duration::from_secs(60),
+        parallel_starts: 1,
+        ..pool_settings(1)
+    };
+    let pool = WarmPool::start(&harness.engine, one_at_a_time.clone());
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
     let first = wait_for("a warm sandbox", WITHIN, || async {
         let ids = warm_containers(&harness).await;
@@ -184,13 +180,8 @@ async fn a_broken_or_expired_warm_sandbox_is_replaced() {
     let pool = WarmPool::start(
         &harness.engine,
         PoolSettings {
-            max: 1,
             lifetime: Duration::from_secs(2),
-            longest_job: Duration::from_secs(60),
-            parallel_starts: 1,
-            refill_hold: code_runner::worker::REFILL_HOLD,
-            slots: None,
-            memory_reserve: 0,
+            ..one_at_a_time
         },
     );
     pool.set_targets(vec![(harness.warm_spec(&job), 1)]);
@@ -224,13 +215,9 @@ async fn a_pool_starts_nothing_while_less_memory_than_its_reserve_is_available()
     let harness = Harness::new().await;
     let job = harness.prepare(&python("print(1)"));
     let settings = |memory_reserve| PoolSettings {
-        max: 2,
-        lifetime: Duration::from_secs(600),
         longest_job: Duration::from_secs(60),
-        parallel_starts: 2,
-        refill_hold: code_runner::worker::REFILL_HOLD,
-        slots: None,
         memory_reserve,
+        ..pool_settings(2)
     };
     let short = WarmPool::start(&harness.engine, settings(u64::MAX));
     short.set_targets(vec![(harness.warm_spec(&job), 2)]);

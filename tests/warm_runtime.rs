@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{FileSpec, JobSpec, StartKind, Status};
 use code_runner::protocol::Reason;
-use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{JobIo, WarmPool};
 use common::*;
 use php::PHP;
@@ -469,18 +468,7 @@ async fn conform(harness: Harness, language: &str, entry: &str, cases: &[Case]) 
     let first = harness.prepare(&spec_of(language, entry, &cases[0]));
     let spec = harness.warm_spec(&first);
     assert!(spec.runtime.is_some(), "{language} has a warm runtime");
-    let pool = WarmPool::start(
-        &harness.engine,
-        PoolSettings {
-            max: 3,
-            lifetime: Duration::from_secs(600),
-            longest_job: Duration::from_secs(600),
-            parallel_starts: 2,
-            refill_hold: code_runner::worker::REFILL_HOLD,
-            slots: None,
-            memory_reserve: 0,
-        },
-    );
+    let pool = WarmPool::start(&harness.engine, common::pool_settings(3));
     pool.set_targets(vec![(spec, 2)]);
     let mut differ = Vec::new();
     for case in cases {

@@ -164,18 +164,7 @@ impl Harness {
     /// A warm pool of this harness's engine holding `count` ready sandboxes
     /// for `job`'s spec; waits (up to 60 s) until they are ready.
     pub async fn warm_pool(&self, job: &PreparedJob, count: usize) -> WarmPool {
-        let pool = WarmPool::start(
-            &self.engine,
-            PoolSettings {
-                max: count.max(1),
-                lifetime: Duration::from_secs(600),
-                longest_job: Duration::from_secs(600),
-                parallel_starts: 2,
-                refill_hold: code_runner::worker::REFILL_HOLD,
-                slots: None,
-                memory_reserve: 0,
-            },
-        );
+        let pool = WarmPool::start(&self.engine, pool_settings(count.max(1)));
         pool.set_targets(vec![(self.warm_spec(job), count)]);
         let mut status = pool.status();
         let language = job.language.id.clone();
@@ -212,6 +201,21 @@ impl Drop for Harness {
 }
 
 /// A job of one UTF-8 file.
+/// A test pool's settings: at most `max` members living 10 minutes, two
+/// starts at once, the served refill hold, no slot bound and no memory
+/// reserve (change what a test needs with `..pool_settings(max)`).
+pub fn pool_settings(max: usize) -> PoolSettings {
+    PoolSettings {
+        max,
+        lifetime: Duration::from_secs(600),
+        longest_job: Duration::from_secs(600),
+        parallel_starts: 2,
+        refill_hold: code_runner::worker::REFILL_HOLD,
+        slots: None,
+        memory_reserve: 0,
+    }
+}
+
 pub fn job(language: &str, name: &str, source: &str) -> JobSpec {
     JobSpec {
         language: language.to_string(),

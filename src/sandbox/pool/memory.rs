@@ -58,20 +58,19 @@ pub(super) fn allows(reserve: u64, state: &mut State) -> bool {
 fn allows_with(reserve: u64, available: Option<u64>, state: &mut State) -> bool {
     let held = available.is_some_and(|available| available < reserve);
     let mib = |bytes: u64| bytes / (1024 * 1024);
-    if held && !state.memory_held {
+    if held && !state.memory_held() {
         tracing::warn!(
             available_mib = available.map(mib),
             reserve_mib = mib(reserve),
             "warm sandboxes wait to be started: the machine has less memory available than the pool's reserve (CODE_RUNNER_WARM_MEMORY_RESERVE_MB)"
         );
-    } else if !held && state.memory_held {
+    } else if !held && state.memory_held() {
         tracing::info!(
             available_mib = available.map(mib),
             reserve_mib = mib(reserve),
             "warm sandboxes are started again: memory is available"
         );
     }
-    state.memory_held = held;
     state.memory_recheck_at = held.then(|| tokio::time::Instant::now() + RECHECK);
     !held
 }
@@ -110,22 +109,22 @@ mod tests {
         let mut state = State::default();
         let before = tokio::time::Instant::now();
         assert!(!allows_with(100, Some(99), &mut state));
-        assert!(state.memory_held);
+        assert!(state.memory_held());
         let again = state.memory_recheck_at.expect("looked at again");
         assert!(again >= before + RECHECK, "{again:?}");
         // Still short: still held, looked at again later.
         assert!(!allows_with(100, Some(0), &mut state));
-        assert!(state.memory_held && state.memory_recheck_at >= Some(again));
+        assert!(state.memory_held() && state.memory_recheck_at >= Some(again));
         // Enough (the reserve exactly): starts go on, nothing to look at.
         assert!(allows_with(100, Some(100), &mut state));
-        assert!(!state.memory_held);
+        assert!(!state.memory_held());
         assert_eq!(state.memory_recheck_at, None);
         // Unreadable: nothing is held.
         assert!(allows_with(100, None, &mut state));
-        assert!(!state.memory_held);
+        assert!(!state.memory_held());
         // No reserve: nothing is read or held.
         assert!(allows(0, &mut state));
-        assert!(!state.memory_held);
+        assert!(!state.memory_held());
     }
 
     #[test]

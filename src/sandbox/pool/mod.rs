@@ -464,7 +464,6 @@ impl WarmPool {
         }
         if memory_allows.is_none() {
             // No start was wanted: nothing waits for memory.
-            state.memory_held = false;
             state.memory_recheck_at = None;
         }
         self.inner.publish(state);

@@ -73,9 +73,8 @@ pub(super) struct State {
     pub(super) job_ended: Option<tokio::time::Instant>,
     /// Until when refills wait for those jobs to end.
     pub(super) refill_hold_until: Option<tokio::time::Instant>,
-    /// Starts wait for memory (see `WarmPool::memory_allows`), and when it
-    /// is looked at again.
-    pub(super) memory_held: bool,
+    /// While starts wait for memory (`memory::allows`): when it is looked
+    /// at again. `None`: they do not.
     pub(super) memory_recheck_at: Option<tokio::time::Instant>,
 }
 
@@ -154,9 +153,14 @@ impl State {
         .min()
     }
 
+    /// Whether starts wait for memory.
+    pub(super) fn memory_held(&self) -> bool {
+        self.memory_recheck_at.is_some()
+    }
+
     pub(super) fn status(&self) -> WarmStatus {
         let mut status = WarmStatus {
-            memory_held: self.memory_held,
+            memory_held: self.memory_held(),
             ..WarmStatus::default()
         };
         for (language, (_, target)) in &self.targets {
