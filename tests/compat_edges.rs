@@ -561,6 +561,8 @@ async fn judge0_delete_needs_authorization_and_an_ended_submission_and_answers_w
 
 #[tokio::test]
 async fn judge0_workers_statistics_system_info_and_languages_all_have_judge0s_shapes() {
+    // The statistics count "today" and the 30 days before it (UTC).
+    common::clear_of_utc_midnight(Duration::from_secs(120)).await;
     let redis = RedisServer::start();
     let daemon = serve(&redis, 1).await;
     let auth = Auth::Judge0;

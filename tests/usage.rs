@@ -29,6 +29,9 @@ use tokio_util::sync::CancellationToken;
 const KEY: &str = "k";
 /// What these tests' stores keep of the ledger.
 const RETENTION_DAYS: u64 = 7;
+/// How long the longest test here that reads a day's ledger may take: each
+/// starts at least this long before a UTC midnight.
+const LEDGER_DAY_TEST_MAX: Duration = Duration::from_secs(120);
 
 fn store(redis: &RedisServer) -> Store {
     Store::new(&redis.url(), "", Duration::from_secs(3600), 4)
@@ -155,6 +158,7 @@ fn reap_policy(retry: Retry) -> ReapPolicy {
 
 #[tokio::test]
 async fn a_finished_job_is_counted_once_with_the_figures_of_its_result() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let redis = RedisServer::start();
     let store = store(&redis);
     let (outcome, id) = submit(&store, "ann", 1, Quotas::default()).await;
@@ -195,6 +199,7 @@ async fn a_finished_job_is_counted_once_with_the_figures_of_its_result() {
 
 #[tokio::test]
 async fn a_graded_jobs_tests_count_with_its_compile_stage() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     use code_runner::job::grading::{Grading, TestResult};
     let redis = RedisServer::start();
     let store = store(&redis);
@@ -232,6 +237,7 @@ async fn a_graded_jobs_tests_count_with_its_compile_stage() {
 
 #[tokio::test]
 async fn a_retried_job_is_counted_once_when_it_finally_ends() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let redis = RedisServer::start();
     let store = store(&redis);
     let (_, id) = submit(&store, "", 2, Quotas::default()).await;
@@ -269,6 +275,7 @@ async fn a_retried_job_is_counted_once_when_it_finally_ends() {
 
 #[tokio::test]
 async fn a_late_result_that_replaces_a_verdict_is_counted_once() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let redis = RedisServer::start();
     let store = store(&redis);
     let (_, id) = submit(&store, "bo", 1, Quotas::default()).await;
@@ -299,6 +306,7 @@ async fn a_late_result_that_replaces_a_verdict_is_counted_once() {
 
 #[tokio::test]
 async fn a_job_cancelled_while_queued_is_not_counted_and_one_cancelled_while_running_is() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let redis = RedisServer::start();
     let store = store(&redis);
     let cancelled = JobResult::without_stages(Status::Cancelled, "python", "3");
@@ -357,6 +365,7 @@ async fn the_ledger_day_lua_computes_is_the_utc_date() {
 
 #[tokio::test]
 async fn a_quota_refuses_from_the_submission_that_finds_it_used_up() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let redis = RedisServer::start();
     let store = store(&redis);
     let resets_ms = Day::from_ms(now_ms()).plus(1).start_ms();
@@ -582,6 +591,7 @@ fn assert_quota_refusal(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_quota_refuses_with_429_its_message_and_retry_after() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let api = Api::start(&format!(
         "teacher:{TEACHER}:cpu_seconds_per_day=3:user_cpu_seconds_per_day=1:user_jobs_per_day=2,other:{OTHER}"
     ))
@@ -673,6 +683,7 @@ async fn each_quota_refuses_with_429_its_message_and_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_answers_per_day_and_per_user_and_an_admin_may_ask_for_any_key() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let api = Api::start(&format!("teacher:{TEACHER},ops:{OPS}:admin,other:{OTHER}")).await;
     for user in ["ann", "ann", ""] {
         assert_eq!(api.submit(TEACHER, user).await.0, StatusCode::ACCEPTED);
@@ -804,6 +815,7 @@ async fn usage_answers_per_day_and_per_user_and_an_admin_may_ask_for_any_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_refuses_bad_dates_and_ranges_naming_the_parameter() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     let api = Api::start(&format!("teacher:{TEACHER}")).await;
     let today = Day::from_ms(now_ms());
     let earliest = today.plus(-(RETENTION_DAYS as i64));
@@ -869,6 +881,7 @@ async fn usage_refuses_bad_dates_and_ranges_naming_the_parameter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_job_is_counted_with_its_results_figures_and_the_cli_prints_them() {
+    common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
     use common::daemon::{DaemonBuilder, KEY_A, KEY_B, Role};
     let redis = RedisServer::start();
     let docker = common::containers::docker().await;

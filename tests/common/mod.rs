@@ -380,6 +380,20 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// Waits until a UTC midnight is at least `within` away, so that a test
+/// reading "today's" ledger, quotas or statistics does not see the day turn
+/// halfway (the day is the server's clock's; tests cannot move it). Near
+/// midnight this sleeps past it, at most `within` plus a second.
+pub async fn clear_of_utc_midnight(within: Duration) {
+    const DAY_MS: u64 = 86_400_000;
+    let to_midnight = DAY_MS - unix_ms() % DAY_MS;
+    let within_ms = within.as_millis() as u64;
+    if to_midnight < within_ms {
+        eprintln!("waiting {to_midnight} ms for UTC midnight to pass before a ledger-day test");
+        tokio::time::sleep(Duration::from_millis(to_midnight + 1000)).await;
+    }
+}
+
 /// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
 /// variable inherited from the environment the tests run in.
 pub fn code_runner() -> std::process::Command {
