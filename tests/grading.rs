@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use code_runner::job::grading::{TimeLimit, Verdict};
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::sandbox::SandboxEvent;
@@ -418,6 +420,120 @@ async fn a_checker_program_judges_with_partial_scores_and_a_crashing_checker_is_
             "{what}"
         );
         harness.assert_clean().await;
+    }
+}
+
+/// A checker that spends 300 ms of CPU on every check, then accepts.
+const SPINNING_CHECKER: &str = r#"
+import time
+start = time.process_time()
+while time.process_time() - start < 0.3:
+    pass
+print("ok")
+"#;
+
+/// A C++ checker whose compile takes seconds: 24 constant evaluations of a
+/// million steps each (its values wrap at 1024, so the compiler's memory
+/// stays small).
+const SLOW_COMPILING_CHECKER: &str = r#"
+constexpr int f(int k) {
+    int s = k;
+    for (int i = 0; i < 1000; i++)
+        for (int j = 0; j < 1000; j++) s = (s + (i ^ j)) & 1023;
+    return s;
+}
+constexpr int v[] = {f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7), f(8), f(9), f(10), f(11),
+    f(12), f(13), f(14), f(15), f(16), f(17), f(18), f(19), f(20), f(21), f(22), f(23)};
+int main() { return v[0] & 1 ? 0 : 1; }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkers_cpu_and_wall_time_are_in_the_result() {
+    use code_runner::job::grading::CheckerUsage;
+    for (runtime, harness) in
+        harness_per_runtime("a_checkers_cpu_and_wall_time_are_in_the_result").await
+    {
+        // Two tests reach the checker; the third crashes first (SIGABRT)
+        // and is judged without it.
+        let spec = graded(
+            "python",
+            "main.py",
+            PYTHON,
+            json!({"check": checker_program(SPINNING_CHECKER), "tests": [
+                {"stdin": "1 2"}, {"stdin": "3 4"}, {"stdin": "10 1"},
+            ]}),
+        );
+        let result = harness.run(&spec).await;
+        let what = format!("under {runtime}: {result:#?}");
+        assert_eq!(
+            verdicts(&result),
+            [
+                (Verdict::Accepted, None),
+                (Verdict::Accepted, None),
+                (Verdict::RuntimeError, None)
+            ],
+            "{what}"
+        );
+        let Some(CheckerUsage {
+            cpu_ms,
+            wall_ms,
+            checks,
+        }) = result.grading.as_ref().unwrap().checker
+        else {
+            panic!("no checker usage {what}");
+        };
+        assert_eq!(checks, 2, "{what}");
+        // 300 ms of CPU a check at least, and a check's wall time is no less.
+        assert!(cpu_ms >= 600, "checker cpu_ms {cpu_ms} {what}");
+        assert!(wall_ms >= 600, "checker wall_ms {wall_ms} {what}");
+        // The result's JSON says it too (the ledger sums it from there).
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(
+            json["checker"],
+            json!({"cpu_ms": cpu_ms, "wall_ms": wall_ms, "checks": 2}),
+            "{what}"
+        );
+        harness.assert_clean().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_still_compiling_when_the_job_ends_is_removed_with_it() {
+    use code_runner::job::grading::CheckerUsage;
+    for (runtime, harness) in
+        harness_per_runtime("a_checker_still_compiling_when_the_job_ends_is_removed_with_it").await
+    {
+        // The program fails every test before the checker is asked, seconds
+        // before the checker's compile could end.
+        let check = json!({"mode": "program", "language": "cpp",
+            "files": [{"name": "main.cpp", "content": SLOW_COMPILING_CHECKER}]});
+        let spec = graded(
+            "python",
+            "main.py",
+            "import sys\nsys.exit(1)\n",
+            json!({"check": check, "tests": [{"stdin": "1 2", "expected_stdout": "3"}]}),
+        );
+        let result = harness.run(&spec).await;
+        let what = format!("under {runtime}: {result:#?}");
+        assert_eq!(result.status, Status::Failed, "{what}");
+        assert_eq!(verdicts(&result), [(Verdict::RuntimeError, None)], "{what}");
+        // Nothing of the checker reported: its compile was cut short.
+        assert_eq!(
+            result.grading.as_ref().unwrap().checker,
+            Some(CheckerUsage::default()),
+            "{what}"
+        );
+        // Its sandbox goes with the job, not when the compile would end.
+        let left = common::until(
+            Duration::from_secs(2),
+            || harness.leftovers(),
+            |left: &Vec<String>| left.is_empty(),
+        )
+        .await;
+        assert!(
+            left.is_empty(),
+            "the checker's sandbox outlived the job: {left:?} {what}"
+        );
     }
 }
 

@@ -198,15 +198,16 @@ async fn a_finished_job_is_counted_once_with_the_figures_of_its_result() {
 }
 
 #[tokio::test]
-async fn a_graded_jobs_tests_count_with_its_compile_stage() {
+async fn a_graded_jobs_tests_count_with_its_compile_stage_and_its_checker() {
     common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
-    use code_runner::job::grading::{Grading, TestResult};
+    use code_runner::job::grading::{CheckerUsage, Grading, TestResult};
     let redis = RedisServer::start();
     let store = store(&redis);
     let (_, id) = submit(&store, "ann", 1, Quotas::default()).await;
     claim_and_start(&store, "w1", &id).await;
     // A compile of 100 ms CPU / 200 ms wall, then two tests of 30/40 and
-    // 50/60: 180 ms of CPU and 300 ms of wall time in all.
+    // 50/60, judged by a checker program that used 1000/3000 (its compile
+    // and two checks): 1180 ms of CPU and 3300 ms of wall time in all.
     let tests = [(30, 40), (50, 60)]
         .iter()
         .enumerate()
@@ -215,12 +216,19 @@ async fn a_graded_jobs_tests_count_with_its_compile_stage() {
         })
         .collect();
     let finished = JobResult {
-        grading: Some(Grading::of(tests, false)),
+        grading: Some(Grading {
+            checker: Some(CheckerUsage {
+                cpu_ms: 1000,
+                wall_ms: 3000,
+                checks: 2,
+            }),
+            ..Grading::of(tests, false)
+        }),
         ..result(Status::Succeeded, Some(stage(100, 200, "", "", 0)), None)
     };
     let outcome = store.jobs().finish(&id, "w1", 1, &finished).await.unwrap();
     assert_eq!(outcome, FinishOutcome::Finished);
-    assert_eq!(today(&store).await.0, figures(1, 180, 300, 0, 1));
+    assert_eq!(today(&store).await.0, figures(1, 1180, 3300, 0, 1));
     // The run history's summary says the same.
     let mut conn = redis.conn().await;
     let summary: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
@@ -230,7 +238,7 @@ async fn a_graded_jobs_tests_count_with_its_compile_stage() {
         .unwrap();
     assert_eq!(
         (summary["cpu_ms"].as_str(), summary["wall_ms"].as_str()),
-        ("180", "300"),
+        ("1180", "3300"),
         "{summary:?}"
     );
 }

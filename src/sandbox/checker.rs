@@ -6,13 +6,17 @@
 //! check and removed after it (the supervisor's run plan).
 //!
 //! [`Checker::start`] spawns a task that owns the sandbox; [`Checker::check`]
-//! sends it one check and waits for the answer. Dropping the [`Checker`]
-//! ends the task, which removes the container.
+//! sends it one check and waits for the answer; [`Checker::usage`] sums
+//! what its stages reported (the job's ledger counts it). Dropping the
+//! [`Checker`] ends the task at once, even in the checker's compile, and
+//! the task removes the container.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use bollard::Docker;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::SandboxConfig;
 use super::connection::{Connection, StartFailure, start};
@@ -20,6 +24,7 @@ use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_nam
 use super::run::{add_gvisor_limits, gvisor_limits};
 use super::session::unix_ms;
 use super::uids::{UidRange, runs_uid};
+use crate::job::grading::CheckerUsage;
 use crate::job::{PreparedJob, RUN_FILES_DIR, scratch_mounts};
 use crate::protocol::{
     BundleFile, HostMessage, Reason, RunPlan, RunSpec, SandboxMessage, StageSpec,
@@ -48,6 +53,10 @@ struct CheckRequest {
 /// Handle to a checker's sandbox.
 pub struct Checker {
     requests: mpsc::Sender<CheckRequest>,
+    /// What the checker's stages reported so far.
+    usage: Arc<Mutex<CheckerUsage>>,
+    /// Stops the task (and so removes the sandbox) when the handle goes.
+    _stop: DropGuard,
 }
 
 impl Checker {
@@ -61,6 +70,8 @@ impl Checker {
         deadline_ms: u64,
     ) -> Self {
         let (requests, receiver) = mpsc::channel(1);
+        let usage = Arc::new(Mutex::new(CheckerUsage::default()));
+        let stop = CancellationToken::new();
         tokio::spawn(serve(
             docker.clone(),
             config.clone(),
@@ -68,9 +79,22 @@ impl Checker {
             job_id.to_string(),
             checker.clone(),
             deadline_ms,
-            receiver,
+            Task {
+                requests: receiver,
+                usage: usage.clone(),
+                stop: stop.clone(),
+            },
         ));
-        Self { requests }
+        Self {
+            requests,
+            usage,
+            _stop: stop.drop_guard(),
+        }
+    }
+
+    /// What the checker's compile stage and its checks reported so far.
+    pub fn usage(&self) -> CheckerUsage {
+        *self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs the checker on one test; `Err` says why it could not.
@@ -97,7 +121,16 @@ impl Checker {
     }
 }
 
-/// The checker task: start, compile, then one run per request.
+/// What the checker task holds besides its sandbox's settings.
+struct Task {
+    requests: mpsc::Receiver<CheckRequest>,
+    usage: Arc<Mutex<CheckerUsage>>,
+    /// Cancelled when the [`Checker`] handle is dropped.
+    stop: CancellationToken,
+}
+
+/// The checker task: start, compile, then one run per request, until the
+/// requests end or the handle is dropped.
 async fn serve(
     docker: Docker,
     config: SandboxConfig,
@@ -105,8 +138,13 @@ async fn serve(
     job_id: String,
     checker: PreparedJob,
     deadline_ms: u64,
-    mut requests: mpsc::Receiver<CheckRequest>,
+    task: Task,
 ) {
+    let Task {
+        mut requests,
+        usage,
+        stop,
+    } = task;
     let name = format!("{}-checker", container_name(&job_id));
     let lease = match uids.lease() {
         Ok(lease) => lease,
@@ -127,21 +165,30 @@ async fn serve(
         checker: true,
         egress_dir: None,
     };
-    let outcome = match start(&docker, &config, &guard, &shape).await {
-        Ok(mut connection) => {
-            session(
-                &mut connection,
-                &config,
-                &checker,
-                uid,
-                deadline_ms,
-                &mut requests,
-            )
-            .await
+    let work = async {
+        match start(&docker, &config, &guard, &shape).await {
+            Ok(mut connection) => {
+                session(
+                    &mut connection,
+                    &config,
+                    &checker,
+                    uid,
+                    deadline_ms,
+                    &mut requests,
+                    &usage,
+                )
+                .await
+            }
+            Err(StartFailure(message)) => {
+                Err(format!("the checker's sandbox did not start: {message}"))
+            }
         }
-        Err(StartFailure(message)) => {
-            Err(format!("the checker's sandbox did not start: {message}"))
-        }
+    };
+    // The job is over (its grader dropped the handle): nobody waits for
+    // an answer, and a compile still running is cut short.
+    let outcome = tokio::select! {
+        () = stop.cancelled() => Ok(()),
+        outcome = work => outcome,
     };
     if let Err(message) = outcome {
         tracing::info!(job.id = %job_id, %message, "the checker failed");
@@ -161,7 +208,17 @@ fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_millis(left)
 }
 
-/// Speaks with the checker's supervisor until the requests end.
+/// Adds a stage's report to the checker's usage (`check`: one of the
+/// checks, not the compile).
+fn note(usage: &Mutex<CheckerUsage>, report: &crate::protocol::StageReport, check: bool) {
+    let mut usage = usage.lock().unwrap_or_else(|e| e.into_inner());
+    usage.cpu_ms += report.cpu_ms;
+    usage.wall_ms += report.wall_ms;
+    usage.checks += u32::from(check);
+}
+
+/// Speaks with the checker's supervisor until the requests end, answering
+/// them and adding every stage's report to `usage`.
 async fn session(
     connection: &mut Connection,
     config: &SandboxConfig,
@@ -169,6 +226,7 @@ async fn session(
     uid: u32,
     deadline_ms: u64,
     requests: &mut mpsc::Receiver<CheckRequest>,
+    usage: &Mutex<CheckerUsage>,
 ) -> Result<(), String> {
     let deadline = deadline_instant(deadline_ms);
     let failed = |StartFailure(message)| message;
@@ -194,6 +252,7 @@ async fn session(
     send(&connection.frames, HostMessage::Bundle(Box::new(bundle))).await?;
     if has_compile {
         let (report, _, stderr) = read_stage(connection, deadline).await?;
+        note(usage, &report, false);
         if report.reason != Reason::Exited || report.exit_code != Some(0) {
             return Err(format!(
                 "the checker did not compile ({}): {}",
@@ -241,6 +300,7 @@ async fn session(
         send(&connection.frames, HostMessage::Run(Box::new(run_spec))).await?;
         match read_stage(connection, deadline).await {
             Ok((report, stdout, stderr)) => {
+                note(usage, &report, true);
                 tracing::debug!(
                     took_ms = started.elapsed().as_millis() as u64,
                     "checked one test"

@@ -259,7 +259,10 @@ impl Grader {
             self.results
                 .push(TestResult::skipped(index, &test.name, test.points, &why));
         }
-        Grading::of(self.results, compile_failed)
+        Grading {
+            checker: self.checker.as_ref().map(Checker::usage),
+            ..Grading::of(self.results, compile_failed)
+        }
     }
 }
 

@@ -294,6 +294,22 @@ pub struct Grading {
     /// when the checker failed on any test; else the verdict of the first
     /// test that was not accepted.
     pub verdict: Verdict,
+    /// What the checker program used (`result.checker`), when the check is
+    /// one; counted with the job's own stages in the usage ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checker: Option<CheckerUsage>,
+}
+
+/// A checker program's use of its sandbox for one job: its compile stage
+/// and every check that reported, summed. A check or compile cut short
+/// (its sandbox failed, or the job ended first and the checker's sandbox
+/// was removed) reported nothing and is not in it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckerUsage {
+    pub cpu_ms: u64,
+    pub wall_ms: u64,
+    /// The checks it answered (one per test that reached it).
+    pub checks: u32,
 }
 
 impl Grading {
@@ -343,6 +359,7 @@ impl Grading {
             score,
             max_score,
             verdict,
+            checker: None,
         }
     }
 }
