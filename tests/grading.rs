@@ -599,3 +599,85 @@ async fn a_kill_stops_the_grading_the_test_running_is_killed_and_the_rest_are_sk
     );
     harness.assert_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_or_a_cancel_does_not_wait_for_a_checker_judging_a_test() {
+    use code_runner::protocol::SignalKind;
+    use code_runner::sandbox::{JobInput, JobIo};
+    let harness = Harness::new().await;
+    for stop in ["kill", "cancel"] {
+        // The checker never answers in time; both tests' programs end at
+        // once (the supervisor runs the second while the first is judged).
+        let spec = graded(
+            "python",
+            "main.py",
+            "print(3)\n",
+            json!({"check": checker_program("import time\ntime.sleep(60)\n"), "tests": [
+                {"stdin": "1 2", "expected_stdout": "3"},
+                {"stdin": "1 2", "expected_stdout": "3"},
+            ]}),
+        );
+        let (events_tx, mut events_rx) = tokio::sync::mpsc::channel(16);
+        let (input_tx, input_rx) = tokio::sync::mpsc::channel(4);
+        let cancel = tokio_util::sync::CancellationToken::new();
+        let io = JobIo {
+            events: Some(events_tx),
+            input: Some(input_rx),
+            cancel: cancel.clone(),
+            ..Default::default()
+        };
+        // Stopped a second after the first test started: its run has ended
+        // and the checker is judging it.
+        let stopper = async move {
+            while let Some(event) = events_rx.recv().await {
+                if matches!(event, SandboxEvent::TestStart { index: 0, .. }) {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    match stop {
+                        "kill" => input_tx
+                            .send(JobInput::Signal(SignalKind::Kill))
+                            .await
+                            .unwrap(),
+                        _ => cancel.cancel(),
+                    }
+                }
+            }
+        };
+        let started = std::time::Instant::now();
+        let (result, ()) = tokio::join!(harness.run_io(&spec, io), stopper);
+        let what = format!("{stop}: {result:#?}");
+        // The checker's own wall limit (10 s) would end the check later.
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "the {stop} waited for the checker: {what}"
+        );
+        let (status, message) = match stop {
+            "kill" => (
+                Status::Failed,
+                "not judged: the job was killed (a kill signal)",
+            ),
+            _ => (Status::Cancelled, "not judged: the job was cancelled"),
+        };
+        assert_eq!(result.status, status, "{what}");
+        let tests = &result.grading.as_ref().unwrap().tests;
+        let summary: Vec<(Verdict, Option<&str>, Option<i32>)> = tests
+            .iter()
+            .map(|t| {
+                (
+                    t.outcome.verdict,
+                    t.outcome.message.as_deref(),
+                    t.outcome.exit_code,
+                )
+            })
+            .collect();
+        // Both ran (exit code 0); neither was judged.
+        assert_eq!(
+            summary,
+            [
+                (Verdict::Skipped, Some(message), Some(0)),
+                (Verdict::Skipped, Some(message), Some(0)),
+            ],
+            "{what}"
+        );
+        harness.assert_clean().await;
+    }
+}

@@ -16,6 +16,28 @@ use crate::job::result::signal_name;
 use crate::job::{PreparedJob, StageResult};
 use crate::protocol::{HostMessage, Reason, RunSpec, StageLimits, StageSpec};
 
+const NOT_JUDGED_KILLED: &str = "not judged: the job was killed (a kill signal)";
+
+/// What stopped the job while the checker judged a test (see
+/// [`Grader::finish`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Interrupt {
+    /// A client cancelled the job.
+    Cancelled,
+    /// A client's kill signal came.
+    Killed,
+}
+
+impl Interrupt {
+    /// The message of the test it left unjudged.
+    fn not_judged(self) -> &'static str {
+        match self {
+            Interrupt::Cancelled => "not judged: the job was cancelled",
+            Interrupt::Killed => NOT_JUDGED_KILLED,
+        }
+    }
+}
+
 /// The stage name of test `index`.
 pub(super) fn stage_name(index: usize) -> String {
     format!("test:{index}")
@@ -151,13 +173,18 @@ impl Grader {
             .map(|t| (t.name.as_str(), t.output_bytes))
     }
 
-    /// Judges test `index` from its run; returns its result and the frames
-    /// to send next (with `stop_on_failure`).
+    /// Judges test `index` from its run; returns its result, the frames
+    /// to send next (with `stop_on_failure`) and what interrupted it. A
+    /// checker program is not waited for once `stop` resolves (the job was
+    /// cancelled or killed meanwhile) or after a kill: the test is then
+    /// `skipped`, not judged, with its run's figures.
     pub(super) async fn finish(
         &mut self,
         index: usize,
         run: &StageResult,
-    ) -> (TestResult, Vec<HostMessage>) {
+        stop: impl std::future::Future<Output = Interrupt>,
+    ) -> (TestResult, Vec<HostMessage>, Option<Interrupt>) {
+        let mut interrupted = None;
         let test = &self.tests.tests[index];
         let result = match &self.tests.check {
             PreparedCheck::Builtin(check) => TestResult::judged(
@@ -173,21 +200,30 @@ impl Grader {
                 let mut result = TestResult::of_run(index, &test.name, test.points, run);
                 match run_failure(run, test.cpu_ms) {
                     Some(failure) => result.fail(failure),
-                    None => {
-                        let answer = match &self.checker {
-                            Some(checker) => {
-                                checker
-                                    .check(
-                                        &test.input,
-                                        run.stdout.as_bytes(),
-                                        test.expected.as_deref().unwrap_or_default(),
-                                    )
-                                    .await
-                            }
-                            None => Err("the checker's sandbox was not started".into()),
-                        };
-                        judge_by_checker(&mut result, answer);
+                    None if self.killed => {
+                        result.reject(Verdict::Skipped, Some(NOT_JUDGED_KILLED.into()));
                     }
+                    None => match &self.checker {
+                        Some(checker) => {
+                            let check = checker.check(
+                                &test.input,
+                                run.stdout.as_bytes(),
+                                test.expected.as_deref().unwrap_or_default(),
+                            );
+                            tokio::select! {
+                                biased;
+                                why = stop => {
+                                    result.reject(Verdict::Skipped, Some(why.not_judged().into()));
+                                    interrupted = Some(why);
+                                }
+                                answer = check => judge_by_checker(&mut result, answer),
+                            }
+                        }
+                        None => judge_by_checker(
+                            &mut result,
+                            Err("the checker's sandbox was not started".into()),
+                        ),
+                    },
                 }
                 result
             }
@@ -216,7 +252,7 @@ impl Grader {
                 frames.push(HostMessage::RunsEnd);
             }
         }
-        (result, frames)
+        (result, frames, interrupted)
     }
 
     /// The test that was running when the sandbox stopped reporting.

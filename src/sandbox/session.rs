@@ -22,7 +22,7 @@ use super::connection::{
     protocol_mismatch,
 };
 use super::container::{ContainerGuard, is_gvisor};
-use super::grading::{Grader, test_index};
+use super::grading::{Grader, Interrupt, test_index};
 use super::outcome::StageOutput;
 pub use super::outcome::{Cleanup, RunOutcome};
 use super::run::{add_gvisor_limits, gvisor_limits};
@@ -239,6 +239,38 @@ impl Session<'_> {
         let _ = self.frames.send(message.encode()).await;
     }
 
+    /// A client cancelled the job: it is killed, with a short grace for
+    /// the supervisor's report.
+    async fn cancel(&mut self, deadline: &mut tokio::time::Instant) {
+        self.cancelled = true;
+        self.kill_sent = true;
+        self.send(HostMessage::Signal(SignalKind::Kill)).await;
+        *deadline = (*deadline).min(tokio::time::Instant::now() + CANCEL_GRACE);
+    }
+
+    /// Hands a client's input to the sandbox.
+    async fn forward(&mut self, input: JobInput) {
+        match input {
+            JobInput::Stdin(data) => {
+                for chunk in data.chunks(MAX_OUTPUT_CHUNK) {
+                    self.send(HostMessage::Stdin(chunk.to_vec())).await;
+                }
+            }
+            JobInput::StdinClose => self.send(HostMessage::StdinClose).await,
+            JobInput::Signal(signal) => {
+                self.kill_sent |= signal == SignalKind::Kill;
+                if signal == SignalKind::Kill
+                    && let Some(grader) = &mut self.grader
+                {
+                    // A kill stops the grading: the test running is
+                    // killed and the rest are not run.
+                    grader.kill();
+                }
+                self.send(HostMessage::Signal(signal)).await;
+            }
+        }
+    }
+
     async fn send_initial_frames(&mut self, bundle: Bundle) {
         self.send(HostMessage::Bundle(Box::new(bundle))).await;
         for chunk in self.job.stdin.chunks(MAX_OUTPUT_CHUNK) {
@@ -319,31 +351,11 @@ impl Session<'_> {
         loop {
             tokio::select! {
                 biased;
-                () = cancel.cancelled(), if !self.cancelled => {
-                    self.cancelled = true;
-                    self.kill_sent = true;
-                    self.send(HostMessage::Signal(SignalKind::Kill)).await;
-                    deadline = deadline.min(tokio::time::Instant::now() + CANCEL_GRACE);
-                }
+                () = cancel.cancelled(), if !self.cancelled => self.cancel(&mut deadline).await,
                 () = tokio::time::sleep_until(deadline) => return Ok(Ending::Deadline),
                 input = recv_input(&mut self.io.input), if input_open => match input {
                     None => input_open = false,
-                    Some(JobInput::Stdin(data)) => {
-                        for chunk in data.chunks(MAX_OUTPUT_CHUNK) {
-                            self.send(HostMessage::Stdin(chunk.to_vec())).await;
-                        }
-                    }
-                    Some(JobInput::StdinClose) => self.send(HostMessage::StdinClose).await,
-                    Some(JobInput::Signal(signal)) => {
-                        self.kill_sent |= signal == SignalKind::Kill;
-                        if signal == SignalKind::Kill && let Some(grader) = &mut self.grader {
-                            // A kill stops the grading: the test running is
-                            // killed and the rest are not run.
-                            grader.kill();
-                        }
-                        self.send(HostMessage::Signal(signal)).await;
-                    }
-
+                    Some(input) => self.forward(input).await,
                 },
                 item = output.next() => match item {
                     None => return Ok(Ending::StreamEnded),
@@ -509,10 +521,26 @@ impl Session<'_> {
                 if let Some(index) = test_index(&report.stage)
                     && let Some(grader) = &mut self.grader
                 {
-                    let (test, frames) = grader.finish(index, &result).await;
+                    // A checker may take long: a cancel or a kill coming
+                    // meanwhile stops the wait; other input waits for it.
+                    let mut held = Vec::new();
+                    let stop = interruption(&self.io.cancel, &mut self.io.input, &mut held);
+                    let (test, frames, interrupted) = grader.finish(index, &result, stop).await;
                     self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
                     for frame in frames {
                         self.send(frame).await;
+                    }
+                    for input in held {
+                        self.forward(input).await;
+                    }
+                    match interrupted {
+                        Some(Interrupt::Killed) => {
+                            self.forward(JobInput::Signal(SignalKind::Kill)).await;
+                        }
+                        Some(Interrupt::Cancelled) if !self.cancelled => {
+                            self.cancel(deadline).await;
+                        }
+                        _ => {}
                     }
                     return Ok(false);
                 }
@@ -603,6 +631,27 @@ impl Session<'_> {
                 }
                 _ => self.store(&name, result),
             }
+        }
+    }
+}
+
+/// Resolves when the job is cancelled or a client's kill comes; any other
+/// input that comes first is kept in `held`, to be forwarded after.
+async fn interruption(
+    cancel: &tokio_util::sync::CancellationToken,
+    input: &mut Option<mpsc::Receiver<JobInput>>,
+    held: &mut Vec<JobInput>,
+) -> Interrupt {
+    let mut open = input.is_some();
+    loop {
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => return Interrupt::Cancelled,
+            item = recv_input(input), if open => match item {
+                Some(JobInput::Signal(SignalKind::Kill)) => return Interrupt::Killed,
+                Some(other) => held.push(other),
+                None => open = false,
+            },
         }
     }
 }
