@@ -523,9 +523,11 @@ async fn a_checker_still_compiling_when_the_job_ends_is_removed_with_it() {
             Some(CheckerUsage::default()),
             "{what}"
         );
-        // Its sandbox goes with the job, not when the compile would end.
+        // Its sandbox goes with the job (once its start, under way when
+        // the job ended, is over), not when the compile would end (8 s and
+        // more after that start).
         let left = common::until(
-            Duration::from_secs(2),
+            Duration::from_secs(5),
             || harness.leftovers(),
             |left: &Vec<String>| left.is_empty(),
         )

@@ -8,8 +8,8 @@
 //! [`Checker::start`] spawns a task that owns the sandbox; [`Checker::check`]
 //! sends it one check and waits for the answer; [`Checker::usage`] sums
 //! what its stages reported (the job's ledger counts it). Dropping the
-//! [`Checker`] ends the task at once, even in the checker's compile, and
-//! the task removes the container.
+//! [`Checker`] ends the task as soon as its sandbox has started, even in the
+//! checker's compile, and the task removes the container.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -165,30 +165,30 @@ async fn serve(
         checker: true,
         egress_dir: None,
     };
-    let work = async {
-        match start(&docker, &config, &guard, &shape).await {
-            Ok(mut connection) => {
-                session(
-                    &mut connection,
-                    &config,
-                    &checker,
-                    uid,
-                    deadline_ms,
-                    &mut requests,
-                    &usage,
-                )
-                .await
-            }
-            Err(StartFailure(message)) => {
-                Err(format!("the checker's sandbox did not start: {message}"))
+    // Its start is never cut short: a container whose creation is under
+    // way when it is removed would be created after the removal, and left.
+    // Once started, the job's end (its grader dropped the handle) stops it
+    // at once: nobody waits for an answer, and a compile still running is
+    // cut short.
+    let outcome = match start(&docker, &config, &guard, &shape).await {
+        Ok(mut connection) => {
+            let session = session(
+                &mut connection,
+                &config,
+                &checker,
+                uid,
+                deadline_ms,
+                &mut requests,
+                &usage,
+            );
+            tokio::select! {
+                () = stop.cancelled() => Ok(()),
+                outcome = session => outcome,
             }
         }
-    };
-    // The job is over (its grader dropped the handle): nobody waits for
-    // an answer, and a compile still running is cut short.
-    let outcome = tokio::select! {
-        () = stop.cancelled() => Ok(()),
-        outcome = work => outcome,
+        Err(StartFailure(message)) => {
+            Err(format!("the checker's sandbox did not start: {message}"))
+        }
     };
     if let Err(message) = outcome {
         tracing::info!(job.id = %job_id, %message, "the checker failed");
