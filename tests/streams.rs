@@ -992,3 +992,65 @@ async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     assert_eq!(view["status"], "running");
     assert!(view.get("queue").is_none(), "{view:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_back_in_the_queue_after_its_worker_was_lost_gives_its_place_again() {
+    use code_runner::store::{LostResults, ReapOutcome, ReapPolicy, Retry};
+    let redis = RedisServer::start();
+    // No worker: this test claims, starts and reaps the job itself.
+    let daemon = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let store = Store::new(&redis.url(), "", Duration::from_secs(60), 2).unwrap();
+    let mut spec = python("print(1)");
+    spec["max_attempts"] = json!(2);
+    let answer = daemon.submit(&spec).await;
+    assert_eq!(answer.status, 202, "{answer:#?}");
+    let id = answer.id();
+    // Another job behind it, so that the queue is not empty once it left.
+    assert_eq!(daemon.submit(&python("print(2)")).await.status, 202);
+
+    let mut ws = Ws::open(&daemon, &id, None).await;
+    ws.places = true;
+    let frames = ws.until(|f| f["type"] == "queued").await;
+    assert_eq!(frames.last().unwrap()["position"], 0, "{frames:#?}");
+    assert_eq!(common::claim_and_start(&store, "lost").await, id);
+    ws.until(|f| f["type"] == "status" && f["status"] == "running")
+        .await;
+
+    // Its worker is lost: the job goes back to the front of the queue for
+    // its second attempt, and the stream follows its place again.
+    let policy = ReapPolicy {
+        max_requeues: 3,
+        retry: Retry::Allowed,
+        late_window: Duration::from_secs(600),
+        own: false,
+    };
+    let lost = LostResults::new("lost", "python", "3", 3);
+    let outcome = store.jobs().reap("lost", &id, policy, &lost).await.unwrap();
+    assert!(
+        matches!(outcome, ReapOutcome::Retried { .. }),
+        "{outcome:?}"
+    );
+    let frames = ws.until(|f| f["type"] == "queued").await;
+    let kinds: Vec<(&Value, &Value)> = frames.iter().map(|f| (&f["type"], &f["status"])).collect();
+    assert_eq!(
+        kinds,
+        [
+            (&json!("attempt"), &Value::Null),
+            (&json!("status"), &json!("queued")),
+            (&json!("queued"), &Value::Null)
+        ],
+        "{frames:#?}"
+    );
+    assert_eq!(frames[2]["position"], 0, "{frames:#?}");
+    assert!(frames[2].get("seq").is_none(), "{frames:#?}");
+    // And it stops again at its second start.
+    assert_eq!(common::claim_and_start(&store, "w2").await, id);
+    ws.until(|f| f["type"] == "status" && f["status"] == "running")
+        .await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), ws.next())
+            .await
+            .is_err(),
+        "nothing follows the second start until the job runs"
+    );
+}

@@ -234,7 +234,7 @@ pub(super) async fn websocket(
         message: rejection.body_text().to_lowercase(),
     })?;
     let permit = state.stream_caps.acquire(&record.api_key, &id)?;
-    let place = queue_place(&state, &record);
+    let place = QueuePlace::of(&state, &record);
     tracing::debug!(job.id = %id, after, "WebSocket stream opened");
     let sessions = state.sessions.clone();
     Ok(upgrade
@@ -271,7 +271,7 @@ async fn session(
     after: u64,
     access: Access,
     _permit: StreamPermit,
-    place: Option<PlaceWatch>,
+    place: QueuePlace,
 ) {
     let (sink, mut incoming) = socket.split();
     let (outbox, frames) = mpsc::channel::<Message>(OUTBOX);
@@ -371,49 +371,83 @@ async fn write_frames(
 /// A queued job's place, as its streams watch it.
 type PlaceWatch = watch::Receiver<Option<Place>>;
 
-/// The place watch of a stream opened on a queued job.
-fn queue_place(state: &ApiState, record: &JobRecord) -> Option<PlaceWatch> {
-    (record.status == Status::Queued).then(|| state.places.watch(&record.id))
+/// A stream's watch of its job's place: on while the job is queued, off
+/// from its start (or end), on again when it goes back to the queue for
+/// another attempt.
+struct QueuePlace {
+    places: super::places::Places,
+    id: String,
+    watch: Option<PlaceWatch>,
+}
+
+impl QueuePlace {
+    /// Watching from the start when the stream opens on a queued job.
+    fn of(state: &ApiState, record: &JobRecord) -> Self {
+        let places = state.places.clone();
+        let watch = (record.status == Status::Queued).then(|| places.watch(&record.id));
+        Self {
+            places,
+            id: record.id.clone(),
+            watch,
+        }
+    }
+
+    /// Follows the job in or out of the queue by the last of `events`
+    /// that moves it.
+    fn note(&mut self, events: &[StoredEvent]) {
+        let queued = events.iter().rev().find_map(|event| {
+            if leaves_the_queue(event) {
+                Some(false)
+            } else {
+                event.is_queued().then_some(true)
+            }
+        });
+        match queued {
+            Some(false) => self.watch = None,
+            Some(true) if self.watch.is_none() => self.watch = Some(self.places.watch(&self.id)),
+            _ => {}
+        }
+    }
+
+    /// The new place; `None` when the job is not queued any more.
+    async fn changed(&mut self) -> Option<Place> {
+        let Some(watch) = &mut self.watch else {
+            return std::future::pending().await;
+        };
+        match watch.changed().await {
+            Ok(()) => *watch.borrow_and_update(),
+            Err(_) => None,
+        }
+    }
 }
 
 /// What a stream sends next.
 enum Next {
     Step(Step),
-    /// The queued job's place changed (never after it started).
+    /// The queued job's place changed (never between its start and a
+    /// return to the queue).
     Place(Place),
 }
 
 /// The next of the job's events, or of its places while it is queued. The
 /// events come first when both are ready; once the job has started (or
-/// ended), its place is no longer watched, so no place follows its start.
-async fn next_of(subscription: &mut Subscription, place: &mut Option<PlaceWatch>) -> Next {
+/// ended), its place is no longer watched, so no place follows its start
+/// until the job is queued again.
+async fn next_of(subscription: &mut Subscription, place: &mut QueuePlace) -> Next {
     loop {
         tokio::select! {
             biased;
             step = subscription.next() => {
-                if let Step::Events(events) = &step
-                    && events.iter().any(leaves_the_queue)
-                {
-                    *place = None;
+                if let Step::Events(events) = &step {
+                    place.note(events);
                 }
                 return Next::Step(step);
             }
-            changed = changed_place(place) => match changed {
+            changed = place.changed() => match changed {
                 Some(now) => return Next::Place(now),
-                None => *place = None,
+                None => place.watch = None,
             },
         }
-    }
-}
-
-/// The new place; `None` when the job is not queued any more.
-async fn changed_place(place: &mut Option<PlaceWatch>) -> Option<Place> {
-    let Some(watch) = place else {
-        return std::future::pending().await;
-    };
-    match watch.changed().await {
-        Ok(()) => *watch.borrow_and_update(),
-        Err(_) => None,
     }
 }
 
@@ -425,7 +459,7 @@ fn leaves_the_queue(event: &StoredEvent) -> bool {
 /// then the close that fits.
 async fn follow(
     mut subscription: Subscription,
-    mut place: Option<PlaceWatch>,
+    mut place: QueuePlace,
     outbox: mpsc::Sender<Message>,
 ) {
     let id = subscription.id().to_string();
@@ -583,7 +617,7 @@ pub(super) async fn events(
     };
     let (record, _) = authorize(&state, &headers, &id, query.token.as_deref()).await?;
     let permit = state.stream_caps.acquire(&record.api_key, &id)?;
-    let place = queue_place(&state, &record);
+    let place = QueuePlace::of(&state, &record);
     let mut follower = state.feeds.subscribe(&id, after);
     // A finished job with nothing after `after`: 204, which tells an
     // EventSource to stop reconnecting.

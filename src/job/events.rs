@@ -209,6 +209,13 @@ impl StoredEvent {
             .starts_with(r#"{"type":"status","status":"running""#)
     }
 
+    /// Whether this is a `status` event of the job entering the queue: its
+    /// submit, or its return for another attempt (its worker was lost).
+    pub fn is_queued(&self) -> bool {
+        self.json
+            .starts_with(r#"{"type":"status","status":"queued""#)
+    }
+
     /// The JSON a client receives: the stored object with `seq` first.
     pub fn wire(&self) -> String {
         match self.json.strip_prefix('{') {
