@@ -1113,6 +1113,9 @@ async fn a_running_jobs_events_are_streamed_as_they_happen() {
 struct Monitor {
     child: tokio::process::Child,
     lines: tokio::task::JoinHandle<Vec<String>>,
+    /// What `stop` asks the server to `ECHO`: the line it prints is the last read.
+    marker: String,
+    redis: String,
 }
 
 impl Monitor {
@@ -1131,19 +1134,46 @@ impl Monitor {
             .expect("MONITOR answers")
             .expect("redis-cli's output");
         assert_eq!(first.as_deref(), Some("OK"));
+        let marker = format!("monitor-end-{}", uuid::Uuid::new_v4().simple());
+        let end = marker.clone();
         let lines = tokio::spawn(async move {
             let mut lines = Vec::new();
             while let Ok(Some(line)) = reader.next_line().await {
+                if line.contains(&end) {
+                    break;
+                }
                 lines.push(line);
             }
             lines
         });
-        Self { child, lines }
+        Self {
+            child,
+            lines,
+            marker,
+            redis: redis.url(),
+        }
     }
 
+    /// Every command the server ran before this call: MONITOR's output
+    /// comes after the commands themselves, so it reads up to a marker
+    /// command sent now, which the server prints after all of them.
     async fn stop(mut self) -> Vec<String> {
+        let client = redis::Client::open(self.redis.as_str()).expect("redis url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis connects");
+        let _: String = redis::cmd("ECHO")
+            .arg(&self.marker)
+            .query_async(&mut conn)
+            .await
+            .expect("ECHO");
+        let lines = tokio::time::timeout(Duration::from_secs(10), &mut self.lines)
+            .await
+            .expect("MONITOR prints the marker")
+            .expect("the reader did not panic");
         self.child.kill().await.expect("redis-cli stops");
-        self.lines.await.expect("the reader did not panic")
+        lines
     }
 }
 
