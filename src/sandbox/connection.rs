@@ -52,8 +52,8 @@ pub(super) async fn start(
         name: Some(guard.name().to_string()),
         ..Default::default()
     };
-    docker
-        .create_container(Some(options), body)
+    guard
+        .create(options, body)
         .await
         .map_err(|error| match error {
             bollard::errors::Error::DockerResponseServerError {

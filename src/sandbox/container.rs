@@ -2,6 +2,7 @@
 //! guard that removes the container on every path.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::Docker;
@@ -9,7 +10,9 @@ use bollard::models::{
     ContainerCreateBody, ContainerSummary, ContainerSummaryStateEnum, HostConfig,
     HostConfigLogConfig, ResourcesUlimits,
 };
-use bollard::query_parameters::{ListContainersOptions, RemoveContainerOptions};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+};
 
 use super::SandboxConfig;
 use super::uids::UidLease;
@@ -239,13 +242,17 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
 /// Removes its container when dropped, unless [`ContainerGuard::remove`] ran,
 /// and keeps the sandbox's uid until the container is gone. A drop happens
 /// when the future running a job is dropped or cancelled; the removal is then
-/// spawned onto the runtime, and tried again a little later in case the
-/// create call was still in flight.
+/// spawned onto the runtime. The container's creation
+/// ([`ContainerGuard::create`]) is never cut short, and every removal waits
+/// for it: a removal that reached Docker before a creation still under way
+/// would find nothing, and the container would be created after it and left.
 pub struct ContainerGuard {
     docker: Docker,
     name: String,
     lease: Option<UidLease>,
     armed: bool,
+    /// Held while the create call is in flight (see [`ContainerGuard::create`]).
+    creating: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl ContainerGuard {
@@ -255,6 +262,29 @@ impl ContainerGuard {
             name,
             lease,
             armed: true,
+            creating: Arc::default(),
+        }
+    }
+
+    /// Creates the container, on a task of its own: dropping the caller's
+    /// future does not cut the call short, and a removal (by
+    /// [`ContainerGuard::remove`] or the drop) waits until it has ended, so
+    /// it finds the container if Docker made it.
+    pub(super) async fn create(
+        &self,
+        options: CreateContainerOptions,
+        body: ContainerCreateBody,
+    ) -> Result<(), bollard::errors::Error> {
+        let held = Arc::clone(&self.creating).lock_owned().await;
+        let docker = self.docker.clone();
+        let call = tokio::spawn(async move {
+            let created = docker.create_container(Some(options), body).await;
+            drop(held);
+            created.map(drop)
+        });
+        match call.await {
+            Ok(created) => created,
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
     }
 
@@ -284,6 +314,7 @@ impl ContainerGuard {
     /// still held) and returns `false`. A removal cancelled half way (its
     /// future dropped) leaves the guard armed, so its drop removes.
     pub async fn remove(mut self) -> bool {
+        let _created = self.creating.lock().await;
         let result = force_remove(&self.docker, &self.name).await;
         self.armed = false;
         let lease = self.lease.take();
@@ -307,15 +338,14 @@ impl Drop for ContainerGuard {
         let docker = self.docker.clone();
         let name = std::mem::take(&mut self.name);
         let lease = self.lease.take();
+        let creating = Arc::clone(&self.creating);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                for delay in [Duration::ZERO, Duration::from_secs(2)] {
-                    tokio::time::sleep(delay).await;
-                    if let Err(error) = force_remove(&docker, &name).await {
-                        tracing::warn!(container = %name, %error, "could not remove a dropped sandbox container");
-                    }
+                let _created = creating.lock().await;
+                if let Err(error) = force_remove(&docker, &name).await {
+                    tracing::warn!(container = %name, %error, "could not remove a dropped sandbox container; retrying in the background");
+                    remove_in_background(docker, name, lease);
                 }
-                drop(lease);
             });
         }
     }
