@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use code_runner::job::grading::{TimeLimit, Verdict};
+use code_runner::job::grading::{Restarts, TimeLimit, Verdict};
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::sandbox::SandboxEvent;
 use common::{Harness, harness_per_runtime};
@@ -123,6 +123,31 @@ async fn each_verdict(harness: &Harness, runtime: &str, language: &str, file: &s
     );
     let grading = result.grading.as_ref().unwrap();
     assert_eq!((grading.passed, grading.total), (2, 8), "{what}");
+    // Under gVisor the memory test takes the sandbox with it: the rest run
+    // in one new sandbox, which compiles the program again, and what that
+    // compile used is in the result (the ledger counts it).
+    match (runtime, result.compile.as_ref(), grading.restarts) {
+        ("runc", _, restarts) => assert_eq!(restarts, None, "{what}"),
+        (_, None, restarts) => assert_eq!(
+            restarts,
+            Some(Restarts {
+                count: 1,
+                cpu_ms: 0,
+                wall_ms: 0
+            }),
+            "{what}"
+        ),
+        (_, Some(compile), Some(restarts)) => {
+            assert_eq!(restarts.count, 1, "{what}");
+            // Compiling the same program again costs about the same.
+            assert!(
+                restarts.cpu_ms >= compile.cpu_ms / 3 && restarts.cpu_ms > 50,
+                "{what}"
+            );
+            assert!(restarts.wall_ms >= restarts.cpu_ms / 2, "{what}");
+        }
+        (_, Some(_), None) => panic!("no restarts after a sandbox died: {what}"),
+    }
     assert_eq!((grading.score, grading.max_score), (2.0, 8.0), "{what}");
     assert_eq!(grading.verdict, Verdict::WrongAnswer, "{what}");
     assert!(result.run.is_none(), "{what}");

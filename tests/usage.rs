@@ -198,16 +198,18 @@ async fn a_finished_job_is_counted_once_with_the_figures_of_its_result() {
 }
 
 #[tokio::test]
-async fn a_graded_jobs_tests_count_with_its_compile_stage_and_its_checker() {
+async fn a_graded_jobs_tests_count_with_its_compile_stages_and_its_checker() {
     common::clear_of_utc_midnight(LEDGER_DAY_TEST_MAX).await;
-    use code_runner::job::grading::{CheckerUsage, Grading, TestResult};
+    use code_runner::job::grading::{CheckerUsage, Grading, Restarts, TestResult};
     let redis = RedisServer::start();
     let store = store(&redis);
     let (_, id) = submit(&store, "ann", 1, Quotas::default()).await;
     claim_and_start(&store, "w1", &id).await;
     // A compile of 100 ms CPU / 200 ms wall, then two tests of 30/40 and
     // 50/60, judged by a checker program that used 1000/3000 (its compile
-    // and two checks): 1180 ms of CPU and 3300 ms of wall time in all.
+    // and two checks), the tests going on in a new sandbox after one died,
+    // whose compile used 90/110: 1270 ms of CPU and 3410 ms of wall time
+    // in all.
     let tests = [(30, 40), (50, 60)]
         .iter()
         .enumerate()
@@ -222,13 +224,18 @@ async fn a_graded_jobs_tests_count_with_its_compile_stage_and_its_checker() {
                 wall_ms: 3000,
                 checks: 2,
             }),
+            restarts: Some(Restarts {
+                count: 1,
+                cpu_ms: 90,
+                wall_ms: 110,
+            }),
             ..Grading::of(tests, false)
         }),
         ..result(Status::Succeeded, Some(stage(100, 200, "", "", 0)), None)
     };
     let outcome = store.jobs().finish(&id, "w1", 1, &finished).await.unwrap();
     assert_eq!(outcome, FinishOutcome::Finished);
-    assert_eq!(today(&store).await.0, figures(1, 1180, 3300, 0, 1));
+    assert_eq!(today(&store).await.0, figures(1, 1270, 3410, 0, 1));
     // The run history's summary says the same.
     let mut conn = redis.conn().await;
     let summary: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
@@ -238,7 +245,7 @@ async fn a_graded_jobs_tests_count_with_its_compile_stage_and_its_checker() {
         .unwrap();
     assert_eq!(
         (summary["cpu_ms"].as_str(), summary["wall_ms"].as_str()),
-        ("1180", "3300"),
+        ("1270", "3410"),
         "{summary:?}"
     );
 }

@@ -11,7 +11,7 @@ use super::checker::{CheckAnswer, Checker};
 use super::run::add_gvisor_limits;
 use crate::job::grading::compare::preview;
 use crate::job::grading::verdict::{MESSAGE_CHARS, run_failure};
-use crate::job::grading::{Grading, PreparedCheck, PreparedTests, TestResult, Verdict};
+use crate::job::grading::{Grading, PreparedCheck, PreparedTests, Restarts, TestResult, Verdict};
 use crate::job::result::signal_name;
 use crate::job::{PreparedJob, StageResult};
 use crate::protocol::{HostMessage, Reason, RunSpec, StageLimits, StageSpec};
@@ -63,6 +63,8 @@ pub(super) struct Grader {
     starts: Vec<std::time::Instant>,
     /// A client's kill stopped the grading.
     killed: bool,
+    /// The sandboxes the tests went on in after one died, and their compiles.
+    restarts: Option<Restarts>,
 }
 
 impl Grader {
@@ -85,7 +87,19 @@ impl Grader {
             stopped: None,
             starts: Vec::new(),
             killed: false,
+            restarts: None,
         })
+    }
+
+    /// The tests went on in a new sandbox (the last one died in a test),
+    /// which compiled the program again as `compile` says.
+    pub(super) fn restarted(&mut self, compile: Option<&StageResult>) {
+        let restarts = self.restarts.get_or_insert_with(Restarts::default);
+        restarts.count += 1;
+        if let Some(compile) = compile {
+            restarts.cpu_ms += compile.cpu_ms;
+            restarts.wall_ms += compile.wall_ms;
+        }
     }
 
     /// The checker program, when the check is one.
@@ -297,6 +311,7 @@ impl Grader {
         }
         Grading {
             checker: self.checker.as_ref().map(Checker::usage),
+            restarts: self.restarts,
             ..Grading::of(self.results, compile_failed)
         }
     }

@@ -244,10 +244,16 @@ pub(super) async fn run_in(
             linger_of(first.is_some()),
         )
         .await;
-        let session = match outcome {
+        let mut session = match outcome {
             Ok(session) => session,
             Err(Failure(message)) => break (None, None, None, false, Some(message), None),
         };
+        if first.is_some()
+            && let Some(grader) = session.grader.as_mut()
+        {
+            // A new sandbox after one died: the program compiled again.
+            grader.restarted(session.compile.as_ref());
+        }
         on_runtime |= session.warm_runtime;
         stopping = session.exiting.filter(|_| session.error.is_none());
         let (compile, ready_at) = first

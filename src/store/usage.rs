@@ -18,7 +18,8 @@
 //! user). It expires the retention after the day ends.
 //!
 //! Figures of a job: `cpu_ms` and `wall_ms` are the sums over its result's
-//! stages (compile and run; a graded job's compile, tests and checker); `output_bytes` is the output it keeps (stdout
+//! stages (compile and run; a graded job's compile, tests, checker and
+//! `restarts`); `output_bytes` is the output it keeps (stdout
 //! and stderr of every stage). An attempt the platform gave up on without
 //! a result (a lost worker) adds no figures of its own: they were never
 //! reported.

@@ -26,7 +26,7 @@ use super::validate::check_args;
 use super::{Encoding, FileSpec, InvalidJob, JobSpec, PreparedJob};
 use crate::languages::LanguageCatalog;
 pub use compare::{Check, Difference};
-pub use verdict::{CheckerUsage, Grading, TestOutcome, TestResult, TimeLimit, Verdict};
+pub use verdict::{CheckerUsage, Grading, Restarts, TestOutcome, TestResult, TimeLimit, Verdict};
 
 /// Most tests in one job.
 pub const MAX_TESTS: usize = 500;

@@ -298,6 +298,23 @@ pub struct Grading {
     /// one; counted with the job's own stages in the usage ledger.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checker: Option<CheckerUsage>,
+    /// The new sandboxes the tests ran in after one died in a test
+    /// (`result.restarts`, gVisor only), and what compiling the program
+    /// again in them used; counted with the job's own stages in the usage
+    /// ledger.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<Restarts>,
+}
+
+/// A graded job's sandboxes started again after one died in a test: how
+/// many, and the CPU and wall time of their compile stages (the job's
+/// `compile` is the first sandbox's; these are the others', summed; 0 for
+/// a language with no compile stage).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Restarts {
+    pub count: u32,
+    pub cpu_ms: u64,
+    pub wall_ms: u64,
 }
 
 /// A checker program's use of its sandbox for one job: its compile stage
@@ -360,6 +377,7 @@ impl Grading {
             max_score,
             verdict,
             checker: None,
+            restarts: None,
         }
     }
 }

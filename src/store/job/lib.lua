@@ -154,10 +154,11 @@ end
 -- (else its run stage's reason) and its stages' cpu_ms and wall_ms into
 -- the summary, while the summary lives.
 -- The CPU and wall time a result used: its compile and run stages', and
--- each test's of a graded job and its checker program's (`checker`).
+-- each test's of a graded job, its checker program's (`checker`) and the
+-- compiles of the new sandboxes its tests went on in (`restarts`).
 local function result_usage(decoded)
   local cpu, wall = 0, 0
-  local parts = {decoded.compile, decoded.run, decoded.checker}
+  local parts = {decoded.compile, decoded.run, decoded.checker, decoded.restarts}
   if type(decoded.tests) == 'table' then
     for _, test in ipairs(decoded.tests) do
       parts[#parts + 1] = test
