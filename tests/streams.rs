@@ -993,6 +993,39 @@ async fn a_queued_jobs_streams_and_view_give_its_place_until_it_starts() {
     assert!(view.get("queue").is_none(), "{view:#}");
 }
 
+/// A stream opened on a queued job whose place this process already knows
+/// (another stream follows it) still replays the job's stored events
+/// before it gives the place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_replays_its_jobs_events_before_it_gives_the_place() {
+    let redis = RedisServer::start();
+    // No worker: the job stays queued.
+    let daemon = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let answer = daemon.submit(&python("print(1)")).await;
+    assert_eq!(answer.status, 202, "{answer:#?}");
+    let id = answer.id();
+    let mut first = Ws::open(&daemon, &id, None).await;
+    first.places = true;
+    let frames = first.until(|f| f["type"] == "queued").await;
+    assert_eq!(frames.last().unwrap()["position"], 0, "{frames:#?}");
+    for round in 0..5 {
+        let mut next = Ws::open(&daemon, &id, None).await;
+        next.places = true;
+        let replayed = next.next().await.expect("a frame");
+        assert_eq!(
+            (&replayed["seq"], &replayed["type"], &replayed["status"]),
+            (&json!(1), &json!("status"), &json!("queued")),
+            "round {round}: {replayed:#}"
+        );
+        let place = next.next().await.expect("a frame");
+        assert_eq!(
+            (&place["type"], &place["position"]),
+            (&json!("queued"), &json!(0)),
+            "round {round}: {place:#}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_back_in_the_queue_after_its_worker_was_lost_gives_its_place_again() {
     use code_runner::store::{LostResults, ReapOutcome, ReapPolicy, Retry};

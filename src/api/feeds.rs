@@ -337,54 +337,73 @@ impl Subscription {
         Ok(Some(events))
     }
 
+    /// Whether the subscription still reads stored events from Redis
+    /// before it takes the live ones (see [`Subscription::catch_up`]).
+    pub(super) fn catching_up(&self) -> bool {
+        self.replay || self.finishing.is_some()
+    }
+
+    /// Reads from Redis what the subscription has not given yet: the next
+    /// batch of stored events or how the stream ends (`Some`), or `None`
+    /// once caught up with a job still going (the live events are next).
+    pub(super) async fn catch_up(&mut self) -> Option<Step> {
+        while self.catching_up() {
+            if self.feeds.inner.shutdown.is_cancelled() {
+                return Some(Step::Shutdown);
+            }
+            match self.replay().await {
+                Err(error) => return Some(Step::Failed(error)),
+                Ok(Some(events)) => return Some(Step::Events(events)),
+                Ok(None) => self.replay = false,
+            }
+            if self.finishing.is_none() {
+                // Caught up: a job that has ended (or expired) has
+                // nothing more to give; one more look catches an `exit`
+                // written meanwhile.
+                match self
+                    .feeds
+                    .inner
+                    .store
+                    .jobs()
+                    .status_and_position(&self.id)
+                    .await
+                {
+                    Err(error) => return Some(Step::Failed(error)),
+                    Ok(None) => {
+                        self.finishing = Some(Update::Gone);
+                        continue;
+                    }
+                    Ok(Some((status, _))) if status.is_terminal() => {
+                        self.finishing = Some(Update::Ended);
+                        continue;
+                    }
+                    Ok(Some(_)) => {}
+                }
+            }
+            if let Some(update) = self.finishing.take() {
+                // Ended for good: nothing more is asked of Redis.
+                self.finishing = Some(update.clone());
+                return Some(match update {
+                    Update::Gone => Step::Gone,
+                    Update::Failed => Step::Failed(StoreError::UnexpectedReply {
+                        script: "events reader",
+                        reply: "the events reader failed".into(),
+                    }),
+                    _ => Step::Ended,
+                });
+            }
+        }
+        None
+    }
+
     /// The next step: events, or how the stream ends.
     pub(super) async fn next(&mut self) -> Step {
         loop {
             if self.feeds.inner.shutdown.is_cancelled() {
                 return Step::Shutdown;
             }
-            if self.replay || self.finishing.is_some() {
-                match self.replay().await {
-                    Err(error) => return Step::Failed(error),
-                    Ok(Some(events)) => return Step::Events(events),
-                    Ok(None) => self.replay = false,
-                }
-                if self.finishing.is_none() {
-                    // Caught up: a job that has ended (or expired) has
-                    // nothing more to give; one more look catches an `exit`
-                    // written meanwhile.
-                    match self
-                        .feeds
-                        .inner
-                        .store
-                        .jobs()
-                        .status_and_position(&self.id)
-                        .await
-                    {
-                        Err(error) => return Step::Failed(error),
-                        Ok(None) => {
-                            self.finishing = Some(Update::Gone);
-                            continue;
-                        }
-                        Ok(Some((status, _))) if status.is_terminal() => {
-                            self.finishing = Some(Update::Ended);
-                            continue;
-                        }
-                        Ok(Some(_)) => {}
-                    }
-                }
-                if let Some(update) = self.finishing.take() {
-                    // Ended for good: nothing more is asked of Redis.
-                    self.finishing = Some(update.clone());
-                    return match update {
-                        Update::Gone => Step::Gone,
-                        Update::Failed => Step::Failed(StoreError::UnexpectedReply {
-                            script: "events reader",
-                            reply: "the events reader failed".into(),
-                        }),
-                        _ => Step::Ended,
-                    };
-                }
+            if let Some(step) = self.catch_up().await {
+                return step;
             }
             let update = tokio::select! {
                 () = self.feeds.inner.shutdown.cancelled() => return Step::Shutdown,

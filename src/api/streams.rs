@@ -430,10 +430,18 @@ enum Next {
 }
 
 /// The next of the job's events, or of its places while it is queued. The
-/// events come first when both are ready; once the job has started (or
+/// stored events a stream replays all come before any place (a client
+/// sees the job's `status` `queued` before where it is in the queue), and
+/// the events come first when both are ready; once the job has started (or
 /// ended), its place is no longer watched, so no place follows its start
 /// until the job is queued again.
 async fn next_of(subscription: &mut Subscription, place: &mut QueuePlace) -> Next {
+    if let Some(step) = subscription.catch_up().await {
+        if let Step::Events(events) = &step {
+            place.note(events);
+        }
+        return Next::Step(step);
+    }
     loop {
         tokio::select! {
             biased;
