@@ -373,6 +373,23 @@ async fn a_bad_configuration_value_exits_64_with_one_line_naming_it() {
 }
 
 #[tokio::test]
+async fn a_checker_cache_larger_than_the_limit_exits_64_naming_it() {
+    let harness = CliHarness::new().await;
+    let mut command = harness.command();
+    command
+        .arg("languages")
+        .env("CODE_RUNNER_CHECKER_CACHE_MB", "16385");
+    let ran = run(command);
+    assert_eq!(ran.code, Some(64), "{ran:#?}");
+    assert_eq!(
+        ran.stderr,
+        "code-runner: invalid configuration: CODE_RUNNER_CHECKER_CACHE_MB: 16385 is more than \
+         16384 (MiB of the worker's memory)\n"
+    );
+    harness.assert_clean().await;
+}
+
+#[tokio::test]
 async fn an_unknown_flag_exits_64() {
     let harness = CliHarness::new().await;
     let dir = tempfile::tempdir().unwrap();

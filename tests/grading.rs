@@ -503,6 +503,7 @@ async fn a_checkers_cpu_and_wall_time_are_in_the_result() {
             cpu_ms,
             wall_ms,
             checks,
+            compile_cached: false,
         }) = result.grading.as_ref().unwrap().checker
         else {
             panic!("no checker usage {what}");
@@ -515,7 +516,7 @@ async fn a_checkers_cpu_and_wall_time_are_in_the_result() {
         let json = serde_json::to_value(&result).unwrap();
         assert_eq!(
             json["checker"],
-            json!({"cpu_ms": cpu_ms, "wall_ms": wall_ms, "checks": 2}),
+            json!({"cpu_ms": cpu_ms, "wall_ms": wall_ms, "checks": 2, "compile_cached": false}),
             "{what}"
         );
         harness.assert_clean().await;
@@ -707,4 +708,162 @@ async fn a_kill_or_a_cancel_does_not_wait_for_a_checker_judging_a_test() {
         );
         harness.assert_clean().await;
     }
+}
+
+/// A C++ checker: accepts when the program's number is the answer's.
+const CPP_CHECKER: &str = r#"
+#include <cstdio>
+#include <fstream>
+int main(int argc, char** argv) {
+    std::ifstream out(argv[2]), ans(argv[3]);
+    long long got, want;
+    if (!(out >> got)) { std::puts("no number"); return 1; }
+    ans >> want;
+    if (got == want) { std::puts("ok"); return 0; }
+    std::printf("expected %lld, got %lld\n", want, got);
+    return 1;
+}
+"#;
+
+fn cpp_checker(source: &str) -> Value {
+    json!({"mode": "program", "language": "cpp", "files": [{"name": "check.cpp", "content": source}]})
+}
+
+/// A python sum judged by `checker`: test 1 right, test 2 wrong.
+fn judged_by(checker: &str) -> JobSpec {
+    graded(
+        "python",
+        "main.py",
+        PYTHON,
+        json!({"check": cpp_checker(checker), "tests": [
+            {"stdin": "1 2", "expected_stdout": "3"},
+            {"stdin": "3 4", "expected_stdout": "8"},
+        ]}),
+    )
+}
+
+/// Runs `spec` as a job of API key `tenant` on the harness's engine.
+async fn run_as(harness: &Harness, tenant: &str, spec: &JobSpec) -> JobResult {
+    let mut job = harness.prepare(spec);
+    job.tenant = Some(tenant.to_string());
+    let id = uuid::Uuid::new_v4().to_string();
+    harness.engine.run(&id, &job, Default::default()).await
+}
+
+/// The verdicts and messages of a [`judged_by`] job, and its checker's
+/// figures.
+fn judged(result: &JobResult, what: &str) -> code_runner::job::grading::CheckerUsage {
+    assert_eq!(
+        verdicts(result),
+        [(Verdict::Accepted, None), (Verdict::WrongAnswer, None)],
+        "{what}: {result:#?}"
+    );
+    let grading = result.grading.as_ref().unwrap();
+    let messages: Vec<_> = grading
+        .tests
+        .iter()
+        .map(|t| t.outcome.message.as_deref())
+        .collect();
+    assert_eq!(
+        messages,
+        [Some("ok"), Some("expected 8, got 7")],
+        "{what}: {result:#?}"
+    );
+    let usage = grading
+        .checker
+        .unwrap_or_else(|| panic!("no checker usage {what}"));
+    assert_eq!(usage.checks, 2, "{what}: {result:#?}");
+    usage
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compiled_checker_is_kept_for_the_next_job_of_the_same_key_only() {
+    for (runtime, harness) in
+        harness_per_runtime("a_compiled_checker_is_kept_for_the_next_job_of_the_same_key_only")
+            .await
+    {
+        let cache = &harness.engine.config().checker_cache;
+        let first = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+        let compiled = judged(&first, &format!("{runtime}: first"));
+        assert!(!compiled.compile_cached, "{runtime}: {first:#?}");
+        let (entries, bytes) = cache.usage();
+        assert_eq!(entries, 1, "{runtime}");
+        // The binary and its source (a C++ binary is kilobytes at least).
+        assert!(bytes > 4096, "{runtime}: {bytes} bytes kept");
+
+        // The same key and checker: no compile, the same judgements.
+        let second = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+        let cached = judged(&second, &format!("{runtime}: second"));
+        assert!(cached.compile_cached, "{runtime}: {second:#?}");
+        // Its figures are the two checks' alone, the compile's CPU is not in
+        // them (g++ spends hundreds of ms on <fstream>).
+        assert!(
+            cached.cpu_ms < compiled.cpu_ms,
+            "{runtime}: cached {cached:?} against compiled {compiled:?}"
+        );
+        let json = serde_json::to_value(&second).unwrap();
+        assert_eq!(json["checker"]["compile_cached"], true, "{runtime}");
+
+        // Another key compiles its own, and so does another checker.
+        let other_key = run_as(&harness, "key-b", &judged_by(CPP_CHECKER)).await;
+        assert!(!judged(&other_key, &format!("{runtime}: key-b")).compile_cached);
+        let changed = format!("// another checker\n{CPP_CHECKER}");
+        let other_source = run_as(&harness, "key-a", &judged_by(&changed)).await;
+        assert!(!judged(&other_source, &format!("{runtime}: changed")).compile_cached);
+        assert_eq!(cache.usage().0, 3, "{runtime}");
+        harness.assert_clean().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_arriving_together_compile_their_checker_once() {
+    for (runtime, harness) in
+        harness_per_runtime("jobs_arriving_together_compile_their_checker_once").await
+    {
+        let spec = judged_by(CPP_CHECKER);
+        let (a, b, c) = tokio::join!(
+            run_as(&harness, "key-a", &spec),
+            run_as(&harness, "key-a", &spec),
+            run_as(&harness, "key-a", &spec),
+        );
+        let cached: Vec<bool> = [&a, &b, &c]
+            .iter()
+            .map(|result| judged(result, runtime).compile_cached)
+            .collect();
+        assert_eq!(
+            cached.iter().filter(|cached| !**cached).count(),
+            1,
+            "{runtime}: one compile, two waited for it: {cached:?}"
+        );
+        harness.assert_clean().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_that_does_not_compile_is_not_kept() {
+    let harness = Harness::new().await;
+    let broken = "int main() { return undefined_name; }\n";
+    for attempt in ["first", "second"] {
+        let result = run_as(&harness, "key-a", &judged_by(broken)).await;
+        let grading = result.grading.as_ref().unwrap();
+        assert_eq!(
+            grading.tests[0].outcome.verdict,
+            Verdict::CheckerError,
+            "{attempt}: {result:#?}"
+        );
+        let error = result.error.as_deref().unwrap_or_default();
+        assert!(
+            error.contains("the checker did not compile (exited)")
+                && error.contains("undefined_name"),
+            "{attempt}: {error}"
+        );
+        // Its compile ran (and reported) both times.
+        let usage = grading.checker.unwrap();
+        assert!(
+            !usage.compile_cached && usage.cpu_ms > 0,
+            "{attempt}: {usage:?}"
+        );
+    }
+    assert_eq!(harness.engine.config().checker_cache.usage(), (0, 0));
+    harness.assert_clean().await;
 }

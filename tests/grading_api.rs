@@ -98,3 +98,33 @@ async fn a_graded_job_answers_with_a_verdict_per_test_and_streams_them() {
     );
     daemon.assert_no_containers(&docker().await).await;
 }
+
+#[tokio::test]
+async fn a_compiled_checker_is_kept_per_api_key() {
+    use common::daemon::KEY_B;
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let checker = "#include <fstream>\nint main(int, char** argv) {\n  std::ifstream out(argv[2]), ans(argv[3]);\n  long long got = -1, want = -2;\n  out >> got; ans >> want;\n  return got == want ? 0 : 1;\n}\n";
+    let job = sum_job(json!({
+        "check": {"mode": "program", "language": "cpp", "files": [{"name": "check.cpp", "content": checker}]},
+        "tests": [{"stdin": "1 2\n", "expected_stdout": "3\n"}, {"stdin": "2 2\n", "expected_stdout": "5\n"}],
+    }));
+    // Key a compiles it, key a again takes it from the worker's cache, key
+    // b compiles its own.
+    for (key, cached) in [(KEY_A, false), (KEY_A, true), (KEY_B, false)] {
+        let answer = daemon.submit_as(Some(key), &job, true).await;
+        assert_eq!(answer.status, 200, "{answer:#?}");
+        let result = &answer.body["result"];
+        assert_eq!(result["verdict"], "wrong_answer", "{key}: {result:#}");
+        assert_eq!(
+            result["tests"][0]["verdict"], "accepted",
+            "{key}: {result:#}"
+        );
+        assert_eq!(result["checker"]["checks"], 2, "{key}: {result:#}");
+        assert_eq!(
+            result["checker"]["compile_cached"], cached,
+            "{key}: {result:#}"
+        );
+    }
+    daemon.assert_no_containers(&docker().await).await;
+}

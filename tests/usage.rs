@@ -223,6 +223,7 @@ async fn a_graded_jobs_tests_count_with_its_compile_stages_and_its_checker() {
                 cpu_ms: 1000,
                 wall_ms: 3000,
                 checks: 2,
+                compile_cached: false,
             }),
             restarts: Some(Restarts {
                 count: 1,

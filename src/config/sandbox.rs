@@ -88,11 +88,21 @@ pub struct SandboxSettings {
     )]
     pub egress_max_connections: u32,
 
+    /// Most MiB of compiled checker programs the worker keeps for the next
+    /// graded job with the same checker (per API key; see docs/grading.md);
+    /// 0 turns the cache off.
+    #[arg(long, env = "CODE_RUNNER_CHECKER_CACHE_MB", default_value_t = crate::sandbox::DEFAULT_CHECKER_CACHE_MB)]
+    pub checker_cache_mb: u64,
+
     /// Tests only: `name=address,…` answers instead of DNS for the egress
     /// proxy, loopback let through (only non-public addresses accepted).
     #[arg(long, env = "CODE_RUNNER_TEST_EGRESS_HOSTS", hide = true)]
     pub test_egress_hosts: Option<String>,
 }
+
+/// Most MiB `CODE_RUNNER_CHECKER_CACHE_MB` may ask for: the cache lives in
+/// the worker's memory.
+const MAX_CHECKER_CACHE_MB: u64 = 16 * 1024;
 
 /// Everything the sandbox side needs, validated.
 #[derive(Debug, Clone)]
@@ -218,8 +228,19 @@ impl SandboxSettings {
                 format!("{:?} is not an absolute path", self.uid_lock_dir),
             ));
         }
+        if self.checker_cache_mb > MAX_CHECKER_CACHE_MB {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_CHECKER_CACHE_MB",
+                format!(
+                    "{} is more than {MAX_CHECKER_CACHE_MB} (MiB of the worker's memory)",
+                    self.checker_cache_mb
+                ),
+            ));
+        }
         let egress = self.egress()?;
         let mut sandbox = SandboxConfig::new(seccomp, worker_id);
+        sandbox.checker_cache =
+            crate::sandbox::checker_cache::CheckerCache::new(self.checker_cache_mb << 20);
         sandbox.egress = egress;
         sandbox.runtime = runtime;
         sandbox.cpus = self.sandbox_cpus;

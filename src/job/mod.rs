@@ -223,6 +223,11 @@ pub struct PreparedJob {
     /// The hosts the job may reach (its `network.allow`); `None`: no
     /// network. Checked against the key's allowlist when it is submitted.
     pub egress: Option<crate::egress::Allowlist>,
+    /// The API key the job came with (the worker sets it from the store;
+    /// `None` for a job the engine runs alone): a compiled checker is kept
+    /// for the next graded job of the same key only (see
+    /// `sandbox::checker_cache`).
+    pub tenant: Option<String>,
 }
 
 impl PreparedJob {
@@ -422,6 +427,7 @@ pub fn prepare(
         tests,
         run_stage,
         egress,
+        tenant: None,
     })
 }
 

@@ -5,6 +5,11 @@
 //! with three files (`input`, `output`, `answer`) written fresh for that
 //! check and removed after it (the supervisor's run plan).
 //!
+//! A checker with a compile stage is compiled once per worker and API key:
+//! the files its compile left are read back and kept in the worker's
+//! [`CheckerCache`](checker_cache::CheckerCache), and the next checker of the same key starts with them
+//! and no compile stage (see `checker_cache`).
+//!
 //! [`Checker::start`] spawns a task that owns the sandbox; [`Checker::check`]
 //! sends it one check and waits for the answer; [`Checker::usage`] sums
 //! what its stages reported (the job's ledger counts it). Dropping the
@@ -19,6 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::SandboxConfig;
+use super::checker_cache::{self, CacheKey, Lookup};
 use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name};
 use super::run::{add_gvisor_limits, gvisor_limits};
@@ -60,12 +66,14 @@ pub struct Checker {
 }
 
 impl Checker {
-    /// Starts the checker's sandbox for `job_id` (in the background).
+    /// Starts the checker's sandbox for `job_id` of `tenant` (in the
+    /// background).
     pub(super) fn start(
         docker: &Docker,
         config: &SandboxConfig,
         uids: &UidRange,
         job_id: &str,
+        tenant: &str,
         checker: &PreparedJob,
         deadline_ms: u64,
     ) -> Self {
@@ -83,6 +91,7 @@ impl Checker {
                 requests: receiver,
                 usage: usage.clone(),
                 stop: stop.clone(),
+                tenant: tenant.to_string(),
             },
         ));
         Self {
@@ -127,6 +136,9 @@ struct Task {
     usage: Arc<Mutex<CheckerUsage>>,
     /// Cancelled when the [`Checker`] handle is dropped.
     stop: CancellationToken,
+    /// The job's API key (`""`: none), which scopes the compiled checkers
+    /// kept.
+    tenant: String,
 }
 
 /// The checker task: start, compile, then one run per request, until the
@@ -144,6 +156,7 @@ async fn serve(
         mut requests,
         usage,
         stop,
+        tenant,
     } = task;
     let name = format!("{}-checker", container_name(&job_id));
     let lease = match uids.lease() {
@@ -175,9 +188,12 @@ async fn serve(
             let session = session(
                 &mut connection,
                 &config,
-                &checker,
-                uid,
-                deadline_ms,
+                Checked {
+                    checker: &checker,
+                    tenant: &tenant,
+                    uid,
+                    deadline_ms,
+                },
                 &mut requests,
                 &usage,
             );
@@ -217,24 +233,65 @@ fn note(usage: &Mutex<CheckerUsage>, report: &crate::protocol::StageReport, chec
     usage.checks += u32::from(check);
 }
 
+/// The checker a session serves, and for whom.
+struct Checked<'a> {
+    checker: &'a PreparedJob,
+    tenant: &'a str,
+    uid: u32,
+    deadline_ms: u64,
+}
+
 /// Speaks with the checker's supervisor until the requests end, answering
 /// them and adding every stage's report to `usage`.
 async fn session(
     connection: &mut Connection,
     config: &SandboxConfig,
-    checker: &PreparedJob,
-    uid: u32,
-    deadline_ms: u64,
+    checked: Checked<'_>,
     requests: &mut mpsc::Receiver<CheckRequest>,
     usage: &Mutex<CheckerUsage>,
 ) -> Result<(), String> {
+    let Checked {
+        checker,
+        tenant,
+        uid,
+        deadline_ms,
+    } = checked;
     let deadline = deadline_instant(deadline_ms);
     let failed = |StartFailure(message)| message;
+    let mut bundle = checker.bundle.clone();
+    // The compiled checker from the cache, or a compile here to keep (the
+    // wait for another checker's compile of the same key overlaps this
+    // sandbox's start).
+    let lead = match bundle.stages.len() {
+        2 => {
+            let key = CacheKey::new(
+                tenant,
+                &checker.language.id,
+                &checker.language.version,
+                &checker.language.image_ref(),
+                &bundle.stages[0],
+                &bundle.files,
+            );
+            match compiled(&config.checker_cache, key, deadline).await? {
+                Lookup::Hit(files) => {
+                    bundle.files = files.to_vec();
+                    bundle.stages.remove(0);
+                    usage
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .compile_cached = true;
+                    None
+                }
+                Lookup::Lead(lead) => Some(lead),
+                Lookup::Off | Lookup::Wait(_) => None,
+            }
+        }
+        _ => None,
+    };
     connection
         .await_ready(config.start_timeout)
         .await
         .map_err(failed)?;
-    let mut bundle = checker.bundle.clone();
     let run = bundle.stages.pop().ok_or("the checker has no run stage")?;
     bundle.uid = uid;
     bundle.gid = uid;
@@ -251,7 +308,7 @@ async fn session(
     let has_compile = !bundle.stages.is_empty();
     send(&connection.frames, HostMessage::Bundle(Box::new(bundle))).await?;
     if has_compile {
-        let (report, _, stderr) = read_stage(connection, deadline).await?;
+        let (report, _, stderr) = read_stage(connection, deadline, CHECKER_OUTPUT_BYTES).await?;
         note(usage, &report, false);
         if report.reason != Reason::Exited || report.exit_code != Some(0) {
             return Err(format!(
@@ -259,6 +316,14 @@ async fn session(
                 report.reason.as_str(),
                 crate::job::grading::compare::preview(&stderr, 400)
             ));
+        }
+    }
+    if let Some(lead) = lead {
+        let mut pack = pack_stage(&run, &checker.bundle.workspace);
+        add_gvisor_limits(&mut pack.limits, gvisor);
+        match read_back(connection, pack, deadline).await? {
+            Ok(files) => lead.keep(files),
+            Err(why) => tracing::info!(%why, "the compiled checker is not kept"),
         }
     }
     // Every check runs the same command, with the three files appended.
@@ -298,7 +363,7 @@ async fn session(
         };
         let started = Instant::now();
         send(&connection.frames, HostMessage::Run(Box::new(run_spec))).await?;
-        match read_stage(connection, deadline).await {
+        match read_stage(connection, deadline, CHECKER_OUTPUT_BYTES).await {
             Ok((report, stdout, stderr)) => {
                 note(usage, &report, true);
                 tracing::debug!(
@@ -330,10 +395,89 @@ async fn send(frames: &mpsc::Sender<Vec<u8>>, message: HostMessage) -> Result<()
         .map_err(|_| "the checker's sandbox is gone".to_string())
 }
 
-/// Reads one stage of the checker: its output (capped) and its report.
+/// What the cache says for `key`, after waiting (until `deadline`) for
+/// another checker's compile of it: never [`Lookup::Wait`].
+async fn compiled(
+    cache: &checker_cache::CheckerCache,
+    key: CacheKey,
+    deadline: tokio::time::Instant,
+) -> Result<Lookup, String> {
+    loop {
+        match cache.lookup(key) {
+            Lookup::Wait(wait) => tokio::time::timeout_at(deadline, wait.done())
+                .await
+                .map_err(|_| {
+                    "the job's time ran out while the checker's compile was under way in another job"
+                        .to_string()
+                })?,
+            lookup => return Ok(lookup),
+        }
+    }
+}
+
+/// The stage that writes the checker's workspace to stdout as a tar archive
+/// once it compiled (run as one of the runs, like a check).
+fn pack_stage(run: &StageSpec, workspace: &str) -> StageSpec {
+    StageSpec {
+        name: "pack".into(),
+        argv: [
+            "/bin/tar",
+            "--create",
+            "--file=-",
+            "--numeric-owner",
+            "--directory",
+            workspace,
+            ".",
+        ]
+        .map(String::from)
+        .to_vec(),
+        stdin: false,
+        watch_input: false,
+        limits: crate::protocol::StageLimits {
+            // One byte over what is kept: more is not kept.
+            output_bytes: checker_cache::MAX_ENTRY_BYTES + 1,
+            ..run.limits
+        },
+        ..run.clone()
+    }
+}
+
+/// Runs `pack` and reads the compiled checker's files from its archive;
+/// the inner `Err` says why they cannot be kept (the checker still serves),
+/// the outer one that its sandbox failed.
+async fn read_back(
+    connection: &mut Connection,
+    pack: StageSpec,
+    deadline: tokio::time::Instant,
+) -> Result<Result<Vec<crate::protocol::BundleFile>, String>, String> {
+    let run_spec = RunSpec {
+        stage: pack,
+        input: Vec::new(),
+        files: Vec::new(),
+    };
+    send(&connection.frames, HostMessage::Run(Box::new(run_spec))).await?;
+    let cap = checker_cache::MAX_ENTRY_BYTES + 1;
+    let (report, archive, stderr) = read_stage(connection, deadline, cap).await?;
+    if report.reason != Reason::Exited || report.exit_code != Some(0) {
+        return Ok(Err(format!(
+            "reading it back ended {} (exit code {:?}): {}",
+            report.reason.as_str(),
+            report.exit_code,
+            crate::job::grading::compare::preview(&stderr, 200)
+        )));
+    }
+    if archive.len() as u64 >= cap {
+        return Ok(Err(format!("its archive is more than {} bytes", cap - 1)));
+    }
+    Ok(checker_cache::files_of_archive(&archive))
+}
+
+/// Reads one stage of the checker: its output (each stream up to `cap`
+/// bytes) and its report.
 async fn read_stage(
     connection: &mut Connection,
     deadline: tokio::time::Instant,
+    cap: u64,
 ) -> Result<(crate::protocol::StageReport, Vec<u8>, Vec<u8>), String> {
     let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
     loop {
@@ -343,8 +487,8 @@ async fn read_stage(
             .map_err(|StartFailure(message)| format!("the checker's sandbox failed: {message}"))?;
         match message {
             SandboxMessage::StageStart(_) | SandboxMessage::InputWanted => {}
-            SandboxMessage::Stdout(data) => keep(&mut stdout, &data),
-            SandboxMessage::Stderr(data) => keep(&mut stderr, &data),
+            SandboxMessage::Stdout(data) => keep(&mut stdout, &data, cap),
+            SandboxMessage::Stderr(data) => keep(&mut stderr, &data, cap),
             SandboxMessage::StageEnd(report) => return Ok((report, stdout, stderr)),
             SandboxMessage::Fatal(fatal) => {
                 return Err(format!(
@@ -358,7 +502,7 @@ async fn read_stage(
     }
 }
 
-fn keep(into: &mut Vec<u8>, data: &[u8]) {
-    let room = (CHECKER_OUTPUT_BYTES as usize).saturating_sub(into.len());
+fn keep(into: &mut Vec<u8>, data: &[u8], cap: u64) {
+    let room = (cap as usize).saturating_sub(into.len());
     into.extend_from_slice(&data[..data.len().min(room)]);
 }

@@ -17,6 +17,7 @@
 //! - `seccomp`: loading and checking the profile.
 
 mod checker;
+pub mod checker_cache;
 mod connection;
 mod container;
 mod egress;
@@ -84,7 +85,13 @@ pub struct SandboxConfig {
     /// always does. The worker sets it when its background work yields to
     /// jobs.
     pub linger: Duration,
+    /// Compiled checker programs kept for the next graded job with the
+    /// same checker (shared by the config's clones; see `checker_cache`).
+    pub checker_cache: checker_cache::CheckerCache,
 }
+
+/// The checker cache's size when nothing sets it.
+pub const DEFAULT_CHECKER_CACHE_MB: u64 = 64;
 
 impl SandboxConfig {
     pub fn new(seccomp: SeccompProfile, worker_id: impl Into<String>) -> Self {
@@ -99,6 +106,7 @@ impl SandboxConfig {
             uid_lock_dir: PathBuf::from(DEFAULT_LOCK_DIR),
             egress: EgressConfig::default(),
             linger: Duration::ZERO,
+            checker_cache: checker_cache::CheckerCache::new(DEFAULT_CHECKER_CACHE_MB << 20),
         }
     }
 

@@ -209,8 +209,9 @@ pub(super) async fn run_in(
         kind,
     } = sandbox;
     let deadline_ms = deadline_ms(&io, config, job);
+    let tenant = job.tenant.as_deref().unwrap_or("");
     let checker = Grader::checker_job(job)
-        .map(|checker| Checker::start(docker, config, uids, job_id, checker, deadline_ms));
+        .map(|checker| Checker::start(docker, config, uids, job_id, tenant, checker, deadline_ms));
     let mut grader = Grader::new(job, gvisor_limits(config, job.limits.pids), checker);
     let mut io = Some(io);
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;

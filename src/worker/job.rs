@@ -90,6 +90,7 @@ impl Shared {
             created_ms,
             attempts,
             deadline_ms,
+            api_key,
         } = match outcome {
             StartOutcome::Start(started) => started,
             StartOutcome::Skip(skipped) => {
@@ -97,13 +98,15 @@ impl Shared {
                 return;
             }
         };
-        let job = match carried {
+        let mut job = match carried {
             Some(job) => job,
             None => match self.prepare_stored(id, &spec) {
                 Ok(job) => job,
                 Err(result) => return self.conclude(id, attempts, *result, &[], None).await,
             },
         };
+        // Compiled checkers are kept per API key.
+        job.tenant = Some(api_key);
         let language = job.language.id.as_str();
         let waited = now_ms().saturating_sub(created_ms);
         self.metrics
@@ -187,6 +190,7 @@ impl Shared {
                                 created_ms: record.created_ms,
                                 attempts: record.attempts,
                                 deadline_ms: record.deadline_ms,
+                                api_key: record.api_key,
                             }));
                         }
                         (Err(error), _) | (_, Err(error)) => error,

@@ -62,6 +62,7 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
         egress_max_mb: 64,
         egress_max_connections: 256,
         test_egress_hosts: None,
+        checker_cache_mb: code_runner::sandbox::DEFAULT_CHECKER_CACHE_MB,
     }
 }
 

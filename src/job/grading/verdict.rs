@@ -327,6 +327,10 @@ pub struct CheckerUsage {
     pub wall_ms: u64,
     /// The checks it answered (one per test that reached it).
     pub checks: u32,
+    /// Its compiled files came from the worker's cache (a graded job of the
+    /// same API key compiled the same checker): no compile stage ran.
+    #[serde(default)]
+    pub compile_cached: bool,
 }
 
 impl Grading {

@@ -2,7 +2,7 @@
 -- and stores its deadline: now + the worker's start timeout and grace
 -- (slack_ms) + the wall budget resolved at submit. Replies {'start', spec
 -- (empty unless with_spec is 1), created_ms, attempts, deadline_ms ('' for
--- a job submitted without a wall budget)}. Else {'skip', why}, and the id
+-- a job submitted without a wall budget), api_key}. Else {'skip', why}, and the id
 -- leaves the processing list: why is the job's status, or 'missing'. A job
 -- no longer in this worker's processing list (a reaper took it back while
 -- this worker stalled) is not started: {'skip', 'not_claimed'}. A job this
@@ -39,4 +39,5 @@ local spec = ''
 if with_spec == '1' then
   spec = redis.call('HGET', job_key, 'spec')
 end
-return {'start', spec, redis.call('HGET', job_key, 'created_ms'), tostring(attempts), deadline}
+return {'start', spec, redis.call('HGET', job_key, 'created_ms'), tostring(attempts), deadline,
+  redis.call('HGET', job_key, 'api_key') or ''}

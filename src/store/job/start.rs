@@ -46,6 +46,8 @@ pub struct Started {
     /// When the job must have ended (ms since the epoch), as stored; `None`
     /// for a job submitted without a wall budget.
     pub deadline_ms: Option<u64>,
+    /// The API key the job was submitted with.
+    pub api_key: String,
 }
 
 /// Why a claimed job was not started.
@@ -75,6 +77,7 @@ impl StartOutcome {
                     "" => None,
                     _ => Some(reply.number(3)?),
                 },
+                api_key: reply.detail(4).to_string(),
             })),
             "skip" => Ok(StartOutcome::Skip(match reply.detail(0) {
                 "not_claimed" => Skipped::NotClaimed,
