@@ -23,6 +23,7 @@
 //! refused key or a job the API rejects, 69 when Docker (`--engine`) cannot
 //! be reached.
 
+mod class;
 mod echo;
 mod exam;
 mod fairness;
@@ -86,6 +87,10 @@ pub enum Scenario {
     /// the same count of separate jobs, --rounds times; the time of each and
     /// the overhead per test.
     Grading,
+    /// A class graded at once by one C++ checker: --jobs graded python
+    /// sums of --tests tests each, sent together, --rounds times (a new
+    /// checker each round); each round's time and the checker compiles.
+    Class,
 }
 
 #[derive(Debug, Args)]
@@ -260,6 +265,9 @@ pub async fn run(args: BenchArgs) -> u8 {
     if args.scenario == Scenario::Grading {
         return grading(&args).await;
     }
+    if args.scenario == Scenario::Class {
+        return class(&args).await;
+    }
     if args.engine && args.via == Via::Wait {
         return fail(
             exit::USAGE,
@@ -315,6 +323,15 @@ impl ScenarioReport for exam::Report {
     }
     fn succeeded(&self) -> bool {
         exam::Report::succeeded(self)
+    }
+}
+
+impl ScenarioReport for class::Report {
+    fn text(&self) -> String {
+        class::Report::text(self)
+    }
+    fn succeeded(&self) -> bool {
+        class::Report::succeeded(self)
     }
 }
 
@@ -417,6 +434,30 @@ async fn grading(args: &BenchArgs) -> u8 {
         args.json,
         grading::run(&api, plan).await,
         "some jobs of the grading scenario did not succeed (see the report)",
+    )
+}
+
+/// `--scenario class`: through the API, then the report.
+async fn class(args: &BenchArgs) -> u8 {
+    if let Some(flag) = args.load_only_flag() {
+        return fail(
+            exit::USAGE,
+            format!("{flag} does not go with --scenario class (its jobs are graded python sums)"),
+        );
+    }
+    let api = match args.api.api(REQUEST_TIMEOUT) {
+        Ok(api) => api,
+        Err(error) => return fail(error.exit_code(), error),
+    };
+    let plan = class::Plan {
+        jobs: args.jobs,
+        tests: args.tests,
+        rounds: args.rounds,
+    };
+    conclude(
+        args.json,
+        class::run(&api, plan).await,
+        "some jobs of the class scenario were not judged as they should be (see the report)",
     )
 }
 
