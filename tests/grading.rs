@@ -867,3 +867,85 @@ async fn a_checker_that_does_not_compile_is_not_kept() {
     assert_eq!(harness.engine.config().checker_cache.usage(), (0, 0));
     harness.assert_clean().await;
 }
+
+/// A tag of the C++ image made for one test, removed when it ends (also
+/// when it fails), with every image built under it.
+struct TestTag(String);
+
+impl TestTag {
+    fn new() -> Self {
+        let tag = format!("code-runner/cpp:checker-cache-{}", uuid::Uuid::new_v4());
+        docker_cli(&["tag", "code-runner/cpp:latest", &tag], None);
+        Self(tag)
+    }
+
+    /// Points the tag at a new image: the C++ image with one label more.
+    fn rebuild(&self) {
+        let dockerfile = format!("FROM code-runner/cpp:latest\nLABEL rebuilt={}\n", self.0);
+        docker_cli(&["build", "--quiet", "-t", &self.0, "-"], Some(&dockerfile));
+    }
+
+    fn id(&self) -> String {
+        docker_cli(&["image", "inspect", "--format", "{{.Id}}", &self.0], None)
+    }
+}
+
+impl Drop for TestTag {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("docker")
+            .args(["rmi", &self.0])
+            .output();
+    }
+}
+
+/// Runs the docker CLI (with `stdin`), panicking unless it succeeds; its
+/// stdout, trimmed.
+fn docker_cli(args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("docker")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the docker CLI runs");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "docker {args:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checker_compiled_with_another_build_of_the_image_compiles_again() {
+    let tag = TestTag::new();
+    let dir = tempfile::tempdir().unwrap();
+    let catalog = dir.path().join("languages.toml");
+    let languages = code_runner::languages::EMBEDDED_CATALOG.replace(
+        "image = \"code-runner/cpp\"\n",
+        &format!("image = \"{}\"\n", tag.0),
+    );
+    assert_ne!(languages, code_runner::languages::EMBEDDED_CATALOG);
+    std::fs::write(&catalog, languages).unwrap();
+    let mut settings = common::default_settings(None);
+    settings.languages_file = Some(catalog);
+    let harness = Harness::with_settings(settings).await;
+
+    let first = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+    assert!(!judged(&first, "first").compile_cached);
+    let again = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+    assert!(judged(&again, "again").compile_cached);
+
+    // The same tag, another image: the kept checker is not taken.
+    let before = tag.id();
+    tag.rebuild();
+    assert_ne!(tag.id(), before);
+    let rebuilt = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+    assert!(!judged(&rebuilt, "rebuilt").compile_cached);
+    let after = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+    assert!(judged(&after, "after").compile_cached);
+    assert_eq!(harness.engine.config().checker_cache.usage().0, 2);
+    harness.assert_clean().await;
+}

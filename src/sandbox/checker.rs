@@ -185,12 +185,20 @@ async fn serve(
     // cut short.
     let outcome = match start(&docker, &config, &guard, &shape).await {
         Ok(mut connection) => {
+            // The image the container runs, by id: a checker compiled
+            // with another build of the language's image is not reused.
+            let image = if has_compile(&checker) {
+                image_id(&docker, guard.name()).await
+            } else {
+                None
+            };
             let session = session(
                 &mut connection,
                 &config,
                 Checked {
                     checker: &checker,
                     tenant: &tenant,
+                    image: image.as_deref(),
                     uid,
                     deadline_ms,
                 },
@@ -237,6 +245,9 @@ fn note(usage: &Mutex<CheckerUsage>, report: &crate::protocol::StageReport, chec
 struct Checked<'a> {
     checker: &'a PreparedJob,
     tenant: &'a str,
+    /// The id of the image its container runs; `None` (not known): no
+    /// compiled checker is taken or kept.
+    image: Option<&'a str>,
     uid: u32,
     deadline_ms: u64,
 }
@@ -253,6 +264,7 @@ async fn session(
     let Checked {
         checker,
         tenant,
+        image,
         uid,
         deadline_ms,
     } = checked;
@@ -262,13 +274,13 @@ async fn session(
     // The compiled checker from the cache, or a compile here to keep (the
     // wait for another checker's compile of the same key overlaps this
     // sandbox's start).
-    let lead = match bundle.stages.len() {
-        2 => {
+    let lead = match (has_compile(checker), image) {
+        (true, Some(image)) => {
             let key = CacheKey::new(
                 tenant,
                 &checker.language.id,
                 &checker.language.version,
-                &checker.language.image_ref(),
+                image,
                 &bundle.stages[0],
                 &bundle.files,
             );
@@ -393,6 +405,29 @@ async fn send(frames: &mpsc::Sender<Vec<u8>>, message: HostMessage) -> Result<()
         .send(message.encode())
         .await
         .map_err(|_| "the checker's sandbox is gone".to_string())
+}
+
+/// Whether the checker has a compile stage (before its run stage).
+fn has_compile(checker: &PreparedJob) -> bool {
+    checker.bundle.stages.len() == 2
+}
+
+/// The id of the image container `name` runs; `None` when Docker does not
+/// say.
+async fn image_id(docker: &Docker, name: &str) -> Option<String> {
+    match docker
+        .inspect_container(
+            name,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+    {
+        Ok(inspected) => inspected.image.filter(|id| !id.is_empty()),
+        Err(error) => {
+            tracing::info!(%error, "the checker's image is not known: its compile is not kept");
+            None
+        }
+    }
 }
 
 /// What the cache says for `key`, after waiting (until `deadline`) for

@@ -8,8 +8,9 @@
 //! those files and no compile stage. The key ([`CacheKey`]) covers the
 //! tenant (the job's API key: tenants never share an entry, so no tenant
 //! can tell from the timing what another one's checker is), the language,
-//! its version and image, the compile command and environment, and every
-//! file of the checker.
+//! its version, the id of the image the checker's container runs (a
+//! rebuilt image compiles again), the compile command and environment, and
+//! every file of the checker.
 //!
 //! At most one compile per key is under way at a time ([`Lookup::Lead`]):
 //! checkers that ask meanwhile wait for it ([`Lookup::Wait`]) and take its
@@ -38,7 +39,7 @@ pub struct CacheKey([u8; 32]);
 
 impl CacheKey {
     /// The key of a checker of `tenant` (`""`: a job with no API key, run
-    /// by the engine alone) compiled by `compile` in `image` from `files`.
+    /// by the engine alone) compiled by `compile` in `image` (an image id) from `files`.
     pub fn new(
         tenant: &str,
         language: &str,
