@@ -57,6 +57,8 @@ pub struct Metrics {
     /// Bytes relayed by jobs' egress proxies, by `direction` (`up`: to the
     /// hosts, `down`: from them).
     pub egress_bytes: IntCounterVec,
+    pub streams_open: IntGauge,
+    pub streams_refused: IntCounterVec,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -181,6 +183,15 @@ impl Metrics {
                 "code_runner_egress_bytes_total",
                 "Bytes relayed by jobs' egress proxies, by direction (up: to the hosts, down: from them).",
                 &["direction"],
+            )?,
+            streams_open: gauge(
+                "code_runner_streams_open",
+                "Job streams (WebSocket and SSE) open on this API process.",
+            )?,
+            streams_refused: counter(
+                "code_runner_streams_refused_total",
+                "Job streams refused with 429 too_many_streams, by the cap they would pass (job, key, server).",
+                &["cap"],
             )?,
             registry,
         })

@@ -380,6 +380,16 @@ async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
     // SSE counts the same.
     let sse = api.get(&format!("/v1/jobs/{id}/events"), Some(KEY_A)).await;
     assert_eq!(sse.status, StatusCode::TOO_MANY_REQUESTS, "{sse:#?}");
+    // The metrics say so: two open, two refused at the job's cap.
+    let metrics = api.metrics().await;
+    for (name, value) in [
+        ("code_runner_streams_open", 2.0),
+        ("code_runner_streams_refused_total{cap=\"job\"}", 2.0),
+        ("code_runner_streams_refused_total{cap=\"key\"}", 0.0),
+        ("code_runner_streams_refused_total{cap=\"server\"}", 0.0),
+    ] {
+        assert_eq!(metric(&metrics, name), Some(value), "{name}: {metrics}");
+    }
     // A closed stream gives its place back.
     drop(first);
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -259,7 +259,7 @@ impl ApiState {
         let shutdown = CancellationToken::new();
         let feeds = feeds::Feeds::new(config.store.clone(), shutdown.clone());
         let places = places::Places::new(config.store.clone(), shutdown.clone());
-        let stream_caps = stream_caps::StreamCaps::new(config.limits.streams);
+        let stream_caps = stream_caps::StreamCaps::new(config.limits.streams, &config.metrics);
         let key_rate = Arc::new(ratelimit::KeyRate::new(
             config.limits.key_rate,
             config.limits.key_burst,

@@ -1,12 +1,17 @@
 //! Caps on the open job streams (WebSocket and SSE) of this API process:
 //! per job, per API key (a stream opened with an attach token counts for
 //! the job's key) and in total. A stream over a cap is refused before the
-//! upgrade with 429 `too_many_streams`, naming the cap.
+//! upgrade with 429 `too_many_streams`, naming the cap. The open streams
+//! are `code_runner_streams_open`, the refusals
+//! `code_runner_streams_refused_total{cap}`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use prometheus::{IntCounterVec, IntGauge};
+
 use super::error::ApiError;
+use crate::metrics::Metrics;
 
 /// The caps, from configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,21 +33,32 @@ struct Counts {
 pub(super) struct StreamCaps {
     limits: StreamLimits,
     counts: Arc<Mutex<Counts>>,
+    open: IntGauge,
+    refused: IntCounterVec,
 }
+
+/// The `cap` labels of `code_runner_streams_refused_total`.
+const CAPS: [&str; 3] = ["job", "key", "server"];
 
 /// One open stream; dropping it gives its place back.
 #[derive(Debug)]
 pub(super) struct StreamPermit {
     counts: Arc<Mutex<Counts>>,
+    open: IntGauge,
     key: String,
     job: String,
 }
 
 impl StreamCaps {
-    pub(super) fn new(limits: StreamLimits) -> Self {
+    pub(super) fn new(limits: StreamLimits, metrics: &Metrics) -> Self {
+        for cap in CAPS {
+            metrics.streams_refused.with_label_values(&[cap]);
+        }
         Self {
             limits,
             counts: Arc::default(),
+            open: metrics.streams_open.clone(),
+            refused: metrics.streams_refused.clone(),
         }
     }
 
@@ -51,6 +67,12 @@ impl StreamCaps {
     pub(super) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let refuse = |scope: &'static str, open: usize, limit: usize, setting: &'static str| {
+            let cap = match scope {
+                "this job" => CAPS[0],
+                "this API key" => CAPS[1],
+                _ => CAPS[2],
+            };
+            self.refused.with_label_values(&[cap]).inc();
             Err(ApiError::TooManyStreams {
                 scope,
                 open,
@@ -85,10 +107,12 @@ impl StreamCaps {
             );
         }
         counts.total += 1;
+        self.open.set(counts.total as i64);
         *counts.keys.entry(key.to_string()).or_default() += 1;
         *counts.jobs.entry(job.to_string()).or_default() += 1;
         Ok(StreamPermit {
             counts: Arc::clone(&self.counts),
+            open: self.open.clone(),
             key: key.to_string(),
             job: job.to_string(),
         })
@@ -99,6 +123,7 @@ impl Drop for StreamPermit {
     fn drop(&mut self) {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         counts.total = counts.total.saturating_sub(1);
+        self.open.set(counts.total as i64);
         let Counts { keys, jobs, .. } = &mut *counts;
         for (map, name) in [(keys, &self.key), (jobs, &self.job)] {
             if let Some(count) = map.get_mut(name) {
@@ -117,11 +142,15 @@ mod tests {
 
     #[test]
     fn each_cap_refuses_the_stream_past_it_and_frees_on_drop() {
-        let caps = StreamCaps::new(StreamLimits {
-            total: 3,
-            per_key: 2,
-            per_job: 1,
-        });
+        let metrics = Metrics::new().unwrap();
+        let caps = StreamCaps::new(
+            StreamLimits {
+                total: 3,
+                per_key: 2,
+                per_job: 1,
+            },
+            &metrics,
+        );
         let first = caps.acquire("a", "j1").unwrap();
         assert!(matches!(
             caps.acquire("a", "j1"),
@@ -149,7 +178,14 @@ mod tests {
                 ..
             })
         ));
+        assert_eq!(metrics.streams_open.get(), 3);
+        let refused: Vec<u64> = CAPS
+            .iter()
+            .map(|cap| metrics.streams_refused.with_label_values(&[*cap]).get())
+            .collect();
+        assert_eq!(refused, [1, 1, 1]);
         drop(first);
+        assert_eq!(metrics.streams_open.get(), 2);
         assert!(caps.acquire("c", "j1").is_ok());
     }
 }
