@@ -13,6 +13,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::grading::wait;
 use super::report::{self, Host};
 use super::stats::Summary;
 use crate::client::{Api, ClientError};
@@ -69,14 +70,7 @@ impl Report {
     pub(super) fn text(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
-        let line = |s: &Option<Summary>| {
-            s.as_ref().map_or("no samples".to_string(), |s| {
-                format!(
-                    "p50 {:.0} ms  p95 {:.0} ms  min {:.0} ms  max {:.0} ms  ({} samples)",
-                    s.p50, s.p95, s.min, s.max, s.samples
-                )
-            })
-        };
+        let line = Summary::line;
         let _ = writeln!(
             out,
             "class: {} python sums graded at once on {} tests by one C++ checker, {} rounds",
@@ -135,11 +129,6 @@ fn judged(view: &Value, tests: u32) -> Result<(bool, u64), String> {
     let checker = &result["checker"];
     let cached = checker["compile_cached"].as_bool().unwrap_or(false);
     Ok((!cached, checker["cpu_ms"].as_u64().unwrap_or(0)))
-}
-
-async fn wait(api: &Api, body: &Value) -> Result<Value, ClientError> {
-    let body = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    Ok(api.submit(&body, None, true, |_| {}).await?.answer)
 }
 
 pub(super) async fn run(api: &Api, plan: Plan) -> Result<Report, ClientError> {

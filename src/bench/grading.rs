@@ -60,14 +60,7 @@ impl Report {
     pub(super) fn text(&self) -> String {
         use std::fmt::Write as _;
         let mut out = String::new();
-        let line = |s: &Option<Summary>| {
-            s.as_ref().map_or("no samples".to_string(), |s| {
-                format!(
-                    "p50 {:.1} ms  p95 {:.1} ms  min {:.1} ms  max {:.1} ms  ({} samples)",
-                    s.p50, s.p95, s.min, s.max, s.samples
-                )
-            })
-        };
+        let line = Summary::line;
         let _ = writeln!(
             out,
             "grading: a C++ sum graded on {} tests, {} rounds",
@@ -119,7 +112,8 @@ fn job(tests: Option<u32>, stdin: &str) -> Value {
     job
 }
 
-async fn wait(api: &Api, body: &Value) -> Result<Value, ClientError> {
+/// Submits `body` with `?wait=true`; the job's view.
+pub(super) async fn wait(api: &Api, body: &Value) -> Result<Value, ClientError> {
     let body = serde_json::to_vec(body).map_err(|e| ClientError::Protocol(e.to_string()))?;
     Ok(api.submit(&body, None, true, |_| {}).await?.answer)
 }

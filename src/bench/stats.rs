@@ -36,6 +36,17 @@ pub(super) struct Summary {
 }
 
 impl Summary {
+    /// One report line: p50, p95, min, max (ms) and the samples, or "no
+    /// samples".
+    pub(super) fn line(summary: &Option<Self>) -> String {
+        summary.as_ref().map_or("no samples".to_string(), |s| {
+            format!(
+                "p50 {:.1} ms  p95 {:.1} ms  min {:.1} ms  max {:.1} ms  ({} samples)",
+                s.p50, s.p95, s.min, s.max, s.samples
+            )
+        })
+    }
+
     /// `None` when there is nothing to summarise.
     pub(super) fn of(mut samples: Vec<Duration>) -> Option<Self> {
         samples.sort_unstable();

@@ -396,16 +396,22 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn one_compile_per_key_and_the_waiters_take_its_entry() {
-        let cache = CheckerCache::new(1024);
-        let k = key("a", &[]);
+    /// The first lookup of `k` (it leads) and a second one (it waits).
+    fn lead_and_wait(cache: &CheckerCache, k: CacheKey) -> (Lead, Wait) {
         let Lookup::Lead(lead) = cache.lookup(k) else {
             panic!("the first lookup leads");
         };
         let Lookup::Wait(wait) = cache.lookup(k) else {
             panic!("a second lookup waits");
         };
+        (lead, wait)
+    }
+
+    #[tokio::test]
+    async fn one_compile_per_key_and_the_waiters_take_its_entry() {
+        let cache = CheckerCache::new(1024);
+        let k = key("a", &[]);
+        let (lead, wait) = lead_and_wait(&cache, k);
         let waiter = tokio::spawn(wait.done());
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
@@ -422,12 +428,7 @@ mod tests {
     async fn a_compile_that_is_not_kept_lets_the_next_one_lead() {
         let cache = CheckerCache::new(1024);
         let k = key("a", &[]);
-        let Lookup::Lead(lead) = cache.lookup(k) else {
-            panic!("the first lookup leads");
-        };
-        let Lookup::Wait(wait) = cache.lookup(k) else {
-            panic!("a second lookup waits");
-        };
+        let (lead, wait) = lead_and_wait(&cache, k);
         drop(lead);
         wait.done().await;
         assert!(matches!(cache.lookup(k), Lookup::Lead(_)));
