@@ -452,6 +452,7 @@ async def main(url):
             "files": [{"content": "name = input()\nprint('hello', name, flush=True)\nprint(input()[::-1])"}]}))
         seen = []
         sent = 0
+        stdout = ""
         try:
             while True:
                 message = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -459,10 +460,14 @@ async def main(url):
                 if message["type"] == "stage" and message["stage"] == "run":
                     await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "ada\n"}))
                     sent += 1
-                # Once, to the greeting: the program's last line ("hello")
-                # comes right before its exit and the close, and a send
-                # after the close raises before the exit is read.
-                if message["type"] == "data" and message["data"] == "hello ada\n" and sent == 1:
+                if message["type"] == "data" and message["stream"] == "stdout":
+                    stdout += message["data"]
+                # Once, to the whole greeting (python -u writes print's
+                # parts one by one, which may come as several messages):
+                # the program's last line ("hello") comes right before its
+                # exit and the close, and a send after the close raises
+                # before the exit is read.
+                if stdout == "hello ada\n" and sent == 1:
                     await ws.send(json.dumps({"type": "data", "stream": "stdin", "data": "olleh\n"}))
                     sent += 1
         except websockets.exceptions.ConnectionClosed as closed:
