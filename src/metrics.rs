@@ -58,6 +58,7 @@ pub struct Metrics {
     /// hosts, `down`: from them).
     pub egress_bytes: IntCounterVec,
     pub streams_open: IntGauge,
+    pub checker_compiles: IntCounterVec,
     pub streams_refused: IntCounterVec,
 }
 
@@ -187,6 +188,11 @@ impl Metrics {
             streams_open: gauge(
                 "code_runner_streams_open",
                 "Job streams (WebSocket and SSE) open on this API process.",
+            )?,
+            checker_compiles: counter(
+                "code_runner_checker_compiles_total",
+                "Graded jobs whose checker program has a compile stage, by whether it started from a compile the worker kept (hit) or not (miss).",
+                &["cache"],
             )?,
             streams_refused: counter(
                 "code_runner_streams_refused_total",

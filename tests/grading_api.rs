@@ -126,5 +126,16 @@ async fn a_compiled_checker_is_kept_per_api_key() {
             "{key}: {result:#}"
         );
     }
+    let metrics = daemon.metrics().await;
+    for (name, value) in [
+        ("code_runner_checker_compiles_total{cache=\"hit\"}", 1.0),
+        ("code_runner_checker_compiles_total{cache=\"miss\"}", 2.0),
+    ] {
+        assert_eq!(
+            common::daemon::metric(&metrics, name),
+            Some(value),
+            "{name}: {metrics}"
+        );
+    }
     daemon.assert_no_containers(&docker().await).await;
 }

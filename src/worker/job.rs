@@ -71,6 +71,24 @@ pub(super) fn apply_kill(
     result
 }
 
+/// For a graded job whose checker program has a compile stage, whether
+/// its checker started from a compile the worker kept; `None` for any
+/// other job.
+fn checker_cache_hit(job: &PreparedJob, result: &JobResult) -> Option<bool> {
+    use crate::job::grading::PreparedCheck;
+    let PreparedCheck::Program(checker) = &job.tests.as_ref()?.check else {
+        return None;
+    };
+    // A compile stage, then the run stage.
+    (checker.bundle.stages.len() == 2).then(|| {
+        result
+            .grading
+            .as_ref()
+            .and_then(|grading| grading.checker)
+            .is_some_and(|checker| checker.compile_cached)
+    })
+}
+
 /// The result of a job that never reached a sandbox.
 fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
     JobResult::without_stages(Status::Error, language, version.unwrap_or_default())
@@ -333,6 +351,12 @@ impl Shared {
                     .with_label_values(&[direction])
                     .inc_by(bytes);
             }
+        }
+        if let Some(hit) = checker_cache_hit(job, &result) {
+            self.metrics
+                .checker_compiles
+                .with_label_values(&[if hit { "hit" } else { "miss" }])
+                .inc();
         }
         tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
         let tail = stream.close(&result);
