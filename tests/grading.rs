@@ -949,3 +949,17 @@ async fn a_checker_compiled_with_another_build_of_the_image_compiles_again() {
     assert_eq!(harness.engine.config().checker_cache.usage().0, 2);
     harness.assert_clean().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_cache_off_every_job_compiles_its_checker() {
+    let mut settings = common::default_settings(None);
+    settings.checker_cache_mb = 0;
+    let harness = Harness::with_settings(settings).await;
+    for attempt in ["first", "second"] {
+        let result = run_as(&harness, "key-a", &judged_by(CPP_CHECKER)).await;
+        let usage = judged(&result, attempt);
+        assert!(!usage.compile_cached, "{attempt}: {usage:?}");
+    }
+    assert_eq!(harness.engine.config().checker_cache.usage(), (0, 0));
+    harness.assert_clean().await;
+}

@@ -37,8 +37,35 @@ pub(super) struct StreamCaps {
     refused: IntCounterVec,
 }
 
-/// The `cap` labels of `code_runner_streams_refused_total`.
-const CAPS: [&str; 3] = ["job", "key", "server"];
+/// Which cap a stream would pass.
+#[derive(Debug, Clone, Copy)]
+enum Cap {
+    Job,
+    Key,
+    Server,
+}
+
+impl Cap {
+    const ALL: [Cap; 3] = [Cap::Job, Cap::Key, Cap::Server];
+
+    /// Its `cap` label of `code_runner_streams_refused_total`.
+    fn label(self) -> &'static str {
+        match self {
+            Cap::Job => "job",
+            Cap::Key => "key",
+            Cap::Server => "server",
+        }
+    }
+
+    /// Whose streams it counts, as the refusal says it.
+    fn scope(self) -> &'static str {
+        match self {
+            Cap::Job => "this job",
+            Cap::Key => "this API key",
+            Cap::Server => "this server",
+        }
+    }
+}
 
 /// One open stream; dropping it gives its place back.
 #[derive(Debug)]
@@ -51,8 +78,8 @@ pub(super) struct StreamPermit {
 
 impl StreamCaps {
     pub(super) fn new(limits: StreamLimits, metrics: &Metrics) -> Self {
-        for cap in CAPS {
-            metrics.streams_refused.with_label_values(&[cap]);
+        for cap in Cap::ALL {
+            metrics.streams_refused.with_label_values(&[cap.label()]);
         }
         Self {
             limits,
@@ -66,15 +93,10 @@ impl StreamCaps {
     /// refusal that names the cap it would pass.
     pub(super) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let refuse = |scope: &'static str, open: usize, limit: usize, setting: &'static str| {
-            let cap = match scope {
-                "this job" => CAPS[0],
-                "this API key" => CAPS[1],
-                _ => CAPS[2],
-            };
-            self.refused.with_label_values(&[cap]).inc();
+        let refuse = |cap: Cap, open: usize, limit: usize, setting: &'static str| {
+            self.refused.with_label_values(&[cap.label()]).inc();
             Err(ApiError::TooManyStreams {
-                scope,
+                scope: cap.scope(),
                 open,
                 limit,
                 setting,
@@ -83,7 +105,7 @@ impl StreamCaps {
         let of_job = counts.jobs.get(job).copied().unwrap_or(0);
         if of_job >= self.limits.per_job {
             return refuse(
-                "this job",
+                Cap::Job,
                 of_job,
                 self.limits.per_job,
                 "CODE_RUNNER_MAX_STREAMS_PER_JOB",
@@ -92,7 +114,7 @@ impl StreamCaps {
         let of_key = counts.keys.get(key).copied().unwrap_or(0);
         if of_key >= self.limits.per_key {
             return refuse(
-                "this API key",
+                Cap::Key,
                 of_key,
                 self.limits.per_key,
                 "CODE_RUNNER_MAX_STREAMS_PER_KEY",
@@ -100,7 +122,7 @@ impl StreamCaps {
         }
         if counts.total >= self.limits.total {
             return refuse(
-                "this server",
+                Cap::Server,
                 counts.total,
                 self.limits.total,
                 "CODE_RUNNER_MAX_STREAMS",
@@ -179,9 +201,14 @@ mod tests {
             })
         ));
         assert_eq!(metrics.streams_open.get(), 3);
-        let refused: Vec<u64> = CAPS
+        let refused: Vec<u64> = Cap::ALL
             .iter()
-            .map(|cap| metrics.streams_refused.with_label_values(&[*cap]).get())
+            .map(|cap| {
+                metrics
+                    .streams_refused
+                    .with_label_values(&[cap.label()])
+                    .get()
+            })
             .collect();
         assert_eq!(refused, [1, 1, 1]);
         drop(first);

@@ -187,11 +187,13 @@ async fn serve(
         Ok(mut connection) => {
             // The image the container runs, by id: a checker compiled
             // with another build of the language's image is not reused.
-            let image = if has_compile(&checker) {
-                image_id(&docker, guard.name()).await
-            } else {
-                None
-            };
+            // Only asked when a compile could be kept.
+            let image =
+                if checker.language.compile.is_some() && config.checker_cache.limit_bytes() > 0 {
+                    image_id(&docker, guard.name()).await
+                } else {
+                    None
+                };
             let session = session(
                 &mut connection,
                 &config,
@@ -274,8 +276,9 @@ async fn session(
     // The compiled checker from the cache, or a compile here to keep (the
     // wait for another checker's compile of the same key overlaps this
     // sandbox's start).
-    let lead = match (has_compile(checker), image) {
-        (true, Some(image)) => {
+    // Known only for a checker with a compile stage (its bundle's first).
+    let lead = match image {
+        Some(image) => {
             let key = CacheKey::new(
                 tenant,
                 &checker.language.id,
@@ -298,7 +301,7 @@ async fn session(
                 Lookup::Off | Lookup::Wait(_) => None,
             }
         }
-        _ => None,
+        None => None,
     };
     connection
         .await_ready(config.start_timeout)
@@ -405,11 +408,6 @@ async fn send(frames: &mpsc::Sender<Vec<u8>>, message: HostMessage) -> Result<()
         .send(message.encode())
         .await
         .map_err(|_| "the checker's sandbox is gone".to_string())
-}
-
-/// Whether the checker has a compile stage (before its run stage).
-fn has_compile(checker: &PreparedJob) -> bool {
-    checker.bundle.stages.len() == 2
 }
 
 /// The id of the image container `name` runs; `None` when Docker does not

@@ -186,7 +186,7 @@ impl CheckerCache {
         }
     }
 
-    /// Ready entries and their bytes (for tests and the log).
+    /// Ready entries and their bytes (for tests).
     pub fn usage(&self) -> (usize, u64) {
         let state = self.state();
         let ready = state

@@ -79,8 +79,7 @@ fn checker_cache_hit(job: &PreparedJob, result: &JobResult) -> Option<bool> {
     let PreparedCheck::Program(checker) = &job.tests.as_ref()?.check else {
         return None;
     };
-    // A compile stage, then the run stage.
-    (checker.bundle.stages.len() == 2).then(|| {
+    checker.language.compile.is_some().then(|| {
         result
             .grading
             .as_ref()
