@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::job::events::JobEvent;
+use crate::job::events::{JobEvent, StageState};
 
 /// Shortest time between two writes of output (a flood is coalesced into
 /// one write per interval; output after a quiet spell goes at once).
@@ -136,6 +136,24 @@ impl Coalescer {
         self.items.is_empty()
     }
 
+    /// The events to write now, keeping back a stage's end that is the
+    /// last thing held (it waits for the job's end, to go with the
+    /// result). The output before it is complete: its stage ended.
+    pub(super) fn take_holding_stage_end(&mut self) -> (Vec<JobEvent>, usize) {
+        let held = match self.items.last() {
+            Some(Item::Event(JobEvent::Stage { state, .. })) if *state == StageState::End => {
+                self.items.pop()
+            }
+            _ => None,
+        };
+        let Some(Item::Event(end)) = held else {
+            return self.take(false);
+        };
+        let taken = self.take(true);
+        self.items.push(Item::Event(end));
+        taken
+    }
+
     /// The events to write now and how many output bytes they carry. Unless
     /// `last`, an incomplete UTF-8 sequence at the end of a stream's output
     /// is held back for its next output.
@@ -223,6 +241,43 @@ mod tests {
             _ => "other",
         };
         (kind, event.output_bytes().unwrap_or_default())
+    }
+
+    #[test]
+    fn a_stage_end_held_last_stays_and_the_output_before_it_goes() {
+        let run = crate::job::StageResult {
+            stdout: crate::job::Output(b"42\n".to_vec()),
+            stderr: crate::job::Output(Vec::new()),
+            truncated: false,
+            exit_code: Some(0),
+            signal: None,
+            reason: crate::protocol::Reason::Exited,
+            wall_ms: 3,
+            cpu_ms: 2,
+            memory_peak_bytes: 0,
+        };
+        let end = JobEvent::stage_end("run", &run);
+        let mut coalescer = Coalescer::default();
+        coalescer.push_output(Stream::Stdout, b"42\n".to_vec());
+        coalescer.push_event(end.clone());
+        let (events, bytes) = coalescer.take_holding_stage_end();
+        assert_eq!(
+            events.iter().map(data).collect::<Vec<_>>(),
+            [("stdout", b"42\n".to_vec())]
+        );
+        assert_eq!((bytes, coalescer.output_bytes), (3, 0));
+        assert_eq!(
+            coalescer.take(true),
+            (vec![end.clone()], 0),
+            "it is still held"
+        );
+
+        // Anything after the end (the next stage's start) takes it along.
+        coalescer.push_event(end.clone());
+        coalescer.push_event(JobEvent::stage_start("run"));
+        let (events, _) = coalescer.take_holding_stage_end();
+        assert_eq!(events, [end, JobEvent::stage_start("run")]);
+        assert!(coalescer.is_empty());
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   per interval (or as soon as [`FLUSH_BYTES`] of it wait). A stage start
 //!   goes at once, with everything before it, in order; so does a stage's
 //!   end, after waiting up to [`STAGE_END_HOLD`] for what follows it: the
-//!   job's end, normally, and then it goes with the result. Adjacent
+//!   job's end, normally, and then it goes with the result (output
+//!   written during the hold leaves the end held). Adjacent
 //!   chunks of one stream become one event (of about [`MAX_EVENT_BYTES`] at
 //!   most); an incomplete UTF-8 sequence at the end of a stream's buffer
 //!   waits for the rest of the character, so text stays text, until the stage
@@ -120,6 +121,10 @@ pub(super) struct EventStream {
     held: usize,
     /// The stage that started and has not ended.
     open_stage: Option<String>,
+    /// Until when a stage's end that is the last event held waits for the
+    /// job's end ([`STAGE_END_HOLD`]): output written meanwhile leaves it
+    /// held, so it still goes with the result.
+    end_held_until: Option<Instant>,
     backoff: Backoff,
     /// Nothing more can be appended (the job is not running any more).
     ended: bool,
@@ -153,6 +158,7 @@ impl EventStream {
             retry: Batch::default(),
             held: 0,
             open_stage: None,
+            end_held_until: None,
             backoff: Backoff::redis(),
             ended: false,
             dropped: false,
@@ -200,6 +206,10 @@ impl EventStream {
                         last_write = Some(now);
                         input_at_write = self.input_marks.load(Ordering::Relaxed);
                         in_flight = Some(self.attempt(batch));
+                    }
+                    // A stage's end kept back: written when its hold ends.
+                    if !self.coalescer.is_empty() {
+                        due = self.end_held_until;
                     }
                 }
             }
@@ -269,6 +279,7 @@ impl EventStream {
                 self.coalescer
                     .push_event(JobEvent::stage_end(&stage, &result));
                 self.open_stage = None;
+                self.end_held_until = Some(Instant::now() + STAGE_END_HOLD);
                 Flush::Soon
             }
             SandboxEvent::TestStart { index, name } => {
@@ -326,10 +337,16 @@ impl EventStream {
         }
     }
 
-    /// The failed batch (if any) followed by what the coalescer holds.
+    /// The failed batch (if any) followed by what the coalescer holds
+    /// (but a stage's end still in its hold, unless `last`).
     fn next_batch(&mut self, last: bool) -> Batch {
         let mut batch = std::mem::take(&mut self.retry);
-        let (events, output_bytes) = self.coalescer.take(last);
+        let holding = !last && self.end_held_until.is_some_and(|at| Instant::now() < at);
+        let (events, output_bytes) = if holding {
+            self.coalescer.take_holding_stage_end()
+        } else {
+            self.coalescer.take(last)
+        };
         batch.extend(Batch {
             events,
             output_bytes,
@@ -420,5 +437,81 @@ impl EventStream {
             }
         }
         self.next_batch(true).events
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{Output, StageResult};
+    use crate::protocol::Reason;
+
+    fn run() -> StageResult {
+        StageResult {
+            stdout: Output(b"42\n".to_vec()),
+            stderr: Output(Vec::new()),
+            truncated: false,
+            exit_code: Some(0),
+            signal: None,
+            reason: Reason::Exited,
+            wall_ms: 3,
+            cpu_ms: 2,
+            memory_peak_bytes: 0,
+        }
+    }
+
+    /// A stream whose store is never reached: these tests only batch.
+    fn stream() -> EventStream {
+        let store = Store::new("redis://127.0.0.1:1/", "unused", Duration::from_secs(60), 1)
+            .expect("a pool, not connected");
+        EventStream::new(store, "job", "worker", 1, Arc::default())
+    }
+
+    /// Output and the run's end taken together (an append was in flight
+    /// while both came): the output goes, the end waits for the result,
+    /// and once its hold is over it goes on its own.
+    #[tokio::test(start_paused = true)]
+    async fn output_written_during_a_stage_ends_hold_leaves_the_end_for_the_result() {
+        let mut stream = stream();
+        stream.accept(SandboxEvent::StageStart {
+            stage: "run".into(),
+        });
+        let _ = stream.next_batch(false);
+        stream.accept(SandboxEvent::Stdout(b"42\n".to_vec()));
+        assert_eq!(
+            stream.accept(SandboxEvent::StageEnd {
+                stage: "run".into(),
+                result: Box::new(run()),
+            }),
+            Flush::Soon
+        );
+        let batch = stream.next_batch(false);
+        assert_eq!(batch.events, [JobEvent::stdout(b"42\n".to_vec())]);
+        assert_eq!(
+            stream.close(&JobResult::without_stages(
+                crate::job::Status::Succeeded,
+                "python",
+                "3.11"
+            )),
+            [JobEvent::stage_end("run", &run())],
+            "the end goes with the result"
+        );
+
+        let mut stream = self::stream();
+        stream.accept(SandboxEvent::Stdout(b"42\n".to_vec()));
+        stream.accept(SandboxEvent::StageEnd {
+            stage: "run".into(),
+            result: Box::new(run()),
+        });
+        tokio::time::advance(STAGE_END_HOLD).await;
+        let batch = stream.next_batch(false);
+        assert_eq!(
+            batch.events,
+            [
+                JobEvent::stdout(b"42\n".to_vec()),
+                JobEvent::stage_end("run", &run())
+            ],
+            "after its hold, the end goes"
+        );
     }
 }
