@@ -875,6 +875,183 @@ async fn live_stdin_and_signals_reach_the_running_job() {
     assert_eq!(world.processing_len().await, 0);
 }
 
+/// Clients of the test's Redis blocked in an `XREAD` (`CLIENT LIST`).
+async fn blocked_xreads(world: &World) -> usize {
+    let mut conn = world.redis.conn().await;
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT LIST");
+    clients
+        .lines()
+        .filter(|client| client.contains(" cmd=xread ") && client.contains(" flags=b "))
+        .count()
+}
+
+/// Four interactive jobs at once: one connection reads all their control
+/// streams (not one each), and each job gets its own input, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(4, Duration::from_secs(30));
+    let spec = JobSpec {
+        interactive: true,
+        ..python("for _ in range(2):\n    print(input().upper(), flush=True)")
+    };
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(world.submit(&spec).await);
+    }
+    for id in &ids {
+        world.wait_running(id).await;
+    }
+    // Every job is followed once its relay runs; give the relays a moment
+    // to start, then the reader's connection is the only one blocked.
+    wait_for("one blocked control read", JOB_DEADLINE, || async {
+        (blocked_xreads(&world).await == 1).then_some(())
+    })
+    .await;
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(blocked_xreads(&world).await, 1, "one control reader");
+    }
+    for round in ["first", "second"] {
+        for (i, id) in ids.iter().enumerate() {
+            let line = format!("{round} of job {i}\n");
+            send_control(&world, id, &[("type", "stdin"), ("data", &line)]).await;
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let record = world.wait_terminal(id, JOB_DEADLINE).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(
+            run_stdout(&record),
+            format!("FIRST OF JOB {i}\nSECOND OF JOB {i}\n")
+        );
+        world.assert_settled(id).await;
+    }
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+/// The control reader's connection is killed mid-read: it connects
+/// again, input still reaches its job, and a job whose cancel was asked
+/// for (its `cancel_requested` flag, without the message) is cancelled,
+/// as the flags are read again on every new connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_reader_reconnects_and_reads_the_cancel_flags_again() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    let echo = world
+        .submit(&JobSpec {
+            interactive: true,
+            ..python("print(input().upper(), flush=True)")
+        })
+        .await;
+    let sleeper = world
+        .submit(&python(
+            "import time\nprint('up', flush=True)\ntime.sleep(60)",
+        ))
+        .await;
+    world.wait_running(&echo).await;
+    world.wait_running(&sleeper).await;
+    wait_for_stdout(&world, &sleeper, b"up\n").await;
+    let mut conn = world.redis.conn().await;
+    let _: () = conn
+        .hset(world.store.keys().job(&sleeper), "cancel_requested", "1")
+        .await
+        .expect("HSET");
+    let reader = wait_for("the control reader's read", JOB_DEADLINE, || async {
+        let mut conn = world.redis.conn().await;
+        let clients: String = redis::cmd("CLIENT")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT LIST");
+        clients
+            .lines()
+            .find(|client| client.contains(" cmd=xread ") && client.contains(" flags=b "))
+            .and_then(|client| client.strip_prefix("id="))
+            .and_then(|rest| rest.split(' ').next())
+            .map(str::to_string)
+    })
+    .await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(&reader)
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT KILL");
+    assert_eq!(killed, 1);
+    send_control(
+        &world,
+        &echo,
+        &[("type", "stdin"), ("data", "after reconnect\n")],
+    )
+    .await;
+    let record = world.wait_terminal(&echo, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "AFTER RECONNECT\n");
+    let record = world.wait_terminal(&sleeper, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Cancelled, "{record:#?}");
+    world.assert_settled(&echo).await;
+    world.assert_settled(&sleeper).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
+/// A program that reads its input late is sent far more messages than
+/// the reader hands out before it waits: nothing is lost or reordered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_input_to_a_slow_reader_arrives_whole_and_in_order() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    let spec = JobSpec {
+        interactive: true,
+        ..python(
+            "import sys, time\nprint('up', flush=True)\ntime.sleep(3)\n\
+             lines = sys.stdin.read().splitlines()\nprint(len(lines), lines[0], lines[-1])\n\
+             print(lines == [f'line {i}' for i in range(500)])",
+        )
+    };
+    let id = world.submit(&spec).await;
+    world.wait_running(&id).await;
+    wait_for_stdout(&world, &id, b"up\n").await;
+    {
+        let mut conn = world.redis.conn().await;
+        let mut pipe = redis::pipe();
+        for i in 0..500 {
+            pipe.xadd(
+                world.store.keys().stdin(&id),
+                "*",
+                &[("type", "stdin"), ("data", &format!("line {i}\n"))],
+            )
+            .ignore();
+        }
+        pipe.xadd(
+            world.store.keys().stdin(&id),
+            "*",
+            &[("type", "stdin_close")],
+        )
+        .ignore();
+        let () = pipe.query_async(&mut conn).await.expect("XADD");
+    }
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    assert_eq!(run_stdout(&record), "up\n500 line 0 line 499\nTrue\n");
+    world.assert_settled(&id).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_this_worker_cannot_run_ends_as_an_error_without_a_sandbox() {
     let world = World::new().await;

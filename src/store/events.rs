@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
-use super::StoreError;
 use super::redis::Redis;
+use super::{StoreError, doorbell};
 use crate::job::events::{JobEvent, StoredEvent};
 
 /// What one read of many jobs' streams gave.
@@ -31,10 +31,6 @@ pub struct FeedRead {
 
 /// Most entries one read returns per stream.
 const READ_COUNT: usize = 200;
-/// Doorbell entries kept (only the newest matters).
-const DOORBELL_KEPT: usize = 16;
-/// A doorbell nobody rings expires after this.
-const DOORBELL_TTL_SECS: i64 = 3600;
 
 /// A stream entry as stored.
 enum Stored {
@@ -132,27 +128,20 @@ impl Events {
         jobs: &[(String, u64)],
         block: Duration,
     ) -> Result<FeedRead, StoreError> {
-        let doorbell = self.redis.keys.doorbell(instance);
-        let mut keys = vec![doorbell.clone()];
-        let mut ids = vec![doorbell_after.to_string()];
         let mut by_key = HashMap::new();
-        for (id, after) in jobs {
+        let streams = jobs.iter().map(|(id, after)| {
             let key = self.redis.keys.events(id);
             by_key.insert(key.clone(), id.clone());
-            keys.push(key);
-            ids.push(format!("{after}-0"));
-        }
-        let options = redis::streams::StreamReadOptions::default()
-            .count(READ_COUNT)
-            .block(block.as_millis() as usize);
-        let reply: Option<redis::streams::StreamReadReply> =
-            conn.xread_options(&keys, &ids, &options).await?;
-        let mut read = FeedRead::default();
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            if key.key == doorbell {
-                read.doorbell = key.ids.last().map(|entry| entry.id.clone());
-                continue;
-            }
+            (key, format!("{after}-0"))
+        });
+        let doorbell = self.redis.keys.doorbell(instance);
+        let reply =
+            doorbell::read(conn, &doorbell, doorbell_after, streams, READ_COUNT, block).await?;
+        let mut read = FeedRead {
+            doorbell: reply.doorbell,
+            events: Vec::new(),
+        };
+        for key in reply.streams {
             let Some(id) = by_key.get(&key.key) else {
                 continue;
             };
@@ -165,20 +154,7 @@ impl Events {
     /// Rings the doorbell of `instance`: its reader's blocking read returns
     /// at once. Returns the entry's id.
     pub async fn ring_doorbell(&self, instance: &str) -> Result<String, StoreError> {
-        let key = self.redis.keys.doorbell(instance);
-        let mut conn = self.redis.conn().await?;
-        let (id,): (String,) = redis::pipe()
-            .xadd_maxlen(
-                &key,
-                redis::streams::StreamMaxlen::Approx(DOORBELL_KEPT),
-                "*",
-                &[("r", "1")],
-            )
-            .expire(&key, DOORBELL_TTL_SECS)
-            .ignore()
-            .query_async(&mut conn)
-            .await?;
-        Ok(id)
+        doorbell::ring(&self.redis, &self.redis.keys.doorbell(instance)).await
     }
 
     /// Stream entries of job `id` as events; an `exit` stored without its

@@ -77,6 +77,9 @@ impl Keys {
     pub fn heartbeat(&self, worker: &str) -> String {
         format!("{}worker:{worker}:hb", self.prefix)
     }
+    pub fn worker_doorbell(&self, worker: &str) -> String {
+        format!("{}worker:{worker}:doorbell", self.prefix)
+    }
     pub fn languages(&self, worker: &str) -> String {
         format!("{}worker:{worker}:languages", self.prefix)
     }

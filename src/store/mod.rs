@@ -68,7 +68,8 @@
 //!   idempotency record (`i:<key>`) of the key holds, and their `total`;
 //!   `apikey:<name>:expiry` — sorted set: when each of them expires.
 //! - `feeds:<instance>:doorbell` — a tiny stream an API process rings to
-//!   wake its own events reader (expires on its own).
+//!   wake its own events reader (expires on its own); see [`doorbell`].
+//! - `worker:<wid>:doorbell` — the same for a worker's control reader.
 //! - `worker:<wid>:processing` — list of the ids a worker has claimed (and
 //!   the turn of a claim between its two halves).
 //! - `worker:<wid>:hb` — heartbeat, with an expiry; `workers` — set of ids.
@@ -106,6 +107,7 @@
 
 pub mod capacity;
 pub mod compat;
+mod doorbell;
 pub mod events;
 pub mod health;
 pub mod history;
@@ -123,7 +125,7 @@ pub use health::{RedisHealth, RedisWarning};
 pub use history::{History, HistoryEntry, HistoryPage, HistoryPosition, HistoryQuery};
 pub use job::cancel::CancelOutcome;
 pub use job::claim::{ClaimOutcome, TURN};
-pub use job::control::Control;
+pub use job::control::{Control, ControlRead};
 pub use job::finish::FinishOutcome;
 pub use job::give_up_overdue::RunningJob;
 pub use job::places::Places;

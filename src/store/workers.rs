@@ -77,6 +77,8 @@ impl Workers {
         redis::pipe()
             .del(self.redis.keys.heartbeat(worker))
             .ignore()
+            .del(self.redis.keys.worker_doorbell(worker))
+            .ignore()
             .srem(self.redis.keys.workers(), worker)
             .ignore()
             .query_async::<()>(&mut conn)

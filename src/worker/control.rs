@@ -1,27 +1,341 @@
-//! The control relay of a running job: reads `job:<id>:stdin` (through the
-//! queue module) on a connection of its own and turns each message into
-//! something the engine understands — `cancel` kills the job, stdin and
-//! signals go to the sandbox as [`JobInput`]. It also honours the job's
-//! `cancel_requested` flag, read whenever it (re)connects.
+//! The control messages of running jobs: what clients send them through
+//! `job:<id>:stdin` (stdin, stdin close, signals, and the `cancel` of a
+//! DELETE), turned into what the engine understands — `cancel` kills the
+//! job, stdin and signals go to the sandbox as [`JobInput`].
+//!
+//! One [`ControlReader`] per worker holds one dedicated Redis connection
+//! and reads the control streams of all its running jobs at once (one
+//! blocking `XREAD` over every stream,
+//! [`Jobs::read_controls`](crate::store::Jobs::read_controls)). A job
+//! starting is added to the read by ringing the worker's doorbell
+//! (`worker:<wid>:doorbell`), which wakes the blocked read at once; while
+//! the read is not blocked, nothing needs ringing. So a worker holds one
+//! control connection however many jobs it runs (a managed Redis's client
+//! limit is not spent per job, nor a TLS handshake per job on
+//! `rediss://`); it is kept for [`IDLE_KEEP`] after the last job ends.
+//!
+//! Each job's [`ControlRelay`] takes its messages from the reader and
+//! hands them to its sandbox. A sandbox that does not keep up stops its
+//! stream being read (the messages stay in Redis) until it has taken most
+//! of what it was given. A job's `cancel_requested` flag is read when the
+//! job is added and whenever the reader (re)connects: a cancel is honoured
+//! even if its message never arrives.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::sandbox::JobInput;
-use crate::store::{Control, Store};
+use crate::store::{Control, Store, StoreError};
 
 /// Input messages buffered between the relay and the sandbox; when full,
-/// the relay stops reading Redis until the sandbox catches up.
+/// the relay waits for the sandbox.
 pub(super) const INPUT_BUFFER: usize = 64;
+/// Messages a job may have been given and not taken before its stream is
+/// left out of the reads.
+const PAUSE_AT: usize = 64;
+/// Taken down to this, a paused job's stream is read again.
+const RESUME_AT: usize = PAUSE_AT / 2;
+/// How long the connection is kept while no job is followed.
+const IDLE_KEEP: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// One running job, as the reader follows it.
+struct Followed {
+    /// The last stream id read.
+    last_id: String,
+    messages: mpsc::UnboundedSender<Control>,
+    /// Messages given and not yet taken by the relay.
+    unread: usize,
+    /// Left out of the reads until the relay takes enough.
+    paused: bool,
+    /// Its `cancel_requested` flag is to be read before the next read.
+    check_cancel: bool,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: HashMap<String, Followed>,
+    /// The reader is blocked in a read whose set of streams was fixed.
+    reading: bool,
+    /// The doorbell was rung for that read (once is enough).
+    rung: bool,
+}
+
+struct Inner {
+    store: Store,
+    worker: String,
+    state: Mutex<State>,
+    /// Wakes the reader when it is not blocked in Redis.
+    changed: Notify,
+}
+
+/// The control reader of one worker; cheap to clone. [`ControlReader::run`]
+/// reads until it is told to stop.
+#[derive(Clone)]
+pub(super) struct ControlReader {
+    inner: Arc<Inner>,
+}
+
+impl ControlReader {
+    pub(super) fn new(store: Store, worker: &str) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                worker: worker.to_string(),
+                state: Mutex::default(),
+                changed: Notify::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts reading job `id`'s control stream from its beginning, until
+    /// the returned handle is dropped.
+    fn follow(&self, id: &str) -> Following {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let ring = {
+            let mut state = self.lock();
+            state.jobs.insert(
+                id.to_string(),
+                Followed {
+                    last_id: "0".to_string(),
+                    messages: sender,
+                    unread: 0,
+                    paused: false,
+                    check_cancel: true,
+                },
+            );
+            self.wanted(&mut state)
+        };
+        self.wake(ring);
+        Following {
+            reader: self.clone(),
+            id: id.to_string(),
+            messages: receiver,
+        }
+    }
+
+    /// The set of streams changed: whether the doorbell must ring (the
+    /// reader is blocked in a read without it and nobody rang yet).
+    fn wanted(&self, state: &mut State) -> bool {
+        let ring = state.reading && !state.rung;
+        if ring {
+            state.rung = true;
+        }
+        ring
+    }
+
+    fn wake(&self, ring: bool) {
+        self.inner.changed.notify_one();
+        if ring {
+            let inner = Arc::clone(&self.inner);
+            tokio::spawn(async move {
+                if let Err(error) = inner
+                    .store
+                    .jobs()
+                    .ring_control_doorbell(&inner.worker)
+                    .await
+                {
+                    // The read ends within its block timeout anyway.
+                    tracing::debug!(%error, "cannot ring the control reader's doorbell");
+                }
+            });
+        }
+    }
+
+    /// The relay of `id` took one message.
+    fn took(&self, id: &str) {
+        let ring = {
+            let mut state = self.lock();
+            let Some(job) = state.jobs.get_mut(id) else {
+                return;
+            };
+            job.unread = job.unread.saturating_sub(1);
+            if !(job.paused && job.unread <= RESUME_AT) {
+                return;
+            }
+            job.paused = false;
+            self.wanted(&mut state)
+        };
+        self.wake(ring);
+    }
+
+    fn unfollow(&self, id: &str) {
+        self.lock().jobs.remove(id);
+    }
+
+    /// What the next read covers (id, last stream id), and the jobs whose
+    /// cancel flag is to be read first. Marks the reader as reading.
+    fn next_read(&self) -> (Vec<(String, String)>, Vec<String>) {
+        let mut state = self.lock();
+        let read: Vec<(String, String)> = state
+            .jobs
+            .iter()
+            .filter(|(_, job)| !job.paused)
+            .map(|(id, job)| (id.clone(), job.last_id.clone()))
+            .collect();
+        let check: Vec<String> = state
+            .jobs
+            .iter_mut()
+            .filter_map(|(id, job)| std::mem::take(&mut job.check_cancel).then(|| id.clone()))
+            .collect();
+        state.reading = !read.is_empty();
+        state.rung = false;
+        (read, check)
+    }
+
+    /// Gives `messages` to job `id` (if it is still followed) and moves
+    /// its place in the stream to `last_id`.
+    fn give(&self, id: &str, last_id: Option<String>, messages: Vec<Control>) {
+        let mut state = self.lock();
+        let Some(job) = state.jobs.get_mut(id) else {
+            return;
+        };
+        if let Some(last_id) = last_id {
+            job.last_id = last_id;
+        }
+        for message in messages {
+            if job.messages.send(message).is_ok() {
+                job.unread += 1;
+            }
+        }
+        if job.unread >= PAUSE_AT {
+            job.paused = true;
+        }
+    }
+
+    /// After a failed read: every job's cancel flag is read again.
+    fn check_all_cancels(&self) {
+        let mut state = self.lock();
+        state.reading = false;
+        for job in state.jobs.values_mut() {
+            job.check_cancel = true;
+        }
+    }
+
+    /// Reads the followed jobs' control streams until `stop` (the worker's
+    /// jobs all ended). Holds a connection only while it follows jobs.
+    pub(super) async fn run(&self, stop: &CancellationToken) {
+        let store = &self.inner.store;
+        let mut conn: Option<MultiplexedConnection> = None;
+        let mut doorbell = "0-0".to_string();
+        let mut backoff = Backoff::redis();
+        loop {
+            let (read, check) = self.next_read();
+            if !check.is_empty() {
+                match store.jobs().cancels_requested(&check).await {
+                    Ok(flags) => {
+                        for (id, _) in check.iter().zip(flags).filter(|(_, flag)| *flag) {
+                            self.give(id, None, vec![Control::Cancel]);
+                        }
+                    }
+                    Err(error) => {
+                        if !self.failed(&error, &mut conn, &mut backoff, stop).await {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            }
+            if read.is_empty() {
+                // Kept a while for the next job; given up before an idle
+                // timeout of the server's could close it mid-read.
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = self.inner.changed.notified() => {}
+                    () = tokio::time::sleep(IDLE_KEEP), if conn.is_some() => conn = None,
+                }
+                continue;
+            }
+            let step = async {
+                if conn.is_none() {
+                    conn = Some(store.dedicated().await?);
+                }
+                let connection = conn.as_mut().expect("connected above");
+                store
+                    .jobs()
+                    .read_controls(connection, &self.inner.worker, &doorbell, &read)
+                    .await
+            };
+            let outcome = tokio::select! {
+                () = stop.cancelled() => return,
+                outcome = step => outcome,
+            };
+            match outcome {
+                Ok(got) => {
+                    backoff.reset();
+                    self.lock().reading = false;
+                    if let Some(rung) = got.doorbell {
+                        doorbell = rung;
+                    }
+                    for (id, last_id, messages) in got.jobs {
+                        self.give(&id, Some(last_id), messages);
+                    }
+                }
+                Err(error) => {
+                    if !self.failed(&error, &mut conn, &mut backoff, stop).await {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Drops the connection, waits out the backoff; `false` at `stop`.
+    async fn failed(
+        &self,
+        error: &StoreError,
+        conn: &mut Option<MultiplexedConnection>,
+        backoff: &mut Backoff,
+        stop: &CancellationToken,
+    ) -> bool {
+        *conn = None;
+        self.check_all_cancels();
+        let delay = backoff.next_delay();
+        tracing::warn!(
+            %error,
+            retry_ms = delay.as_millis() as u64,
+            "could not read the running jobs' control messages; retrying"
+        );
+        sleep_unless_cancelled(delay, stop).await
+    }
+}
+
+/// One job followed by the reader, until dropped.
+struct Following {
+    reader: ControlReader,
+    id: String,
+    messages: mpsc::UnboundedReceiver<Control>,
+}
+
+impl Following {
+    async fn next(&mut self) -> Option<Control> {
+        let message = self.messages.recv().await?;
+        self.reader.took(&self.id);
+        Some(message)
+    }
+}
+
+impl Drop for Following {
+    fn drop(&mut self) {
+        self.reader.unfollow(&self.id);
+    }
+}
 
 /// One job's relay, until `done` (the job ended).
 pub(super) struct ControlRelay<'a> {
-    pub(super) store: &'a Store,
+    pub(super) reader: &'a ControlReader,
     pub(super) job_id: &'a str,
     /// Cancelled when a client cancels the job.
     pub(super) cancel: CancellationToken,
@@ -36,66 +350,21 @@ impl ControlRelay<'_> {
     /// Relays control messages until the job ends; returns whether a client
     /// cancelled the job.
     pub(super) async fn run(self) -> bool {
-        let mut conn: Option<MultiplexedConnection> = None;
-        let mut last_id = "0".to_string();
-        let mut backoff = Backoff::redis();
+        let mut following = self.reader.follow(self.job_id);
         let mut cancelled = false;
         loop {
-            let read = match conn.as_mut() {
-                Some(conn) => {
-                    tokio::select! {
-                        biased;
-                        () = self.done.cancelled() => return cancelled,
-                        read = self.store.jobs().read_control(conn, self.job_id, &last_id) => read,
-                    }
-                }
-                None => {
-                    let connected = tokio::select! {
-                        biased;
-                        () = self.done.cancelled() => return cancelled,
-                        connected = self.store.dedicated() => connected,
-                    };
-                    match connected {
-                        // On every (re)connection, the job hash's
-                        // `cancel_requested` is read too: a cancel is
-                        // honoured even if its message never arrives.
-                        Ok(new) => match self.store.jobs().cancel_requested(self.job_id).await {
-                            Ok(requested) => {
-                                conn = Some(new);
-                                if requested {
-                                    self.deliver(Control::Cancel, &mut cancelled).await;
-                                }
-                                continue;
-                            }
-                            Err(error) => Err(error),
-                        },
-                        Err(error) => Err(error),
-                    }
-                }
+            let message = tokio::select! {
+                biased;
+                () = self.done.cancelled() => return cancelled,
+                message = following.next() => message,
             };
-            match read {
-                Ok((next_id, messages)) => {
-                    backoff.reset();
-                    last_id = next_id;
-                    for message in messages {
-                        if !self.deliver(message, &mut cancelled).await {
-                            return cancelled;
-                        }
-                    }
-                }
-                Err(error) => {
-                    conn = None;
-                    let delay = backoff.next_delay();
-                    tracing::warn!(
-                        job.id = %self.job_id,
-                        %error,
-                        retry_ms = delay.as_millis() as u64,
-                        "could not read the job's control messages; retrying"
-                    );
-                    if !sleep_unless_cancelled(delay, &self.done).await {
-                        return cancelled;
-                    }
-                }
+            // The reader never drops a followed job's sender.
+            let Some(message) = message else {
+                self.done.cancelled().await;
+                return cancelled;
+            };
+            if !self.deliver(message, &mut cancelled).await {
+                return cancelled;
             }
         }
     }

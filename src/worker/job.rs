@@ -298,7 +298,7 @@ impl Shared {
         );
         let done = CancellationToken::new();
         let relay = ControlRelay {
-            store: &self.store,
+            reader: &self.controls,
             job_id: id,
             cancel,
             input,

@@ -6,9 +6,9 @@
 //!   the permit moves into the job's task and is returned when the job's
 //!   result is durable.
 //! - Claims block on a dedicated connection (`BLMOVE`, 1 s), never on the
-//!   pool. Each running job reads its control stream (cancel, stdin,
-//!   signals) on a dedicated connection of its own ([`control`]), and
-//!   streams its stage and output events into its events stream,
+//!   pool. The running jobs' control streams (cancel, stdin, signals) are
+//!   read by one reader on one dedicated connection ([`control`]), and
+//!   each job streams its stage and output events into its events stream,
 //!   coalesced ([`stream`]).
 //! - Redis failures are retried with backoff ([`backoff`]); the worker never
 //!   exits because Redis blipped, and never drops a result silently.
@@ -175,6 +175,8 @@ struct Shared {
     pool: Option<WarmPool>,
     /// Finished jobs' containers waiting to be removed.
     removals: Removals,
+    /// Reads the running jobs' control streams.
+    controls: control::ControlReader,
     started_ms: u64,
     /// Cancelled when shutdown begins (SIGTERM).
     shutdown: CancellationToken,
@@ -265,8 +267,10 @@ impl Worker {
             self.config.yield_while_busy,
             metrics.clone(),
         );
+        let controls = control::ControlReader::new(store.clone(), &self.config.id);
         let shared = Arc::new(Shared {
             config: self.config,
+            controls,
             store,
             engine,
             catalog,
@@ -336,7 +340,8 @@ impl Worker {
             shared.heartbeat_loop(heartbeat_stop.clone(), first_delay),
             work,
             warm,
-            removals
+            removals,
+            shared.controls.run(&heartbeat_stop)
         );
         // Every job has ended: what is left to remove goes now.
         shared.removals.drain(&shared.engine).await;

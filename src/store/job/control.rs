@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use deadpool_redis::redis::{self, AsyncCommands};
 
 use super::Jobs;
-use crate::store::{BLOCK_TIMEOUT, StoreError};
+use crate::store::{BLOCK_TIMEOUT, StoreError, doorbell};
 
 /// A control message for a running job, from `job:<id>:stdin`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,33 +31,88 @@ impl Jobs {
         Ok(flag.is_some_and(|f| f == "1"))
     }
 
-    /// Reads control messages for a job after stream id `after`, waiting up
-    /// to [`BLOCK_TIMEOUT`] on a dedicated connection. Returns the last id
-    /// read and the messages (unknown ones are skipped).
-    pub async fn read_control(
+    /// Whether each job's cancellation was asked for, in the order given
+    /// (one round trip).
+    pub async fn cancels_requested(&self, ids: &[String]) -> Result<Vec<bool>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for id in ids {
+            pipe.hget(self.redis.keys.job(id), "cancel_requested");
+        }
+        let mut conn = self.redis.conn().await?;
+        let flags: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+        Ok(flags
+            .into_iter()
+            .map(|flag| flag.is_some_and(|f| f == "1"))
+            .collect())
+    }
+
+    /// Reads, on `conn` (dedicated: this blocks up to [`BLOCK_TIMEOUT`]),
+    /// the control messages of every job in `jobs` (id, last stream id
+    /// read), and whether the doorbell of `worker` rang after
+    /// `doorbell_after`. Unknown messages are skipped (their id still
+    /// counts as read).
+    pub async fn read_controls(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
-        id: &str,
-        after: &str,
-    ) -> Result<(String, Vec<Control>), StoreError> {
-        let options = redis::streams::StreamReadOptions::default()
-            .block(BLOCK_TIMEOUT.as_millis() as usize)
-            .count(100);
-        let reply: Option<redis::streams::StreamReadReply> = conn
-            .xread_options(&[self.redis.keys.stdin(id)], &[after], &options)
-            .await?;
-        let mut last = after.to_string();
-        let mut messages = Vec::new();
-        for key in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in key.ids {
-                last = entry.id.clone();
-                if let Some(control) = control_from_entry(&entry.map) {
-                    messages.push(control);
-                }
-            }
+        worker: &str,
+        doorbell_after: &str,
+        jobs: &[(String, String)],
+    ) -> Result<ControlRead, StoreError> {
+        let mut by_key = HashMap::new();
+        let streams = jobs.iter().map(|(id, after)| {
+            let key = self.redis.keys.stdin(id);
+            by_key.insert(key.clone(), id.clone());
+            (key, after.clone())
+        });
+        let doorbell = self.redis.keys.worker_doorbell(worker);
+        let reply = doorbell::read(
+            conn,
+            &doorbell,
+            doorbell_after,
+            streams,
+            READ_COUNT,
+            BLOCK_TIMEOUT,
+        )
+        .await?;
+        let mut read = ControlRead {
+            doorbell: reply.doorbell,
+            jobs: Vec::new(),
+        };
+        for key in reply.streams {
+            let (Some(id), Some(last)) = (by_key.get(&key.key), key.ids.last()) else {
+                continue;
+            };
+            let last = last.id.clone();
+            let messages = key
+                .ids
+                .iter()
+                .filter_map(|entry| control_from_entry(&entry.map))
+                .collect();
+            read.jobs.push((id.clone(), last, messages));
         }
-        Ok((last, messages))
+        Ok(read)
     }
+
+    /// Wakes `worker`'s control reader (its blocking read returns at once).
+    pub async fn ring_control_doorbell(&self, worker: &str) -> Result<String, StoreError> {
+        doorbell::ring(&self.redis, &self.redis.keys.worker_doorbell(worker)).await
+    }
+}
+
+/// Most messages one read returns per job.
+const READ_COUNT: usize = 100;
+
+/// What one read of a worker's control streams gave.
+#[derive(Debug, Default)]
+pub struct ControlRead {
+    /// The doorbell's last entry id, when it rang.
+    pub doorbell: Option<String>,
+    /// Per job with new messages: its id, the last stream id read and the
+    /// messages, in order.
+    pub jobs: Vec<(String, String, Vec<Control>)>,
 }
 
 /// The fields of a control message in `job:<id>:stdin`; stdin is raw.
