@@ -20,12 +20,16 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_code-runner-init");
 pub const PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 pub const SIGKILL: i32 = 9;
 
-/// A uid (and gid) used by no process on the host: 4_000_000 +
-/// 64 * (pid % 1000) + a per-test counter. Never 65534 or a system uid.
+/// A uid (and gid) used by no process on the host: 4_000_000 + 64 * pid +
+/// a per-test counter; never 65534 or a system uid. No other test process
+/// uses it while this one runs: 64 per process, by its whole pid (nextest runs each test in a process of its own, at
+/// once with others; by `pid % 1000`, two of them could share uids, and
+/// one's checks and cleanup would see the other's processes). Pids stay
+/// under 2^22 (Linux's largest `pid_max`), so the uids stay under 2^28.
 pub fn fresh_uid() -> u32 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed) % 64;
-    4_000_000 + 64 * (std::process::id() % 1000) + n
+    4_000_000 + 64 * std::process::id() + n
 }
 
 /// Pids of the processes whose real uid is `uid` (zombies excluded).
@@ -235,7 +239,7 @@ impl Sandbox {
     /// The uid the runs of a run plan use in these tests: another one no
     /// host process runs as.
     pub fn runs_uid(&self) -> u32 {
-        self.uid + 500_000
+        self.uid + 1_000_000_000
     }
 
     /// A bundle whose stages are followed by runs as [`Self::runs_uid`],
