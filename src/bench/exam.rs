@@ -25,11 +25,11 @@ use futures_util::future::join_all;
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::report::{self, Host};
+use super::report::{self, Host, StartCounts};
 use super::stats::Summary;
 use crate::client::stream::{EventSink, Followed, Follower, NoInterrupts, Outgoing};
 use crate::client::{Api, ClientError, job_id};
-use crate::job::Status;
+use crate::job::{StartKind, Status};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Plan {
@@ -172,6 +172,9 @@ struct Outcome {
     answer_latencies: Vec<Duration>,
     refusals: BTreeMap<String, u32>,
     waits: u32,
+    /// How the job got its sandbox, and how long that took (the result's
+    /// `start` and `timings.container_start_ms`), when it ended.
+    start: Option<(Option<StartKind>, Duration)>,
     /// Why it did not go as it should, if it did not.
     problem: Option<String>,
 }
@@ -185,6 +188,7 @@ impl Outcome {
             answer_latencies: Vec::new(),
             refusals,
             waits: 0,
+            start: None,
             problem: Some(problem),
         }
     }
@@ -242,6 +246,13 @@ async fn one_student(
     let followed = follower.follow(&mut NoInterrupts).await;
     let student = follower.sink;
     let expected = expected_output(index, plan.questions);
+    let start = match &followed {
+        Followed::Exit(result) => Some((
+            result.start,
+            Duration::from_millis(result.timings.container_start_ms),
+        )),
+        _ => None,
+    };
     let problem = match followed {
         Followed::Exit(result) if result.status == Status::Succeeded => {
             let output = without_stamps(&student.output);
@@ -279,6 +290,7 @@ async fn one_student(
         answer_latencies: student.answer_latencies,
         refusals,
         waits: student.waits,
+        start,
         problem,
     })
 }
@@ -301,6 +313,11 @@ pub(super) struct Report {
     /// The program asked (its clock) → `input_wanted` at the student.
     wait_to_event_ms: Option<Summary>,
     answer_ms: Option<Summary>,
+    /// How the jobs that ended got their sandboxes.
+    start: StartCounts,
+    /// The result's `container_start_ms`: from the job's claim to its
+    /// sandbox ready (a warm one's is the hand-over).
+    sandbox_ready_ms: Option<Summary>,
     /// 429 answers by reason (each waited out and the submission sent again).
     refusals: BTreeMap<String, u32>,
     wall_s: f64,
@@ -334,6 +351,8 @@ impl Report {
             self.succeeded, self.students, self.wall_s
         );
         let _ = writeln!(out, "first output {}", line(&self.first_output_ms));
+        let _ = writeln!(out, "start        {}", self.start.describe());
+        let _ = writeln!(out, "sandbox      {}", line(&self.sandbox_ready_ms));
         let _ = writeln!(out, "input prompt {}", line(&self.input_prompt_ms));
         let _ = writeln!(out, "wait → event {}", line(&self.wait_to_event_ms));
         let _ = writeln!(out, "answer       {}", line(&self.answer_ms));
@@ -380,6 +399,7 @@ pub(super) async fn run(api: &Api, plan: Plan) -> Result<Report, ClientError> {
     let wall = started.elapsed();
     let (mut first, mut prompt, mut answer) = (Vec::new(), Vec::new(), Vec::new());
     let mut wait = Vec::new();
+    let (mut start, mut sandbox_ready) = (StartCounts::default(), Vec::new());
     let mut refusals: BTreeMap<String, u32> = BTreeMap::new();
     let (mut problems, mut problem_count, mut succeeded, mut events) = (Vec::new(), 0, 0, 0u64);
     for outcome in outcomes {
@@ -389,6 +409,10 @@ pub(super) async fn run(api: &Api, plan: Plan) -> Result<Report, ClientError> {
         wait.extend(outcome.wait_latencies);
         answer.extend(outcome.answer_latencies);
         events += u64::from(outcome.waits);
+        if let Some((kind, ready)) = outcome.start {
+            start.add(kind);
+            sandbox_ready.push(ready);
+        }
         for (reason, count) in outcome.refusals {
             *refusals.entry(reason).or_default() += count;
         }
@@ -417,6 +441,8 @@ pub(super) async fn run(api: &Api, plan: Plan) -> Result<Report, ClientError> {
         input_prompt_ms: Summary::of(prompt),
         wait_to_event_ms: Summary::of(wait),
         answer_ms: Summary::of(answer),
+        start,
+        sandbox_ready_ms: Summary::of(sandbox_ready),
         refusals,
         wall_s: (wall.as_secs_f64() * 10.0).round() / 10.0,
         host: Host::after(load_before),

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::load::{Outcome, Sample, Start};
 use super::stats::Summary;
-use crate::job::Status;
+use crate::job::{StartKind, Status};
 
 /// How often the progress line is redrawn.
 const PROGRESS_EVERY: Duration = Duration::from_millis(250);
@@ -154,6 +154,32 @@ pub(super) struct StartCounts {
     pub(super) warm_runtime: u32,
     pub(super) cold: u32,
     pub(super) unknown: u32,
+}
+
+impl StartCounts {
+    /// Counts one job by the result's `start`.
+    pub(super) fn add(&mut self, start: Option<StartKind>) {
+        *match start {
+            Some(StartKind::Warm) => &mut self.warm,
+            Some(StartKind::WarmRuntime) => &mut self.warm_runtime,
+            Some(StartKind::Cold) => &mut self.cold,
+            None => &mut self.unknown,
+        } += 1;
+    }
+
+    /// `3 warm, 2 on a warm runtime, 1 cold, 0 unknown`, and why there are
+    /// unknown ones.
+    pub(super) fn describe(&self) -> String {
+        let unknown = if self.unknown > 0 {
+            " (the result does not say)"
+        } else {
+            ""
+        };
+        format!(
+            "{} warm, {} on a warm runtime, {} cold, {} unknown{unknown}",
+            self.warm, self.warm_runtime, self.cold, self.unknown
+        )
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -438,17 +464,7 @@ impl Report {
         for error in &self.errors {
             let _ = writeln!(out, "error        {} × {}", error.count, error.message);
         }
-        let s = &self.start;
-        let unknown = if s.unknown > 0 {
-            " (the result does not say)"
-        } else {
-            ""
-        };
-        let _ = writeln!(
-            out,
-            "start        {} warm, {} on a warm runtime, {} cold, {} unknown{unknown}",
-            s.warm, s.warm_runtime, s.cold, s.unknown
-        );
+        let _ = writeln!(out, "start        {}", self.start.describe());
         let _ = writeln!(
             out,
             "throughput   {:.1} jobs/s ({} results in {:.2} s)",
@@ -502,6 +518,28 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_counts_count_each_kind_and_say_why_some_are_unknown() {
+        let mut counts = StartCounts::default();
+        for start in [
+            Some(StartKind::WarmRuntime),
+            Some(StartKind::Cold),
+            Some(StartKind::WarmRuntime),
+            None,
+        ] {
+            counts.add(start);
+        }
+        assert_eq!(
+            counts.describe(),
+            "0 warm, 2 on a warm runtime, 1 cold, 1 unknown (the result does not say)"
+        );
+        counts.unknown = 0;
+        assert_eq!(
+            counts.describe(),
+            "0 warm, 2 on a warm runtime, 1 cold, 0 unknown"
+        );
+    }
 
     fn sample(outcome: Outcome, result_ms: Option<u64>) -> Sample {
         Sample {
