@@ -1861,56 +1861,6 @@ async fn a_pool_is_not_refilled_beyond_the_slots_the_running_jobs_leave_free() {
     world.harness.assert_clean().await;
 }
 
-/// With every slot taken, the pool still keeps one sandbox ready (and no
-/// more), so the job queued behind the running ones starts on it once a
-/// slot frees instead of cold: under a load that keeps every slot taken
-/// (an exam's students thinking), the pool is not drained for good.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn with_every_slot_taken_one_sandbox_stays_ready_for_the_next_job() {
-    let world = World::new().await;
-    let mut worker = world.start_worker_with(2, Duration::from_secs(30), |config| {
-        config.warm_max = 2;
-        config.warm_floors = [("python".to_string(), 2)].into();
-    });
-    wait_ready(&world, "a full pool", 2).await;
-    let program = python(SIX_SECONDS);
-    let ids = [world.submit(&program).await, world.submit(&program).await];
-    for id in &ids {
-        world
-            .wait_status(id, JOB_DEADLINE, |s| s == Status::Running)
-            .await;
-    }
-    let samples = ready_samples(&world).await;
-    for id in &ids {
-        assert_eq!(
-            world.record(id).await.status,
-            Status::Running,
-            "sampled while both jobs ran"
-        );
-    }
-    assert_eq!(
-        samples.last(),
-        Some(&1),
-        "one ready while both slots ran: {samples:?}"
-    );
-    assert!(samples.iter().all(|&ready| ready <= 1), "{samples:?}");
-    let next = world.submit(&python("print('next')")).await;
-    let record = world.wait_terminal(&next, JOB_DEADLINE).await;
-    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(run_stdout(&record), "next\n");
-    assert_eq!(
-        record.result.as_ref().unwrap().start,
-        Some(StartKind::WarmRuntime),
-        "the queued job took the ready sandbox"
-    );
-    for id in &ids {
-        assert_done_on_the_pool(&world, id).await;
-    }
-    worker.shut_down();
-    worker.stopped(Duration::from_secs(30)).await;
-    world.harness.assert_clean().await;
-}
-
 /// A pool left under half its target refills at once, job or no job.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pool_under_half_its_target_refills_while_the_job_runs() {

@@ -290,12 +290,8 @@ impl WarmPool {
     /// they leave free ([`PoolSettings::slots`]): a sandbox no slot could
     /// take now would be started on the CPUs those jobs use (a burst's own
     /// refills, measured in docs/performance.md), and every job that can
-    /// start still finds a ready one. With every slot taken, one sandbox
-    /// per spec is still kept ready (started one at a time, as while
-    /// busy), for the job that takes the next slot to end: under a load
-    /// that keeps every slot taken, jobs would otherwise start cold for as
-    /// long as it lasts. Once a job ends, its slot is free and the refill
-    /// goes on.
+    /// start still finds a ready one. Once a job ends, its slot is free
+    /// and the refill goes on.
     pub fn set_running(&self, running: usize) {
         let mut state = self.inner.lock();
         let fewer = running < state.jobs_running;
@@ -436,11 +432,7 @@ impl WarmPool {
             if holding && 2 * state.ready(&spec) >= target {
                 continue;
             }
-            // With every slot taken, one stays wanted: the next job the
-            // queue gives a freed slot finds it ready instead of starting
-            // cold (an exam whose students hold every slot while they
-            // think drained the pool for good otherwise).
-            let wanted = free_slots.map_or(target, |free| target.min(free.max(1)));
+            let wanted = free_slots.map_or(target, |free| target.min(free));
             while state.live(&spec) < wanted
                 && state.members.len() < settings.max
                 && state.creating() < parallel
