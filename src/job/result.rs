@@ -341,6 +341,25 @@ pub fn signal_name(signal: i32) -> String {
 }
 
 #[cfg(test)]
+impl StageResult {
+    /// A stage that exited 0 having written `stdout` (1 ms of wall and
+    /// CPU time), for tests.
+    pub(crate) fn exited_with(stdout: &[u8]) -> Self {
+        StageResult {
+            stdout: Output(stdout.to_vec()),
+            stderr: Output(Vec::new()),
+            truncated: false,
+            exit_code: Some(0),
+            signal: None,
+            reason: Reason::Exited,
+            wall_ms: 1,
+            cpu_ms: 1,
+            memory_peak_bytes: 0,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

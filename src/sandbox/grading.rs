@@ -408,21 +408,9 @@ fn judge_by_checker(result: &mut TestResult, answer: Result<CheckAnswer, String>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::result::Output;
 
     fn ran() -> TestResult {
-        let run = StageResult {
-            stdout: Output(b"42\n".to_vec()),
-            stderr: Output(Vec::new()),
-            truncated: false,
-            exit_code: Some(0),
-            signal: None,
-            reason: Reason::Exited,
-            wall_ms: 1,
-            cpu_ms: 1,
-            memory_peak_bytes: 0,
-        };
-        TestResult::of_run(0, "1", 4.0, &run)
+        TestResult::of_run(0, "1", 4.0, &StageResult::exited_with(b"42\n"))
     }
 
     fn answer(exit_code: Option<i32>, stdout: &str) -> Result<CheckAnswer, String> {

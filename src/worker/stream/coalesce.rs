@@ -245,18 +245,7 @@ mod tests {
 
     #[test]
     fn a_stage_end_held_last_stays_and_the_output_before_it_goes() {
-        let run = crate::job::StageResult {
-            stdout: crate::job::Output(b"42\n".to_vec()),
-            stderr: crate::job::Output(Vec::new()),
-            truncated: false,
-            exit_code: Some(0),
-            signal: None,
-            reason: crate::protocol::Reason::Exited,
-            wall_ms: 3,
-            cpu_ms: 2,
-            memory_peak_bytes: 0,
-        };
-        let end = JobEvent::stage_end("run", &run);
+        let end = JobEvent::stage_end("run", &crate::job::StageResult::exited_with(b"42\n"));
         let mut coalescer = Coalescer::default();
         coalescer.push_output(Stream::Stdout, b"42\n".to_vec());
         coalescer.push_event(end.clone());

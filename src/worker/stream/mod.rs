@@ -443,21 +443,10 @@ impl EventStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::job::{Output, StageResult};
-    use crate::protocol::Reason;
+    use crate::job::StageResult;
 
     fn run() -> StageResult {
-        StageResult {
-            stdout: Output(b"42\n".to_vec()),
-            stderr: Output(Vec::new()),
-            truncated: false,
-            exit_code: Some(0),
-            signal: None,
-            reason: Reason::Exited,
-            wall_ms: 3,
-            cpu_ms: 2,
-            memory_peak_bytes: 0,
-        }
+        StageResult::exited_with(b"42\n")
     }
 
     /// A stream whose store is never reached: these tests only batch.
