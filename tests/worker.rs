@@ -1006,6 +1006,61 @@ async fn the_control_reader_reconnects_and_reads_the_cancel_flags_again() {
     world.harness.assert_clean().await;
 }
 
+/// A cancel sent after more input than the program reads or any buffer
+/// holds (3 MiB to a program that never reads stdin) still kills the job
+/// at once: it does not wait behind the input for the program's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_behind_a_flood_of_unread_input_still_kills_the_job() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+    let id = world
+        .submit(&JobSpec {
+            interactive: true,
+            ..python("import time\nprint('up', flush=True)\ntime.sleep(8)\nprint('slept')")
+        })
+        .await;
+    world.wait_running(&id).await;
+    wait_for_stdout(&world, &id, b"up\n").await;
+    {
+        let line = format!("{}\n", "x".repeat(8191));
+        let mut conn = world.redis.conn().await;
+        let mut pipe = redis::pipe();
+        for _ in 0..384 {
+            pipe.xadd(
+                world.store.keys().stdin(&id),
+                "*",
+                &[("type", "stdin"), ("data", line.as_str())],
+            )
+            .ignore();
+        }
+        let () = pipe.query_async(&mut conn).await.expect("XADD");
+    }
+    // Time for the input to fill what it can.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    assert_eq!(
+        world
+            .store
+            .jobs()
+            .cancel(&id, &cancelled_result("python"))
+            .await
+            .expect("cancel"),
+        CancelOutcome::Requested
+    );
+    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Cancelled, "{record:#?}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "the cancel took {:?}",
+        asked.elapsed()
+    );
+    world.assert_settled(&id).await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
 /// A program that reads its input late is sent far more messages than
 /// the reader hands out before it waits: nothing is lost or reordered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
