@@ -875,8 +875,9 @@ async fn live_stdin_and_signals_reach_the_running_job() {
     assert_eq!(world.processing_len().await, 0);
 }
 
-/// Clients of the test's Redis blocked in an `XREAD` (`CLIENT LIST`).
-async fn blocked_xreads(world: &World) -> usize {
+/// The ids of the test Redis's clients blocked in an `XREAD` (`CLIENT
+/// LIST`).
+async fn blocked_xreads(world: &World) -> Vec<String> {
     let mut conn = world.redis.conn().await;
     let clients: String = redis::cmd("CLIENT")
         .arg("LIST")
@@ -886,7 +887,25 @@ async fn blocked_xreads(world: &World) -> usize {
     clients
         .lines()
         .filter(|client| client.contains(" cmd=xread ") && client.contains(" flags=b "))
-        .count()
+        .filter_map(|client| client.strip_prefix("id=")?.split(' ').next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Appends stdin messages to the job's control stream in one round trip,
+/// as the API would one by one.
+async fn send_stdin_lines(world: &World, id: &str, lines: impl IntoIterator<Item = String>) {
+    let mut conn = world.redis.conn().await;
+    let mut pipe = redis::pipe();
+    for line in lines {
+        pipe.xadd(
+            world.store.keys().stdin(id),
+            "*",
+            &[("type", "stdin"), ("data", line.as_str())],
+        )
+        .ignore();
+    }
+    let () = pipe.query_async(&mut conn).await.expect("XADD");
 }
 
 /// Four interactive jobs at once: one connection reads all their control
@@ -909,12 +928,12 @@ async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
     // Every job is followed once its relay runs; give the relays a moment
     // to start, then the reader's connection is the only one blocked.
     wait_for("one blocked control read", JOB_DEADLINE, || async {
-        (blocked_xreads(&world).await == 1).then_some(())
+        (blocked_xreads(&world).await.len() == 1).then_some(())
     })
     .await;
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(blocked_xreads(&world).await, 1, "one control reader");
+        assert_eq!(blocked_xreads(&world).await.len(), 1, "one control reader");
     }
     for round in ["first", "second"] {
         for (i, id) in ids.iter().enumerate() {
@@ -965,18 +984,7 @@ async fn the_control_reader_reconnects_and_reads_the_cancel_flags_again() {
         .await
         .expect("HSET");
     let reader = wait_for("the control reader's read", JOB_DEADLINE, || async {
-        let mut conn = world.redis.conn().await;
-        let clients: String = redis::cmd("CLIENT")
-            .arg("LIST")
-            .query_async(&mut conn)
-            .await
-            .expect("CLIENT LIST");
-        clients
-            .lines()
-            .find(|client| client.contains(" cmd=xread ") && client.contains(" flags=b "))
-            .and_then(|client| client.strip_prefix("id="))
-            .and_then(|rest| rest.split(' ').next())
-            .map(str::to_string)
+        blocked_xreads(&world).await.into_iter().next()
     })
     .await;
     let killed: i64 = redis::cmd("CLIENT")
@@ -1006,9 +1014,10 @@ async fn the_control_reader_reconnects_and_reads_the_cancel_flags_again() {
     world.harness.assert_clean().await;
 }
 
-/// A cancel sent after more input than the program reads or any buffer
-/// holds (3 MiB to a program that never reads stdin) still kills the job
-/// at once: it does not wait behind the input for the program's end.
+/// A cancel sent after more input than the pipes hold (3 MiB to a program
+/// that never reads stdin; the supervisor queues what they do not) still
+/// kills the job at once: it does not wait behind the input for the
+/// program's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_behind_a_flood_of_unread_input_still_kills_the_job() {
     let world = World::new().await;
@@ -1021,20 +1030,8 @@ async fn a_cancel_behind_a_flood_of_unread_input_still_kills_the_job() {
         .await;
     world.wait_running(&id).await;
     wait_for_stdout(&world, &id, b"up\n").await;
-    {
-        let line = format!("{}\n", "x".repeat(8191));
-        let mut conn = world.redis.conn().await;
-        let mut pipe = redis::pipe();
-        for _ in 0..384 {
-            pipe.xadd(
-                world.store.keys().stdin(&id),
-                "*",
-                &[("type", "stdin"), ("data", line.as_str())],
-            )
-            .ignore();
-        }
-        let () = pipe.query_async(&mut conn).await.expect("XADD");
-    }
+    let line = format!("{}\n", "x".repeat(8191));
+    send_stdin_lines(&world, &id, std::iter::repeat_n(line, 384)).await;
     // Time for the input to fill what it can.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let asked = Instant::now();
@@ -1078,25 +1075,8 @@ async fn a_flood_of_input_to_a_slow_reader_arrives_whole_and_in_order() {
     let id = world.submit(&spec).await;
     world.wait_running(&id).await;
     wait_for_stdout(&world, &id, b"up\n").await;
-    {
-        let mut conn = world.redis.conn().await;
-        let mut pipe = redis::pipe();
-        for i in 0..500 {
-            pipe.xadd(
-                world.store.keys().stdin(&id),
-                "*",
-                &[("type", "stdin"), ("data", &format!("line {i}\n"))],
-            )
-            .ignore();
-        }
-        pipe.xadd(
-            world.store.keys().stdin(&id),
-            "*",
-            &[("type", "stdin_close")],
-        )
-        .ignore();
-        let () = pipe.query_async(&mut conn).await.expect("XADD");
-    }
+    send_stdin_lines(&world, &id, (0..500).map(|i| format!("line {i}\n"))).await;
+    send_control(&world, &id, &[("type", "stdin_close")]).await;
     let record = world.wait_terminal(&id, JOB_DEADLINE).await;
     assert_eq!(record.status, Status::Succeeded, "{record:#?}");
     assert_eq!(run_stdout(&record), "up\n500 line 0 line 499\nTrue\n");

@@ -6,6 +6,7 @@
 //! Used by an API process's events reader ([`Events::read_feeds`](super::Events::read_feeds)) and a
 //! worker's control reader ([`Jobs::read_controls`](super::Jobs::read_controls)).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands};
@@ -19,12 +20,12 @@ const KEPT: usize = 16;
 const TTL_SECS: i64 = 3600;
 
 /// What one read of a doorbell and its streams gave.
-pub(super) struct Read {
+pub(super) struct Read<T> {
     /// The doorbell's last entry id, when it rang.
     pub(super) doorbell: Option<String>,
     /// The streams with new entries (never the doorbell), in the reply's
-    /// order.
-    pub(super) streams: Vec<redis::streams::StreamKey>,
+    /// order, each with what the caller named it by.
+    pub(super) streams: Vec<(T, redis::streams::StreamKey)>,
 }
 
 /// Rings doorbell `key`; returns the entry's id.
@@ -45,19 +46,22 @@ pub(super) async fn ring(redis: &Redis, key: &str) -> Result<String, StoreError>
 }
 
 /// Reads, on `conn` (dedicated: this blocks), doorbell `key` after
-/// `after` and every stream in `streams` (key, last entry id read), at most
-/// `count` entries of each; waits up to `block` for the first.
-pub(super) async fn read(
+/// `after` and every stream in `streams` (what the caller names it by, its
+/// key, the last entry id read), at most `count` entries of each; waits up
+/// to `block` for the first.
+pub(super) async fn read<T>(
     conn: &mut redis::aio::MultiplexedConnection,
     key: &str,
     after: &str,
-    streams: impl IntoIterator<Item = (String, String)>,
+    streams: impl IntoIterator<Item = (T, String, String)>,
     count: usize,
     block: Duration,
-) -> Result<Read, StoreError> {
+) -> Result<Read<T>, StoreError> {
     let mut keys = vec![key.to_string()];
     let mut ids = vec![after.to_string()];
-    for (stream, after) in streams {
+    let mut names = HashMap::new();
+    for (name, stream, after) in streams {
+        names.insert(stream.clone(), name);
         keys.push(stream);
         ids.push(after);
     }
@@ -73,8 +77,8 @@ pub(super) async fn read(
     for stream in reply.map(|r| r.keys).unwrap_or_default() {
         if stream.key == key {
             read.doorbell = stream.ids.last().map(|entry| entry.id.clone());
-        } else {
-            read.streams.push(stream);
+        } else if let Some(name) = names.remove(&stream.key) {
+            read.streams.push((name, stream));
         }
     }
     Ok(read)

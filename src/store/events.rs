@@ -128,12 +128,9 @@ impl Events {
         jobs: &[(String, u64)],
         block: Duration,
     ) -> Result<FeedRead, StoreError> {
-        let mut by_key = HashMap::new();
-        let streams = jobs.iter().map(|(id, after)| {
-            let key = self.redis.keys.events(id);
-            by_key.insert(key.clone(), id.clone());
-            (key, format!("{after}-0"))
-        });
+        let streams = jobs
+            .iter()
+            .map(|(id, after)| (id, self.redis.keys.events(id), format!("{after}-0")));
         let doorbell = self.redis.keys.doorbell(instance);
         let reply =
             doorbell::read(conn, &doorbell, doorbell_after, streams, READ_COUNT, block).await?;
@@ -141,10 +138,7 @@ impl Events {
             doorbell: reply.doorbell,
             events: Vec::new(),
         };
-        for key in reply.streams {
-            let Some(id) = by_key.get(&key.key) else {
-                continue;
-            };
+        for (id, key) in reply.streams {
             let events = self.to_events(id, key.ids).await?;
             read.events.push((id.clone(), events));
         }

@@ -66,6 +66,37 @@ struct State {
     rung: bool,
 }
 
+impl State {
+    /// The set of streams changed: whether the doorbell must ring (the
+    /// reader is blocked in a read without it and nobody rang yet).
+    fn ring_wanted(&mut self) -> bool {
+        let ring = self.reading && !self.rung;
+        if ring {
+            self.rung = true;
+        }
+        ring
+    }
+
+    /// Gives `messages` to job `id` (if it is still followed) and moves
+    /// its place in the stream to `last_id`.
+    fn give(&mut self, id: &str, last_id: Option<String>, messages: Vec<Control>) {
+        let Some(job) = self.jobs.get_mut(id) else {
+            return;
+        };
+        if let Some(last_id) = last_id {
+            job.last_id = last_id;
+        }
+        for message in messages {
+            if job.messages.send(message).is_ok() {
+                job.unread += 1;
+            }
+        }
+        if job.unread >= PAUSE_AT {
+            job.paused = true;
+        }
+    }
+}
+
 struct Inner {
     store: Store,
     worker: String,
@@ -116,7 +147,7 @@ impl ControlReader {
                     check_cancel: true,
                 },
             );
-            self.wanted(&mut state)
+            state.ring_wanted()
         };
         self.wake(ring);
         Following {
@@ -124,16 +155,6 @@ impl ControlReader {
             id: id.to_string(),
             messages: receiver,
         }
-    }
-
-    /// The set of streams changed: whether the doorbell must ring (the
-    /// reader is blocked in a read without it and nobody rang yet).
-    fn wanted(&self, state: &mut State) -> bool {
-        let ring = state.reading && !state.rung;
-        if ring {
-            state.rung = true;
-        }
-        ring
     }
 
     fn wake(&self, ring: bool) {
@@ -166,7 +187,7 @@ impl ControlReader {
                 return;
             }
             job.paused = false;
-            self.wanted(&mut state)
+            state.ring_wanted()
         };
         self.wake(ring);
     }
@@ -195,35 +216,6 @@ impl ControlReader {
         (read, check)
     }
 
-    /// Gives `messages` to job `id` (if it is still followed) and moves
-    /// its place in the stream to `last_id`.
-    fn give(&self, id: &str, last_id: Option<String>, messages: Vec<Control>) {
-        let mut state = self.lock();
-        let Some(job) = state.jobs.get_mut(id) else {
-            return;
-        };
-        if let Some(last_id) = last_id {
-            job.last_id = last_id;
-        }
-        for message in messages {
-            if job.messages.send(message).is_ok() {
-                job.unread += 1;
-            }
-        }
-        if job.unread >= PAUSE_AT {
-            job.paused = true;
-        }
-    }
-
-    /// After a failed read: every job's cancel flag is read again.
-    fn check_all_cancels(&self) {
-        let mut state = self.lock();
-        state.reading = false;
-        for job in state.jobs.values_mut() {
-            job.check_cancel = true;
-        }
-    }
-
     /// Reads the followed jobs' control streams until `stop` (the worker's
     /// jobs all ended). Holds a connection only while it follows jobs.
     pub(super) async fn run(&self, stop: &CancellationToken) {
@@ -236,8 +228,9 @@ impl ControlReader {
             if !check.is_empty() {
                 match store.jobs().cancels_requested(&check).await {
                     Ok(flags) => {
+                        let mut state = self.lock();
                         for (id, _) in check.iter().zip(flags).filter(|(_, flag)| *flag) {
-                            self.give(id, None, vec![Control::Cancel]);
+                            state.give(id, None, vec![Control::Cancel]);
                         }
                     }
                     Err(error) => {
@@ -275,12 +268,13 @@ impl ControlReader {
             match outcome {
                 Ok(got) => {
                     backoff.reset();
-                    self.lock().reading = false;
                     if let Some(rung) = got.doorbell {
                         doorbell = rung;
                     }
+                    let mut state = self.lock();
+                    state.reading = false;
                     for (id, last_id, messages) in got.jobs {
-                        self.give(&id, Some(last_id), messages);
+                        state.give(&id, Some(last_id), messages);
                     }
                 }
                 Err(error) => {
@@ -301,7 +295,14 @@ impl ControlReader {
         stop: &CancellationToken,
     ) -> bool {
         *conn = None;
-        self.check_all_cancels();
+        {
+            // Not reading now; every cancel flag is read again first.
+            let mut state = self.lock();
+            state.reading = false;
+            for job in state.jobs.values_mut() {
+                job.check_cancel = true;
+            }
+        }
         let delay = backoff.next_delay();
         tracing::warn!(
             %error,

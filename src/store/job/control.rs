@@ -61,12 +61,9 @@ impl Jobs {
         doorbell_after: &str,
         jobs: &[(String, String)],
     ) -> Result<ControlRead, StoreError> {
-        let mut by_key = HashMap::new();
-        let streams = jobs.iter().map(|(id, after)| {
-            let key = self.redis.keys.stdin(id);
-            by_key.insert(key.clone(), id.clone());
-            (key, after.clone())
-        });
+        let streams = jobs
+            .iter()
+            .map(|(id, after)| (id, self.redis.keys.stdin(id), after.clone()));
         let doorbell = self.redis.keys.worker_doorbell(worker);
         let reply = doorbell::read(
             conn,
@@ -81,8 +78,8 @@ impl Jobs {
             doorbell: reply.doorbell,
             jobs: Vec::new(),
         };
-        for key in reply.streams {
-            let (Some(id), Some(last)) = (by_key.get(&key.key), key.ids.last()) else {
+        for (id, key) in reply.streams {
+            let Some(last) = key.ids.last() else {
                 continue;
             };
             let last = last.id.clone();

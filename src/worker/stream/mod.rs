@@ -233,9 +233,11 @@ impl EventStream {
                     Some(event) => {
                         match self.accept(event) {
                             Flush::Now => urgent = true,
+                            // A stage's end: written when its hold ends.
                             Flush::Soon => {
-                                let at = Instant::now() + STAGE_END_HOLD;
-                                due = Some(due.map_or(at, |due| due.min(at)));
+                                if let Some(at) = self.end_held_until {
+                                    due = Some(due.map_or(at, |due| due.min(at)));
+                                }
                             }
                             Flush::AsOutput => {}
                         }
