@@ -956,6 +956,84 @@ async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
     world.harness.assert_clean().await;
 }
 
+/// A job that starts while the control reader is blocked in its read
+/// rings the worker's doorbell, and the read is issued again with the
+/// job's stream (not only when the blocked read times out): MONITOR shows
+/// the ring between the last read without the job's stream and the first
+/// read with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_job_started_during_a_blocked_control_read_rings_the_doorbell() {
+    let world = World::new().await;
+    let mut worker = world.start_worker(4, Duration::from_secs(30));
+    let spec = JobSpec {
+        interactive: true,
+        ..python("print(input().upper(), flush=True)")
+    };
+    let first = world.submit(&spec).await;
+    world.wait_running(&first).await;
+    wait_for("the control reader's read", JOB_DEADLINE, || async {
+        (blocked_xreads(&world).await.len() == 1).then_some(())
+    })
+    .await;
+    let monitor = Monitor::start(&world.redis).await;
+    // A job followed in the instant between two reads needs no ring; each
+    // of these starts while the reader is blocked (the one before it was
+    // answered, and nothing else is sent), so at most the rare one does.
+    let mut later = Vec::new();
+    for i in 0..3 {
+        let id = world.submit(&spec).await;
+        world.wait_running(&id).await;
+        send_control(
+            &world,
+            &id,
+            &[("type", "stdin"), ("data", &format!("job {i}\n"))],
+        )
+        .await;
+        wait_for_stdout(&world, &id, format!("JOB {i}\n").as_bytes()).await;
+        later.push(id);
+    }
+    let lines = monitor.stop().await;
+    let is_read = |line: &String| line.contains("\"XREAD\"") && line.contains(":doorbell\"");
+    let is_ring = |line: &String| line.contains("\"XADD\"") && line.contains(":doorbell\"");
+    let rung = later
+        .iter()
+        .filter(|id| {
+            let stream = format!("\"{}\"", world.store.keys().stdin(id));
+            let Some(first_read) = lines
+                .iter()
+                .position(|line| is_read(line) && line.contains(&stream))
+            else {
+                panic!("no read of {stream} in {lines:#?}");
+            };
+            let since = lines[..first_read]
+                .iter()
+                .rposition(is_read)
+                .map_or(0, |read| read + 1);
+            lines[since..first_read].iter().any(is_ring)
+        })
+        .count();
+    assert!(
+        rung >= 1,
+        "no job's first read followed a ring of the doorbell: {lines:#?}"
+    );
+    send_control(&world, &first, &[("type", "stdin"), ("data", "first\n")]).await;
+    for (id, stdout) in std::iter::once((&first, "FIRST\n".to_string())).chain(
+        later
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (id, format!("JOB {i}\n"))),
+    ) {
+        let record = world.wait_terminal(id, JOB_DEADLINE).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(run_stdout(&record), stdout);
+        world.assert_settled(id).await;
+    }
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
 /// The control reader's connection is killed mid-read: it connects
 /// again, input still reaches its job, and a job whose cancel was asked
 /// for (its `cancel_requested` flag, without the message) is cancelled,
