@@ -196,6 +196,7 @@ fn with_stages(status: Status, run_reason: Reason, run_exit: i32) -> JobResult {
         wall_ms,
         cpu_ms,
         memory_peak_bytes: 1 << 20,
+        pids_limit_reached: None,
     };
     let mut result = JobResult::without_stages(status, "c", "14");
     result.compile = Some(stage(Reason::Exited, 0, 30, 50));

@@ -45,6 +45,8 @@ async fn fork_bomb_is_contained_by_the_pids_limit(harness: Harness) {
         "the bomb should have hit the pids limit: {:?}",
         stderr(&result)
     );
+    // And the result says so, though the job ended by its wall limit.
+    assert_eq!(run.pids_limit_reached, Some(true), "{result:#?}");
     harness.assert_clean().await;
 }
 
@@ -64,6 +66,7 @@ async fn memory_bomb_hits_the_memory_limit(harness: Harness) {
     assert_eq!(run.reason, Reason::MemoryLimit);
     assert_eq!(run.exit_code, None);
     assert_eq!(run.signal.as_deref(), Some("SIGKILL"));
+    assert_eq!(run.pids_limit_reached, Some(false), "{result:#?}");
     harness.assert_clean().await;
 }
 

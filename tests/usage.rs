@@ -111,6 +111,7 @@ fn stage(cpu_ms: u64, wall_ms: u64, stdout: &str, stderr: &str, exit: i32) -> St
         wall_ms,
         cpu_ms,
         memory_peak_bytes: 7 << 20,
+        pids_limit_reached: None,
     }
 }
 

@@ -986,6 +986,13 @@ async fn hostile_php_ruby_and_r_programs_on_a_warm_runtime_hit_their_limits() {
         let run = result.run.as_ref().unwrap();
         assert_eq!(run.reason, case.reason, "{}: {result:#?}", case.source);
         assert!(stdout(&result).starts_with(case.stdout), "{result:#?}");
+        // The cases with a pids limit are the ones that fork past it.
+        assert_eq!(
+            run.pids_limit_reached,
+            Some(case.limits.pids.is_some()),
+            "{}: {result:#?}",
+            case.source
+        );
         if case.reason == Reason::OutputLimit {
             // Cut at the limit, keeping exactly the first bytes.
             assert!(run.truncated);

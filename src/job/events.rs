@@ -73,6 +73,9 @@ pub enum JobEvent {
         memory_peak_bytes: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         truncated: Option<bool>,
+        /// At a stage's end, where it is known (see [`StageResult`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pids_limit_reached: Option<bool>,
     },
     Stdout {
         data: String,
@@ -146,6 +149,7 @@ impl JobEvent {
             cpu_ms: None,
             memory_peak_bytes: None,
             truncated: None,
+            pids_limit_reached: None,
         }
     }
 
@@ -161,6 +165,7 @@ impl JobEvent {
             cpu_ms: Some(result.cpu_ms),
             memory_peak_bytes: Some(result.memory_peak_bytes),
             truncated: Some(result.truncated),
+            pids_limit_reached: result.pids_limit_reached,
         }
     }
 

@@ -84,6 +84,11 @@ pub struct StageResult {
     pub wall_ms: u64,
     pub cpu_ms: u64,
     pub memory_peak_bytes: u64,
+    /// A process or thread start of the stage was refused at its `pids`
+    /// limit: a fork bomb shows here, whatever reason it ended by. `None`
+    /// when not known: under gVisor (its kernel counts no refusals), and in
+    /// results stored before this was measured.
+    pub pids_limit_reached: Option<bool>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -101,6 +106,8 @@ struct StageResultJson {
     wall_ms: u64,
     cpu_ms: u64,
     memory_peak_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pids_limit_reached: Option<bool>,
 }
 
 impl From<StageResult> for StageResultJson {
@@ -119,6 +126,7 @@ impl From<StageResult> for StageResultJson {
             wall_ms: result.wall_ms,
             cpu_ms: result.cpu_ms,
             memory_peak_bytes: result.memory_peak_bytes,
+            pids_limit_reached: result.pids_limit_reached,
         }
     }
 }
@@ -138,6 +146,7 @@ impl TryFrom<StageResultJson> for StageResult {
             wall_ms: json.wall_ms,
             cpu_ms: json.cpu_ms,
             memory_peak_bytes: json.memory_peak_bytes,
+            pids_limit_reached: json.pids_limit_reached,
         })
     }
 }
@@ -355,6 +364,7 @@ impl StageResult {
             wall_ms: 1,
             cpu_ms: 1,
             memory_peak_bytes: 0,
+            pids_limit_reached: None,
         }
     }
 }
@@ -374,6 +384,7 @@ mod tests {
             wall_ms: 1,
             cpu_ms: 1,
             memory_peak_bytes: 1,
+            pids_limit_reached: None,
         }
     }
 
@@ -387,6 +398,23 @@ mod tests {
         assert_eq!(json["stderr_encoding"], "base64");
         let back: StageResult = serde_json::from_value(json).unwrap();
         assert_eq!(back, result);
+    }
+
+    #[test]
+    fn pids_limit_reached_is_written_only_where_it_is_known() {
+        let unknown = stage(Reason::WallTimeout, None);
+        let json = serde_json::to_value(&unknown).unwrap();
+        assert!(json.get("pids_limit_reached").is_none(), "{json}");
+        for known in [true, false] {
+            let result = StageResult {
+                pids_limit_reached: Some(known),
+                ..unknown.clone()
+            };
+            let json = serde_json::to_value(&result).unwrap();
+            assert_eq!(json["pids_limit_reached"], known);
+            let back: StageResult = serde_json::from_value(json).unwrap();
+            assert_eq!(back, result);
+        }
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl StageOutput {
                 .map_or_else(|| self.started.elapsed().as_millis() as u64, |r| r.wall_ms),
             cpu_ms: report.map_or(0, |r| r.cpu_ms),
             memory_peak_bytes: report.map_or(0, |r| r.memory_peak_bytes),
+            pids_limit_reached: report.and_then(|r| r.pids_limit_reached),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! What the supervisor measures while a stage runs: the CPU time of the
-//! job's processes (from `/proc`) and the memory cgroup's OOM counters.
+//! job's processes (from `/proc`), and the memory and pids cgroups' counters
+//! of limits hit.
 //!
 //! CPU time is read per process rather than from the cgroup's `cpuacct`
 //! because the cgroup also counts the supervisor itself and, outside a
@@ -180,85 +181,88 @@ pub(crate) fn cpu_ceiling_ms(elapsed: Duration, cpu_millis: u64) -> u64 {
     u64::try_from(u128::from(elapsed) * u128::from(cpu_millis) / 1000).unwrap_or(u64::MAX)
 }
 
-/// The memory cgroup counters that show an OOM kill.
+/// The cgroup counters that show a limit being hit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct MemoryCounters {
+pub(crate) struct LimitCounters {
     /// `oom_kill` (cgroup v1 `memory.oom_control`, v2 `memory.events`).
     pub oom_kill: Option<u64>,
     /// Times usage hit the limit: v1 `memory.failcnt`, v2 `max` in
     /// `memory.events`.
     pub failcnt: Option<u64>,
+    /// Process starts refused at the pids limit: `max` in `pids.events`
+    /// (v1 and v2).
+    pub pids_max: Option<u64>,
 }
 
-impl MemoryCounters {
+impl LimitCounters {
     /// Whether `later` shows an OOM kill since `self`.
-    pub(crate) fn oom_killed_since(&self, later: &MemoryCounters) -> bool {
-        matches!((self.oom_kill, later.oom_kill), (Some(a), Some(b)) if b > a)
+    pub(crate) fn oom_killed_since(&self, later: &LimitCounters) -> bool {
+        grew(self.oom_kill, later.oom_kill)
     }
 
-    /// Whether `later` shows the limit being hit since `self`.
-    pub(crate) fn limit_hit_since(&self, later: &MemoryCounters) -> bool {
-        matches!((self.failcnt, later.failcnt), (Some(a), Some(b)) if b > a)
+    /// Whether `later` shows the memory limit being hit since `self`.
+    pub(crate) fn limit_hit_since(&self, later: &LimitCounters) -> bool {
+        grew(self.failcnt, later.failcnt)
+    }
+
+    /// Whether `later` shows a process start refused at the pids limit
+    /// since `self`; `None` without a pids cgroup to read (gVisor).
+    pub(crate) fn pids_refused_since(&self, later: &LimitCounters) -> Option<bool> {
+        Some(later.pids_max? > self.pids_max?)
     }
 }
 
-/// Where the supervisor's memory cgroup keeps its counters.
+fn grew(before: Option<u64>, after: Option<u64>) -> bool {
+    matches!((before, after), (Some(a), Some(b)) if b > a)
+}
+
+/// Where the supervisor's memory and pids cgroups keep their counters.
+/// Under gVisor there are none (its kernel shows no cgroup files): the
+/// memory limit is seen from the sandbox's exit, and refused process
+/// starts are not known (gVisor's kernel enforces `RLIMIT_NPROC` and counts
+/// no refusals; sampling the processes, tried, sees a fork bomb anywhere
+/// between a few and the limit).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct MemoryProbe {
+pub(crate) struct CgroupProbe {
     /// v1 `memory.oom_control` or v2 `memory.events`.
     events: Option<PathBuf>,
     /// v1 `memory.failcnt`; `None` on v2 (the `max` line of `events`).
     failcnt: Option<PathBuf>,
+    /// v1 or v2 `pids.events`.
+    pids_events: Option<PathBuf>,
 }
 
-impl MemoryProbe {
-    /// Finds the files of the supervisor's own memory cgroup. In a container
-    /// the cgroup is usually mounted at the root of `/sys/fs/cgroup`, while
+impl CgroupProbe {
+    /// Finds the files of the supervisor's own cgroups. In a container the
+    /// cgroup is usually mounted at the root of `/sys/fs/cgroup`, while
     /// `/proc/self/cgroup` names its path on the host; outside one, the
     /// path from `/proc/self/cgroup` is right. Both are tried, own path first.
     pub(crate) fn discover() -> Self {
         let own = read_small(Path::new("/proc/self/cgroup")).unwrap_or_default();
-        let mut v1_dirs = Vec::new();
-        let mut v2_dirs = Vec::new();
-        for line in own.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(id), Some(controllers), Some(path)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            let relative = path.trim_start_matches('/');
-            if controllers.split(',').any(|c| c == "memory") {
-                v1_dirs.push(Path::new("/sys/fs/cgroup/memory").join(relative));
-            } else if id == "0" && controllers.is_empty() {
-                v2_dirs.push(Path::new("/sys/fs/cgroup").join(relative));
-            }
-        }
-        v1_dirs.push(PathBuf::from("/sys/fs/cgroup/memory"));
-        v2_dirs.push(PathBuf::from("/sys/fs/cgroup"));
-        for dir in v1_dirs {
-            let events = dir.join("memory.oom_control");
-            if events.is_file() {
+        let dirs = |controller: &str| own_cgroup_dirs(&own, controller);
+        let mut probe = Self::default();
+        for dir in dirs("memory") {
+            let v1 = dir.join("memory.oom_control");
+            let v2 = dir.join("memory.events");
+            if v1.is_file() {
                 let failcnt = dir.join("memory.failcnt");
-                return Self {
-                    events: Some(events),
-                    failcnt: failcnt.is_file().then_some(failcnt),
-                };
+                probe.events = Some(v1);
+                probe.failcnt = failcnt.is_file().then_some(failcnt);
+                break;
+            }
+            if v2.is_file() {
+                probe.events = Some(v2);
+                break;
             }
         }
-        for dir in v2_dirs {
-            let events = dir.join("memory.events");
-            if events.is_file() {
-                return Self {
-                    events: Some(events),
-                    failcnt: None,
-                };
-            }
-        }
-        Self::default()
+        probe.pids_events = dirs("pids")
+            .into_iter()
+            .map(|dir| dir.join("pids.events"))
+            .find(|events| events.is_file());
+        probe
     }
 
-    pub(crate) fn read(&self) -> MemoryCounters {
+    pub(crate) fn read(&self) -> LimitCounters {
         let events = self
             .events
             .as_ref()
@@ -270,11 +274,44 @@ impl MemoryProbe {
                 .and_then(|text| text.trim().parse().ok()),
             None => keyed_counter(&events, "max"),
         };
-        MemoryCounters {
+        let pids_max = self
+            .pids_events
+            .as_ref()
+            .and_then(|path| read_small(path).ok())
+            .and_then(|text| keyed_counter(&text, "max"));
+        LimitCounters {
             oom_kill: keyed_counter(&events, "oom_kill"),
             failcnt,
+            pids_max,
         }
     }
+}
+
+/// The directories where `controller`'s files of the supervisor's own
+/// cgroup may be, most likely first: cgroup v1's hierarchy of that
+/// controller (by the path `/proc/self/cgroup` gives, then its root), then
+/// the v2 unified hierarchy (the same two).
+fn own_cgroup_dirs(proc_self_cgroup: &str, controller: &str) -> Vec<PathBuf> {
+    let v1_root = Path::new("/sys/fs/cgroup").join(controller);
+    let v2_root = Path::new("/sys/fs/cgroup");
+    let mut v1 = Vec::new();
+    let mut v2 = Vec::new();
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let relative = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == controller) {
+            v1.push(v1_root.join(relative));
+        } else if id == "0" && controllers.is_empty() {
+            v2.push(v2_root.join(relative));
+        }
+    }
+    v1.push(v1_root);
+    v2.push(v2_root.to_path_buf());
+    v1.into_iter().chain(v2).collect()
 }
 
 /// The value of a `key N` line.
@@ -305,6 +342,56 @@ mod tests {
         let status = "Name:\tsh\nUid:\t4000001\t4000001\t4000001\t4000001\nGid:\t7\t7\t7\t7\n";
         assert_eq!(real_uid(status), Some(4_000_001));
         assert_eq!(real_uid("Name:\tsh\n"), None);
+    }
+
+    #[test]
+    fn own_cgroup_dirs_come_from_proc_self_cgroup_then_the_roots() {
+        let v1 = "8:pids:/docker/abc\n4:memory:/docker/abc\n0::/docker/abc\n";
+        let dirs = |controller| {
+            own_cgroup_dirs(v1, controller)
+                .into_iter()
+                .map(|dir| dir.display().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            dirs("pids"),
+            [
+                "/sys/fs/cgroup/pids/docker/abc",
+                "/sys/fs/cgroup/pids",
+                "/sys/fs/cgroup/docker/abc",
+                "/sys/fs/cgroup",
+            ]
+        );
+        assert_eq!(dirs("memory")[0], "/sys/fs/cgroup/memory/docker/abc");
+        assert_eq!(
+            own_cgroup_dirs("0::/\n", "pids")
+                .into_iter()
+                .map(|dir| dir.display().to_string())
+                .collect::<Vec<_>>(),
+            ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/", "/sys/fs/cgroup"]
+        );
+    }
+
+    #[test]
+    fn a_counter_that_grew_shows_its_limit_hit() {
+        let before = LimitCounters {
+            oom_kill: Some(0),
+            failcnt: Some(2),
+            pids_max: Some(0),
+        };
+        let after = LimitCounters {
+            pids_max: Some(3),
+            ..before
+        };
+        assert_eq!(before.pids_refused_since(&after), Some(true));
+        assert_eq!(after.pids_refused_since(&after), Some(false));
+        assert!(!before.limit_hit_since(&after));
+        assert!(!before.oom_killed_since(&after));
+        // Unknown (no such file, as under gVisor): not a hit, and not known.
+        let unknown = LimitCounters::default();
+        assert!(!unknown.oom_killed_since(&after));
+        assert_eq!(unknown.pids_refused_since(&after), None);
+        assert_eq!(before.pids_refused_since(&unknown), None);
     }
 
     #[test]

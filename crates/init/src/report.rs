@@ -16,6 +16,7 @@ pub(crate) fn not_started(spec: &StageSpec, reason: Reason) -> StageReport {
         cpu_ms: 0,
         memory_peak_bytes: 0,
         output_truncated: false,
+        pids_limit_reached: None,
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::InitError;
-use super::accounting::{MemoryCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
+use super::accounting::{LimitCounters, cpu_ceiling_ms, sample_uid, usable_cpu_millis};
 use super::kill::Target;
 use super::pipes::{InputPipe, Offer, Output, OutputPipe};
 use super::reap::{Reap, Reaped, Termination, reap_next};
@@ -78,7 +78,7 @@ pub(crate) async fn run_stage(
         }
         return Ok(not_started(spec, Reason::Killed));
     }
-    let memory_before = ctx.memory.read();
+    let counters_before = ctx.cgroups.read();
     let started = Instant::now();
     let spawned = match runtime {
         Some((warm, args)) => warm.release(args).map_err(SpawnError::Pipes),
@@ -142,7 +142,7 @@ pub(crate) async fn run_stage(
     run.close_stdin();
     run.clean_up(ctx, spec).await?;
     run.drain(ctx).await?;
-    Ok(run.report(spec, &memory_before, &ctx.memory.read()))
+    Ok(run.report(spec, &counters_before, &ctx.cgroups.read()))
 }
 
 fn millis(duration: Duration) -> u64 {
@@ -580,8 +580,8 @@ impl Run {
     fn report(
         &self,
         spec: &StageSpec,
-        memory_before: &MemoryCounters,
-        memory_after: &MemoryCounters,
+        before: &LimitCounters,
+        after: &LimitCounters,
     ) -> StageReport {
         let (exit_code, signal, wall_ms, main_cpu_ms, peak) = match &self.exit {
             Some((reaped, ended)) => {
@@ -606,8 +606,8 @@ impl Run {
                 signal,
                 cpu_ms,
                 cpu_limit_ms: self.limits.cpu_ms,
-                oom_killed: memory_before.oom_killed_since(memory_after),
-                limit_hit: memory_before.limit_hit_since(memory_after),
+                oom_killed: before.oom_killed_since(after),
+                limit_hit: before.limit_hit_since(after),
             })
         });
         StageReport {
@@ -619,6 +619,7 @@ impl Run {
             cpu_ms,
             memory_peak_bytes: peak,
             output_truncated: self.truncated,
+            pids_limit_reached: before.pids_refused_since(after),
         }
     }
 }

@@ -17,7 +17,7 @@ use nix::unistd::setgroups;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::mpsc;
 
-use super::accounting::MemoryProbe;
+use super::accounting::CgroupProbe;
 use super::egress::{MAX_SOCKET_PATH, Relay};
 use super::files::write_bundle_files;
 use super::io::{FrameSink, HostEvent, host_message_name, spawn_host_reader};
@@ -137,7 +137,7 @@ pub(crate) struct Context<'a> {
     pub signals: Signals,
     pub stdin: StdinQueue,
     pub killer: Killer,
-    pub memory: MemoryProbe,
+    pub cgroups: CgroupProbe,
     pub uid: u32,
     pub gid: u32,
     /// A kill (host `kill` frame or SIGTERM) arrived while no stage was
@@ -240,7 +240,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
     .await?;
     let mut host = spawn_host_reader()?;
     // Before the bundle: for a warm sandbox, off the job's path.
-    let memory = MemoryProbe::discover();
+    let cgroups = CgroupProbe::discover();
     super::spawn::read_own_limits();
     super::accounting::read_affinity();
     let (mut bundle, runtime) = await_bundle(&mut host, &mut signals).await?;
@@ -277,7 +277,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
         signals,
         stdin: StdinQueue::default(),
         killer,
-        memory,
+        cgroups,
         uid: bundle.uid,
         gid: bundle.gid,
         kill_requested: false,

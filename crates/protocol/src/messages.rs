@@ -369,6 +369,12 @@ pub struct StageReport {
     pub memory_peak_bytes: u64,
     /// The stage wrote more than its output limit; what was sent is the start.
     pub output_truncated: bool,
+    /// A process or thread start of the stage was refused at the pids
+    /// limit (the pids cgroup's `max` count went up). `None` where no pids
+    /// cgroup can be read: under gVisor, whose kernel enforces the limit
+    /// (`nproc`) and counts no refusals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit_reached: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -665,6 +671,20 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_stage_report_without_the_pids_count_reads_as_unknown() {
+        // As a supervisor built before the field sends it.
+        let old = br#"{"stage":"run","exit_code":0,"signal":null,"reason":"exited","wall_ms":5,"cpu_ms":4,"memory_peak_bytes":1024,"output_truncated":false}"#;
+        let report: StageReport = serde_json::from_slice(old).unwrap();
+        assert_eq!(report.pids_limit_reached, None);
+        let counted = StageReport {
+            pids_limit_reached: Some(true),
+            ..report
+        };
+        let json = serde_json::to_value(&counted).unwrap();
+        assert_eq!(json["pids_limit_reached"], true);
+    }
+
     proptest! {
         #[test]
         fn sandbox_decode_never_panics(kind in any::<u8>(), payload in proptest::collection::vec(any::<u8>(), 0..512)) {
@@ -674,10 +694,11 @@ mod tests {
 
         #[test]
         fn stage_reports_roundtrip(exit_code in proptest::option::of(any::<i32>()), signal in proptest::option::of(1i32..64),
-                                   wall_ms in any::<u64>(), cpu_ms in any::<u64>(), peak in any::<u64>(), truncated in any::<bool>()) {
+                                   wall_ms in any::<u64>(), cpu_ms in any::<u64>(), peak in any::<u64>(), truncated in any::<bool>(),
+                                   pids_limit_reached in proptest::option::of(any::<bool>())) {
             let report = SandboxMessage::StageEnd(StageReport {
                 stage: "run".into(), exit_code, signal, reason: Reason::CpuTimeout,
-                wall_ms, cpu_ms, memory_peak_bytes: peak, output_truncated: truncated,
+                wall_ms, cpu_ms, memory_peak_bytes: peak, output_truncated: truncated, pids_limit_reached,
             });
             let mut decoder = FrameDecoder::new(crate::MAX_SANDBOX_FRAME);
             decoder.extend(&report.encode());

@@ -407,6 +407,7 @@ mod tests {
             wall_ms: 12,
             cpu_ms: 10,
             memory_peak_bytes: 1 << 20,
+            pids_limit_reached: None,
         }
     }
 

@@ -373,6 +373,7 @@ mod tests {
                 wall_ms: 20,
                 cpu_ms: 10,
                 memory_peak_bytes: 4096,
+                pids_limit_reached: None,
             }),
             error: None,
             reason: None,

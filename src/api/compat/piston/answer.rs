@@ -220,6 +220,7 @@ mod tests {
             wall_ms: 5,
             cpu_ms: 3,
             memory_peak_bytes: 1024,
+            pids_limit_reached: None,
         }
     }
 
