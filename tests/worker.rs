@@ -1034,6 +1034,63 @@ async fn a_job_started_during_a_blocked_control_read_rings_the_doorbell() {
     world.harness.assert_clean().await;
 }
 
+/// A server that closes idle clients (`timeout 2`) does not close the
+/// control reader's connection between jobs: kept after the last job, it
+/// stays blocked in a read of the doorbell, and the next job's input comes
+/// on that same connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_connection_outlives_the_servers_idle_timeout_between_jobs() {
+    let world = World::new().await;
+    let mut conn = world.redis.conn().await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("timeout")
+        .arg("2")
+        .query_async(&mut conn)
+        .await
+        .expect("CONFIG SET timeout");
+    let mut worker = world.start_worker(1, Duration::from_secs(30));
+    let spec = JobSpec {
+        interactive: true,
+        ..python("print(input().upper(), flush=True)")
+    };
+    let mut reader = None;
+    for (i, pause) in [Duration::ZERO, Duration::from_secs(5)]
+        .into_iter()
+        .enumerate()
+    {
+        tokio::time::sleep(pause).await;
+        if let Some(reader) = &reader {
+            assert_eq!(
+                &blocked_xreads(&world).await,
+                std::slice::from_ref(reader),
+                "after {pause:?} without a job, the reader's connection is still blocked in its read"
+            );
+        }
+        let id = world.submit(&spec).await;
+        world.wait_running(&id).await;
+        let line = format!("job {i}\n");
+        send_control(&world, &id, &[("type", "stdin"), ("data", &line)]).await;
+        let record = world.wait_terminal(&id, JOB_DEADLINE).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(run_stdout(&record), format!("JOB {i}\n"));
+        world.assert_settled(&id).await;
+        let blocked = wait_for("the control reader's read", JOB_DEADLINE, || async {
+            blocked_xreads(&world).await.into_iter().next()
+        })
+        .await;
+        assert_eq!(
+            reader.get_or_insert_with(|| blocked.clone()),
+            &blocked,
+            "one connection for both jobs"
+        );
+    }
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.harness.assert_clean().await;
+}
+
 /// The control reader's connection is killed mid-read: it connects
 /// again, input still reaches its job, and a job whose cancel was asked
 /// for (its `cancel_requested` flag, without the message) is cancelled,

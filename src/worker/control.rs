@@ -12,7 +12,10 @@
 //! the read is not blocked, nothing needs ringing. So a worker holds one
 //! control connection however many jobs it runs (a managed Redis's client
 //! limit is not spent per job, nor a TLS handshake per job on
-//! `rediss://`); it is kept for [`IDLE_KEEP`] after the last job ends.
+//! `rediss://`). It is kept for [`IDLE_KEEP`] after the last job ends,
+//! blocked in a read of the doorbell alone: a client blocked in a read is
+//! never closed by the server's idle `timeout`, and the next job is added
+//! by the same ring.
 //!
 //! Each job's [`ControlRelay`] takes its messages from the reader and
 //! hands them to its sandbox. A sandbox that does not keep up stops its
@@ -24,6 +27,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use deadpool_redis::redis::aio::MultiplexedConnection;
 use tokio::sync::{Notify, mpsc};
@@ -31,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::sandbox::JobInput;
-use crate::store::{Control, Store, StoreError};
+use crate::store::{Control, ControlStream, Store, StoreError};
 
 /// Input messages buffered between the relay and the sandbox; when full,
 /// the relay waits for the sandbox.
@@ -41,11 +45,14 @@ pub(super) const INPUT_BUFFER: usize = 64;
 const PAUSE_AT: usize = 64;
 /// Taken down to this, a paused job's stream is read again.
 const RESUME_AT: usize = PAUSE_AT / 2;
-/// How long the connection is kept while no job is followed.
+/// How long the connection is kept (reading the doorbell alone) while no
+/// job is followed.
 const IDLE_KEEP: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One running job, as the reader follows it.
 struct Followed {
+    /// Its control stream's key.
+    key: String,
     /// The last stream id read.
     last_id: String,
     messages: mpsc::UnboundedSender<Control>,
@@ -135,11 +142,13 @@ impl ControlReader {
     /// the returned handle is dropped.
     fn follow(&self, id: &str) -> Following {
         let (sender, receiver) = mpsc::unbounded_channel();
+        let key = self.inner.store.keys().stdin(id);
         let ring = {
             let mut state = self.lock();
             state.jobs.insert(
                 id.to_string(),
                 Followed {
+                    key,
                     last_id: "0".to_string(),
                     messages: sender,
                     unread: 0,
@@ -196,35 +205,47 @@ impl ControlReader {
         self.lock().jobs.remove(id);
     }
 
-    /// What the next read covers (id, last stream id), and the jobs whose
-    /// cancel flag is to be read first. Marks the reader as reading.
-    fn next_read(&self) -> (Vec<(String, String)>, Vec<String>) {
+    /// What the next read covers (id, stream key, last stream id), and the
+    /// jobs whose cancel flag is to be read first. Marks the reader as
+    /// reading when it covers a stream or `idle_read` (it reads the
+    /// doorbell alone).
+    fn next_read(&self, idle_read: bool) -> (Vec<ControlStream>, Vec<String>) {
         let mut state = self.lock();
-        let read: Vec<(String, String)> = state
+        let read: Vec<ControlStream> = state
             .jobs
             .iter()
             .filter(|(_, job)| !job.paused)
-            .map(|(id, job)| (id.clone(), job.last_id.clone()))
+            .map(|(id, job)| ControlStream {
+                id: id.clone(),
+                key: job.key.clone(),
+                after: job.last_id.clone(),
+            })
             .collect();
         let check: Vec<String> = state
             .jobs
             .iter_mut()
             .filter_map(|(id, job)| std::mem::take(&mut job.check_cancel).then(|| id.clone()))
             .collect();
-        state.reading = !read.is_empty();
+        state.reading = !read.is_empty() || idle_read;
         state.rung = false;
         (read, check)
     }
 
     /// Reads the followed jobs' control streams until `stop` (the worker's
-    /// jobs all ended). Holds a connection only while it follows jobs.
+    /// jobs all ended). Holds a connection while it follows jobs and for
+    /// [`IDLE_KEEP`] after.
     pub(super) async fn run(&self, stop: &CancellationToken) {
         let store = &self.inner.store;
         let mut conn: Option<MultiplexedConnection> = None;
         let mut doorbell = "0-0".to_string();
         let mut backoff = Backoff::redis();
+        // Since when no stream was read (the connection reads the doorbell
+        // alone, up to `IDLE_KEEP`).
+        let mut idle_since: Option<Instant> = None;
         loop {
-            let (read, check) = self.next_read();
+            let idle_read =
+                conn.is_some() && idle_since.is_none_or(|since| since.elapsed() < IDLE_KEEP);
+            let (read, check) = self.next_read(idle_read);
             if !check.is_empty() {
                 match store.jobs().cancels_requested(&check).await {
                     Ok(flags) => {
@@ -242,14 +263,18 @@ impl ControlReader {
                 }
             }
             if read.is_empty() {
-                // Kept a while for the next job; given up before an idle
-                // timeout of the server's could close it mid-read.
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = self.inner.changed.notified() => {}
-                    () = tokio::time::sleep(IDLE_KEEP), if conn.is_some() => conn = None,
+                if !idle_read {
+                    conn = None;
+                    idle_since = None;
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = self.inner.changed.notified() => {}
+                    }
+                    continue;
                 }
-                continue;
+                idle_since.get_or_insert_with(Instant::now);
+            } else {
+                idle_since = None;
             }
             let step = async {
                 if conn.is_none() {
@@ -258,7 +283,7 @@ impl ControlReader {
                 let connection = conn.as_mut().expect("connected above");
                 store
                     .jobs()
-                    .read_controls(connection, &self.inner.worker, &doorbell, &read)
+                    .read_controls(connection, &self.inner.worker, &doorbell, read)
                     .await
             };
             let outcome = tokio::select! {

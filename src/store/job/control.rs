@@ -50,20 +50,18 @@ impl Jobs {
     }
 
     /// Reads, on `conn` (dedicated: this blocks up to [`BLOCK_TIMEOUT`]),
-    /// the control messages of every job in `jobs` (id, last stream id
-    /// read), and whether the doorbell of `worker` rang after
-    /// `doorbell_after`. Unknown messages are skipped (their id still
-    /// counts as read).
+    /// the control messages of every job in `jobs`, and whether the
+    /// doorbell of `worker` rang after `doorbell_after` (with no job, the
+    /// doorbell alone). Unknown messages are skipped (their id still counts
+    /// as read).
     pub async fn read_controls(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
         worker: &str,
         doorbell_after: &str,
-        jobs: &[(String, String)],
+        jobs: Vec<ControlStream>,
     ) -> Result<ControlRead, StoreError> {
-        let streams = jobs
-            .iter()
-            .map(|(id, after)| (id, self.redis.keys.stdin(id), after.clone()));
+        let streams = jobs.into_iter().map(|job| (job.id, job.key, job.after));
         let doorbell = self.redis.keys.worker_doorbell(worker);
         let reply = doorbell::read(
             conn,
@@ -88,7 +86,7 @@ impl Jobs {
                 .iter()
                 .filter_map(|entry| control_from_entry(&entry.map))
                 .collect();
-            read.jobs.push((id.clone(), last, messages));
+            read.jobs.push((id, last, messages));
         }
         Ok(read)
     }
@@ -101,6 +99,15 @@ impl Jobs {
 
 /// Most messages one read returns per job.
 const READ_COUNT: usize = 100;
+
+/// One job's control stream in a read: the job's id, the stream's key
+/// (`job:<id>:stdin`) and the last entry id read.
+#[derive(Debug, Clone)]
+pub struct ControlStream {
+    pub id: String,
+    pub key: String,
+    pub after: String,
+}
 
 /// What one read of a worker's control streams gave.
 #[derive(Debug, Default)]
