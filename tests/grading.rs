@@ -82,10 +82,15 @@ else:
 
 fn verdict_tests() -> Value {
     let test = |name: &str, a: i64, b: i64| json!({"name": name, "stdin": format!("{a} {b}\n"), "expected_stdout": format!("{}\n", a + b)});
+    // 300 ms of CPU within the job's 3 s of wall time: a CPU limit even
+    // when the full suite leaves the job a tenth of a CPU (the job's 1 s
+    // of CPU in 3 s was once a wall timeout).
+    let mut slow = test("slow", 8, 1);
+    slow["limits"] = json!({"cpu_ms": 300});
     json!([
         test("sum", 1, 2),
         test("wrong", 7, 1),
-        test("slow", 8, 1),
+        slow,
         test("memory", 9, 1),
         test("crash", 10, 1),
         test("flood", 11, 1),
