@@ -230,6 +230,65 @@ async fn each_verdict_from_a_purpose_written_solution_in_cpp_and_python() {
     }
 }
 
+/// A test whose run was refused a process start at the pids limit says so
+/// (under runc, where the pids cgroup counts refusals; under gVisor it is
+/// not known), in its figures and its message; the next test, which forks
+/// nothing, says it was not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_test_refused_a_process_start_at_the_pids_limit_says_so() {
+    let source = "import os, sys, time\n\
+                  if input() == 'fork':\n    \
+                      for _ in range(64):\n        \
+                          if os.fork() == 0:\n            time.sleep(30)\n            os._exit(0)\n\
+                  print('no fork')\n";
+    for (runtime, harness) in
+        harness_per_runtime("a_test_refused_a_process_start_at_the_pids_limit_says_so").await
+    {
+        let spec = graded(
+            "python",
+            "main.py",
+            source,
+            json!({
+                "limits": {"pids": 16, "wall_ms": 3000},
+                "tests": [
+                    {"name": "forks", "stdin": "fork\n"},
+                    {"name": "calm", "stdin": "calm\n", "expected_stdout": "no fork\n"},
+                ],
+            }),
+        );
+        let result = harness.run(&spec).await;
+        let what = format!("{runtime}: {result:#?}");
+        let grading = result.grading.as_ref().expect("graded");
+        let (forks, calm) = (&grading.tests[0].outcome, &grading.tests[1].outcome);
+        // os.fork raises BlockingIOError at the limit: exit code 1.
+        assert_eq!(
+            (forks.verdict, forks.exit_code),
+            (Verdict::RuntimeError, Some(1)),
+            "{what}"
+        );
+        assert!(forks.stderr.contains("BlockingIOError"), "{what}");
+        assert_eq!(calm.verdict, Verdict::Accepted, "{what}");
+        if runtime == "runc" {
+            assert_eq!(forks.pids_limit_reached, Some(true), "{what}");
+            assert_eq!(
+                forks.message.as_deref(),
+                Some("exited with code 1 (a process start was refused at the pids limit)"),
+                "{what}"
+            );
+            assert_eq!(calm.pids_limit_reached, Some(false), "{what}");
+        } else {
+            assert_eq!(forks.pids_limit_reached, None, "{what}");
+            assert_eq!(
+                forks.message.as_deref(),
+                Some("exited with code 1"),
+                "{what}"
+            );
+            assert_eq!(calm.pids_limit_reached, None, "{what}");
+        }
+        harness.assert_clean().await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compile_error_skips_every_test_and_stop_on_failure_skips_the_rest() {
     let harness = Harness::new().await;

@@ -58,6 +58,10 @@ pub enum TimeLimit {
     Cpu,
 }
 
+/// Added to a failed test's message when its run was refused a process
+/// start at the pids limit.
+const PIDS_LIMIT_NOTE: &str = " (a process start was refused at the pids limit)";
+
 /// How a run failed before its output counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunFailure {
@@ -157,6 +161,10 @@ pub struct TestOutcome {
     pub wall_ms: u64,
     pub cpu_ms: u64,
     pub memory_peak_bytes: u64,
+    /// A process or thread start of the run was refused at the pids limit
+    /// (see [`StageResult::pids_limit_reached`]; absent where not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_limit_reached: Option<bool>,
     /// When the test started, in ms after the job's first test started (as
     /// the worker saw it): with `wall_ms`, a timeline of the tests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,6 +198,7 @@ impl TestResult {
                 wall_ms: run.wall_ms,
                 cpu_ms: run.cpu_ms,
                 memory_peak_bytes: run.memory_peak_bytes,
+                pids_limit_reached: run.pids_limit_reached,
                 started_ms: None,
                 points,
                 score: 0.0,
@@ -214,6 +223,7 @@ impl TestResult {
                 wall_ms: 0,
                 cpu_ms: 0,
                 memory_peak_bytes: 0,
+                pids_limit_reached: None,
                 started_ms: None,
                 points,
 
@@ -251,11 +261,17 @@ impl TestResult {
         result
     }
 
-    /// Sets a failed run's verdict.
+    /// Sets a failed run's verdict. Its message says too when the run was
+    /// refused a process start at the pids limit (a fork bomb ends by a
+    /// time limit, a program whose fork failed by its own error).
     pub fn fail(&mut self, failure: RunFailure) {
         self.outcome.verdict = failure.verdict;
         self.outcome.time_limit = failure.time_limit;
-        self.outcome.message = Some(failure.message);
+        let mut message = failure.message;
+        if self.outcome.pids_limit_reached == Some(true) {
+            message.push_str(PIDS_LIMIT_NOTE);
+        }
+        self.outcome.message = Some(message);
         self.outcome.score = 0.0;
     }
 
@@ -414,6 +430,51 @@ mod tests {
     fn verdict_of(run: &StageResult) -> (Verdict, Option<TimeLimit>) {
         let result = TestResult::judged(0, "1", 1.0, run, 1000, Some(b"42\n"), Check::Trim);
         (result.outcome.verdict, result.outcome.time_limit)
+    }
+
+    #[test]
+    fn a_run_refused_a_process_start_says_so_in_its_message() {
+        let judged = |pids_limit_reached, reason, exit_code, stdout| {
+            let run = StageResult {
+                pids_limit_reached,
+                ..run(reason, exit_code, None, stdout)
+            };
+            TestResult::judged(0, "1", 1.0, &run, 1000, Some(b"42\n"), Check::Trim).outcome
+        };
+        let bomb = judged(Some(true), Reason::WallTimeout, None, "");
+        assert_eq!(
+            bomb.message.as_deref(),
+            Some(
+                "time limit exceeded (wall clock) (a process start was refused at the pids limit)"
+            )
+        );
+        assert_eq!(bomb.pids_limit_reached, Some(true));
+        let json = serde_json::to_value(&bomb).unwrap();
+        assert_eq!(json["pids_limit_reached"], true);
+        let failed_fork = judged(Some(true), Reason::Exited, Some(1), "");
+        assert_eq!(
+            failed_fork.message.as_deref(),
+            Some("exited with code 1 (a process start was refused at the pids limit)")
+        );
+        // Not refused, or not known (gVisor): the plain message.
+        for known in [Some(false), None] {
+            let slow = judged(known, Reason::WallTimeout, None, "");
+            assert_eq!(
+                slow.message.as_deref(),
+                Some("time limit exceeded (wall clock)")
+            );
+            let json = serde_json::to_value(&slow).unwrap();
+            assert_eq!(
+                json.get("pids_limit_reached").cloned(),
+                known.map(Into::into)
+            );
+        }
+        // A run that forked to its limit and still answered right passes.
+        let accepted = judged(Some(true), Reason::Exited, Some(0), "42");
+        assert_eq!(
+            (accepted.verdict, accepted.message),
+            (Verdict::Accepted, None)
+        );
     }
 
     #[test]
