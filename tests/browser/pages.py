@@ -412,6 +412,20 @@ class Playground(Page):
         self.assertTrue(self.el("run").is_enabled())
         self.shot("04-stopped")
 
+    def test_4c_a_program_refused_a_process_says_so(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.type_code([
+            "import os, time",
+            "while True: os.fork() == 0 and (time.sleep(30), os._exit(0))",
+        ])
+        # The parent forks until the pids limit refuses it (BlockingIOError).
+        verdict = self.run_and_wait("failed")
+        self.terminal_shows("BlockingIOError")
+        self.assertEqual((verdict["reason"], verdict["exit"]), ("exited", "1"), verdict)
+        self.assertIn("a process start was refused at the process limit", verdict["detail"])
+        self.shot("04c-process-limit")
+
     def test_4b_a_queued_run_shows_its_place_in_the_queue(self):
         # Every slot busy with a sleeper of the key's anonymous user, and two
         # more of them queued; the tab's user then waits behind one of them

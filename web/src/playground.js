@@ -419,6 +419,7 @@ function showResult(result) {
   if (compileFailed) details.push("the compile stage failed: the compiler's messages are in the terminal");
   if (stage && stage.signal) details.push(`ended by ${stage.signal}`);
   if (stage && stage.truncated) details.push("output was cut at the output limit");
+  if (stage && stage.pids_limit_reached) details.push("a process start was refused at the process limit");
   if (stage && stage.reason === "killed" && result.status !== "error") details.push("stopped");
   if (result.error) details.push(result.error);
   const start = { warm: "warm", warm_runtime: "warm runtime", cold: "cold" }[result.start] || "—";
