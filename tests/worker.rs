@@ -188,6 +188,15 @@ impl World {
         self.wait_status(id, within, Status::is_terminal).await
     }
 
+    /// Waits for the job's end: it succeeded, printed `stdout` and left
+    /// nothing behind in Redis.
+    async fn assert_succeeded(&self, id: &str, stdout: &str, within: Duration) {
+        let record = self.wait_terminal(id, within).await;
+        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+        assert_eq!(run_stdout(&record), stdout);
+        self.assert_settled(id).await;
+    }
+
     /// Waits until the job is running and its container exists.
     async fn wait_running(&self, id: &str) {
         self.wait_status(id, JOB_DEADLINE, |s| s == Status::Running)
@@ -316,6 +325,14 @@ fn sample(world: &World, stop: CancellationToken) -> tokio::task::JoinHandle<Sam
     })
 }
 
+/// An interactive python job running `source`.
+fn interactive(source: &str) -> JobSpec {
+    JobSpec {
+        interactive: true,
+        ..python(source)
+    }
+}
+
 fn run_stdout(record: &JobRecord) -> String {
     let result = record.result.as_ref().expect("a terminal job has a result");
     common::stdout(result)
@@ -377,10 +394,7 @@ async fn never_more_sandboxes_than_slots() {
     let mut worker = world.start_worker(2, Duration::from_secs(30));
 
     for id in &ids {
-        let record = world.wait_terminal(id, JOB_DEADLINE * 2).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(run_stdout(&record), "ok\n");
-        world.assert_settled(id).await;
+        world.assert_succeeded(id, "ok\n", JOB_DEADLINE * 2).await;
     }
     stop.cancel();
     let samples = sampler.await.expect("the sampler ran");
@@ -781,10 +795,9 @@ async fn a_redis_outage_delays_the_result_but_loses_nothing() {
     );
     world.redis.restart();
 
-    let record = world.wait_terminal(&id, Duration::from_secs(30)).await;
-    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(run_stdout(&record), "survived\n");
-    world.assert_settled(&id).await;
+    world
+        .assert_succeeded(&id, "survived\n", Duration::from_secs(30))
+        .await;
 
     // The worker kept going: it claims and runs new jobs.
     let next = world.submit(&python("print('next')")).await;
@@ -817,10 +830,7 @@ async fn live_stdin_and_signals_reach_the_running_job() {
     let world = World::new().await;
     let mut worker = world.start_worker(2, Duration::from_secs(30));
 
-    let spec = JobSpec {
-        interactive: true,
-        ..python("import sys\nprint(sys.stdin.read().upper(), end='')")
-    };
+    let spec = interactive("import sys\nprint(sys.stdin.read().upper(), end='')");
     let echo = world.submit(&spec).await;
     world.wait_running(&echo).await;
     // Stdin is stored raw in the control stream.
@@ -831,10 +841,9 @@ async fn live_stdin_and_signals_reach_the_running_job() {
     )
     .await;
     send_control(&world, &echo, &[("type", "stdin_close")]).await;
-    let record = world.wait_terminal(&echo, JOB_DEADLINE).await;
-    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(run_stdout(&record), "HELLO, WORKER\n");
-    world.assert_settled(&echo).await;
+    world
+        .assert_succeeded(&echo, "HELLO, WORKER\n", JOB_DEADLINE)
+        .await;
 
     let sleeper = world
         .submit(&python(
@@ -914,10 +923,7 @@ async fn send_stdin_lines(world: &World, id: &str, lines: impl IntoIterator<Item
 async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
     let world = World::new().await;
     let mut worker = world.start_worker(4, Duration::from_secs(30));
-    let spec = JobSpec {
-        interactive: true,
-        ..python("for _ in range(2):\n    print(input().upper(), flush=True)")
-    };
+    let spec = interactive("for _ in range(2):\n    print(input().upper(), flush=True)");
     let mut ids = Vec::new();
     for _ in 0..4 {
         ids.push(world.submit(&spec).await);
@@ -942,13 +948,13 @@ async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
         }
     }
     for (i, id) in ids.iter().enumerate() {
-        let record = world.wait_terminal(id, JOB_DEADLINE).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(
-            run_stdout(&record),
-            format!("FIRST OF JOB {i}\nSECOND OF JOB {i}\n")
-        );
-        world.assert_settled(id).await;
+        world
+            .assert_succeeded(
+                id,
+                &format!("FIRST OF JOB {i}\nSECOND OF JOB {i}\n"),
+                JOB_DEADLINE,
+            )
+            .await;
     }
 
     worker.shut_down();
@@ -965,10 +971,7 @@ async fn running_jobs_share_one_control_connection_and_each_gets_its_input() {
 async fn a_job_started_during_a_blocked_control_read_rings_the_doorbell() {
     let world = World::new().await;
     let mut worker = world.start_worker(4, Duration::from_secs(30));
-    let spec = JobSpec {
-        interactive: true,
-        ..python("print(input().upper(), flush=True)")
-    };
+    let spec = interactive("print(input().upper(), flush=True)");
     let first = world.submit(&spec).await;
     world.wait_running(&first).await;
     wait_for("the control reader's read", JOB_DEADLINE, || async {
@@ -1023,10 +1026,7 @@ async fn a_job_started_during_a_blocked_control_read_rings_the_doorbell() {
             .enumerate()
             .map(|(i, id)| (id, format!("JOB {i}\n"))),
     ) {
-        let record = world.wait_terminal(id, JOB_DEADLINE).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(run_stdout(&record), stdout);
-        world.assert_settled(id).await;
+        world.assert_succeeded(id, &stdout, JOB_DEADLINE).await;
     }
 
     worker.shut_down();
@@ -1050,10 +1050,7 @@ async fn the_control_connection_outlives_the_servers_idle_timeout_between_jobs()
         .await
         .expect("CONFIG SET timeout");
     let mut worker = world.start_worker(1, Duration::from_secs(30));
-    let spec = JobSpec {
-        interactive: true,
-        ..python("print(input().upper(), flush=True)")
-    };
+    let spec = interactive("print(input().upper(), flush=True)");
     let mut reader = None;
     for (i, pause) in [Duration::ZERO, Duration::from_secs(5)]
         .into_iter()
@@ -1071,10 +1068,9 @@ async fn the_control_connection_outlives_the_servers_idle_timeout_between_jobs()
         world.wait_running(&id).await;
         let line = format!("job {i}\n");
         send_control(&world, &id, &[("type", "stdin"), ("data", &line)]).await;
-        let record = world.wait_terminal(&id, JOB_DEADLINE).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(run_stdout(&record), format!("JOB {i}\n"));
-        world.assert_settled(&id).await;
+        world
+            .assert_succeeded(&id, &format!("JOB {i}\n"), JOB_DEADLINE)
+            .await;
         let blocked = wait_for("the control reader's read", JOB_DEADLINE, || async {
             blocked_xreads(&world).await.into_iter().next()
         })
@@ -1100,10 +1096,7 @@ async fn the_control_reader_reconnects_and_reads_the_cancel_flags_again() {
     let world = World::new().await;
     let mut worker = world.start_worker(2, Duration::from_secs(30));
     let echo = world
-        .submit(&JobSpec {
-            interactive: true,
-            ..python("print(input().upper(), flush=True)")
-        })
+        .submit(&interactive("print(input().upper(), flush=True)"))
         .await;
     let sleeper = world
         .submit(&python(
@@ -1158,10 +1151,9 @@ async fn a_cancel_behind_a_flood_of_unread_input_still_kills_the_job() {
     let world = World::new().await;
     let mut worker = world.start_worker(1, Duration::from_secs(30));
     let id = world
-        .submit(&JobSpec {
-            interactive: true,
-            ..python("import time\nprint('up', flush=True)\ntime.sleep(8)\nprint('slept')")
-        })
+        .submit(&interactive(
+            "import time\nprint('up', flush=True)\ntime.sleep(8)\nprint('slept')",
+        ))
         .await;
     world.wait_running(&id).await;
     wait_for_stdout(&world, &id, b"up\n").await;
@@ -1212,10 +1204,9 @@ async fn a_flood_of_input_to_a_slow_reader_arrives_whole_and_in_order() {
     wait_for_stdout(&world, &id, b"up\n").await;
     send_stdin_lines(&world, &id, (0..500).map(|i| format!("line {i}\n"))).await;
     send_control(&world, &id, &[("type", "stdin_close")]).await;
-    let record = world.wait_terminal(&id, JOB_DEADLINE).await;
-    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-    assert_eq!(run_stdout(&record), "up\n500 line 0 line 499\nTrue\n");
-    world.assert_settled(&id).await;
+    world
+        .assert_succeeded(&id, "up\n500 line 0 line 499\nTrue\n", JOB_DEADLINE)
+        .await;
 
     worker.shut_down();
     worker.stopped(Duration::from_secs(10)).await;

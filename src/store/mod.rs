@@ -125,7 +125,7 @@ pub use health::{RedisHealth, RedisWarning};
 pub use history::{History, HistoryEntry, HistoryPage, HistoryPosition, HistoryQuery};
 pub use job::cancel::CancelOutcome;
 pub use job::claim::{ClaimOutcome, TURN};
-pub use job::control::{Control, ControlRead, ControlStream};
+pub use job::control::{Control, ControlRead};
 pub use job::finish::FinishOutcome;
 pub use job::give_up_overdue::RunningJob;
 pub use job::places::Places;

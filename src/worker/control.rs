@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backoff::{Backoff, sleep_unless_cancelled};
 use crate::sandbox::JobInput;
-use crate::store::{Control, ControlStream, Store, StoreError};
+use crate::store::{Control, Store, StoreError};
 
 /// Input messages buffered between the relay and the sandbox; when full,
 /// the relay waits for the sandbox.
@@ -51,8 +51,6 @@ const IDLE_KEEP: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// One running job, as the reader follows it.
 struct Followed {
-    /// Its control stream's key.
-    key: String,
     /// The last stream id read.
     last_id: String,
     messages: mpsc::UnboundedSender<Control>,
@@ -142,13 +140,11 @@ impl ControlReader {
     /// the returned handle is dropped.
     fn follow(&self, id: &str) -> Following {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let key = self.inner.store.keys().stdin(id);
         let ring = {
             let mut state = self.lock();
             state.jobs.insert(
                 id.to_string(),
                 Followed {
-                    key,
                     last_id: "0".to_string(),
                     messages: sender,
                     unread: 0,
@@ -205,21 +201,16 @@ impl ControlReader {
         self.lock().jobs.remove(id);
     }
 
-    /// What the next read covers (id, stream key, last stream id), and the
-    /// jobs whose cancel flag is to be read first. Marks the reader as
-    /// reading when it covers a stream or `idle_read` (it reads the
-    /// doorbell alone).
-    fn next_read(&self, idle_read: bool) -> (Vec<ControlStream>, Vec<String>) {
+    /// What the next read covers (id, last stream id), and the jobs whose
+    /// cancel flag is to be read first. Marks the reader as reading when it
+    /// covers a stream or `idle_read` (it reads the doorbell alone).
+    fn next_read(&self, idle_read: bool) -> (Vec<(String, String)>, Vec<String>) {
         let mut state = self.lock();
-        let read: Vec<ControlStream> = state
+        let read: Vec<(String, String)> = state
             .jobs
             .iter()
             .filter(|(_, job)| !job.paused)
-            .map(|(id, job)| ControlStream {
-                id: id.clone(),
-                key: job.key.clone(),
-                after: job.last_id.clone(),
-            })
+            .map(|(id, job)| (id.clone(), job.last_id.clone()))
             .collect();
         let check: Vec<String> = state
             .jobs

@@ -197,23 +197,24 @@ pub(crate) struct LimitCounters {
 impl LimitCounters {
     /// Whether `later` shows an OOM kill since `self`.
     pub(crate) fn oom_killed_since(&self, later: &LimitCounters) -> bool {
-        grew(self.oom_kill, later.oom_kill)
+        grew(self.oom_kill, later.oom_kill) == Some(true)
     }
 
     /// Whether `later` shows the memory limit being hit since `self`.
     pub(crate) fn limit_hit_since(&self, later: &LimitCounters) -> bool {
-        grew(self.failcnt, later.failcnt)
+        grew(self.failcnt, later.failcnt) == Some(true)
     }
 
     /// Whether `later` shows a process start refused at the pids limit
     /// since `self`; `None` without a pids cgroup to read (gVisor).
     pub(crate) fn pids_refused_since(&self, later: &LimitCounters) -> Option<bool> {
-        Some(later.pids_max? > self.pids_max?)
+        grew(self.pids_max, later.pids_max)
     }
 }
 
-fn grew(before: Option<u64>, after: Option<u64>) -> bool {
-    matches!((before, after), (Some(a), Some(b)) if b > a)
+/// Whether a counter went up; `None` when either reading is missing.
+fn grew(before: Option<u64>, after: Option<u64>) -> Option<bool> {
+    Some(after? > before?)
 }
 
 /// Where the supervisor's memory and pids cgroups keep their counters.

@@ -50,7 +50,8 @@ impl Jobs {
     }
 
     /// Reads, on `conn` (dedicated: this blocks up to [`BLOCK_TIMEOUT`]),
-    /// the control messages of every job in `jobs`, and whether the
+    /// the control messages of every job in `jobs` (id, last stream id
+    /// read), and whether the
     /// doorbell of `worker` rang after `doorbell_after` (with no job, the
     /// doorbell alone). Unknown messages are skipped (their id still counts
     /// as read).
@@ -59,9 +60,12 @@ impl Jobs {
         conn: &mut redis::aio::MultiplexedConnection,
         worker: &str,
         doorbell_after: &str,
-        jobs: Vec<ControlStream>,
+        jobs: Vec<(String, String)>,
     ) -> Result<ControlRead, StoreError> {
-        let streams = jobs.into_iter().map(|job| (job.id, job.key, job.after));
+        let streams = jobs.into_iter().map(|(id, after)| {
+            let key = self.redis.keys.stdin(&id);
+            (id, key, after)
+        });
         let doorbell = self.redis.keys.worker_doorbell(worker);
         let reply = doorbell::read(
             conn,
@@ -99,15 +103,6 @@ impl Jobs {
 
 /// Most messages one read returns per job.
 const READ_COUNT: usize = 100;
-
-/// One job's control stream in a read: the job's id, the stream's key
-/// (`job:<id>:stdin`) and the last entry id read.
-#[derive(Debug, Clone)]
-pub struct ControlStream {
-    pub id: String,
-    pub key: String,
-    pub after: String,
-}
 
 /// What one read of a worker's control streams gave.
 #[derive(Debug, Default)]
