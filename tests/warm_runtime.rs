@@ -609,6 +609,46 @@ async fn on_runtime_pool(harness: &Harness, spec: &JobSpec) -> code_runner::job:
     result
 }
 
+/// A fed runtime still starting when its job comes is waited for, and the
+/// job keeps its whole wall limit. Here R's start is made 7 s slow on
+/// purpose (a loaded VM once took R under gVisor past the 2 s the
+/// supervisor used to wait): longer than the job's wall limit and the
+/// host's grace together, so that neither may count the wait.
+#[tokio::test]
+async fn a_job_waits_for_a_runtime_still_starting_and_keeps_its_wall_limit() {
+    let mut harness = Harness::new().await.on(StartKind::WarmRuntime);
+    let slow = r#"["sh", "-c", "sleep 7; exec Rscript --vanilla \"$0\"", "{entry}"]"#;
+    let catalog = code_runner::languages::EMBEDDED_CATALOG
+        .replace(
+            r#"run = ["Rscript", "--vanilla", "{entry}"]"#,
+            &format!("run = {slow}"),
+        )
+        .replace(
+            r#"warm_runtime = ["Rscript", "--vanilla", "{entry}"]"#,
+            &format!("warm_runtime = {slow}"),
+        );
+    assert_eq!(catalog.matches(slow).count(), 2, "both R commands replaced");
+    harness.catalog = code_runner::languages::LanguageCatalog::parse(&catalog).unwrap();
+    let spec = job_with_limits(
+        "r",
+        "main.r",
+        "cat('released\\n')\n",
+        LimitsRequest {
+            wall_ms: Some(1000),
+            ..Default::default()
+        },
+    );
+    let result = on_runtime_pool(&harness, &spec).await;
+    assert_eq!(result.start, Some(StartKind::WarmRuntime), "{result:#?}");
+    assert_eq!(result.status, Status::Succeeded, "{result:#?}");
+    let run = result.run.as_ref().unwrap();
+    assert_eq!(run.reason, Reason::Exited, "{result:#?}");
+    assert_eq!(run.exit_code, Some(0), "{result:#?}");
+    assert_eq!(stdout(&result), "released\n");
+    assert!(run.wall_ms < 1000, "{result:#?}");
+    harness.assert_clean().await;
+}
+
 #[tokio::test]
 async fn a_job_whose_environment_entry_or_script_needs_a_fresh_runtime_is_not_given_one() {
     let harness = Harness::new().await.on(StartKind::WarmRuntime);

@@ -31,8 +31,8 @@ use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
 use crate::job::{PreparedJob, StageResult, scratch_mounts};
 
 use crate::protocol::{
-    Bundle, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION, Reason, SandboxMessage,
-    SignalKind,
+    Bundle, FIFO_OPEN_TIMEOUT, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
+    Reason, SandboxMessage, SignalKind,
 };
 
 /// How long a cancelled job's supervisor gets to report before the container
@@ -71,6 +71,8 @@ struct Session<'a> {
     restarted: bool,
     /// A stage started on the warm runtime.
     warm_runtime: bool,
+    /// A stage or test has started.
+    started: bool,
 }
 
 /// What the session produced; `error` is set when the platform failed after
@@ -136,6 +138,7 @@ pub(super) async fn drive(
         grader,
         restarted,
         warm_runtime: false,
+        started: false,
     };
     let mut bundle = job.bundle.clone();
     if let Some(uid) = uid {
@@ -319,6 +322,28 @@ impl Session<'_> {
         }
     }
 
+    /// The job's walls and the grace from now, or its stored deadline
+    /// when that comes first.
+    fn walls_from_now(&self, config: &SandboxConfig) -> tokio::time::Instant {
+        self.at_latest_by_stored(
+            tokio::time::Instant::now()
+                + Duration::from_millis(self.job.stages_wall_ms())
+                + config.deadline_grace,
+        )
+    }
+
+    /// A stage or test started: at the first, the job's walls count from
+    /// now. Before it, a warm sandbox had [`FIFO_OPEN_TIMEOUT`] more (see
+    /// `frame_loop`), which is not the job's time.
+    fn note_started(&mut self, deadline: &mut tokio::time::Instant, config: &SandboxConfig) {
+        if !self.started {
+            self.started = true;
+            if !self.cancelled {
+                *deadline = self.walls_from_now(config);
+            }
+        }
+    }
+
     async fn frame_loop(
         &mut self,
         output: &mut OutputStream,
@@ -328,8 +353,13 @@ impl Session<'_> {
         let mut deadline = self.at_latest_by_stored(
             tokio::time::Instant::now()
                 + if self.ready_at.is_some() {
-                    // A warm sandbox: its supervisor was ready before the job came.
-                    Duration::from_millis(self.job.stages_wall_ms()) + config.deadline_grace
+                    // A warm sandbox: its supervisor was ready before the job
+                    // came. Its runtime may still be starting: the supervisor
+                    // waits up to `FIFO_OPEN_TIMEOUT` for it before the first
+                    // stage (`note_started` then counts the walls afresh).
+                    Duration::from_millis(self.job.stages_wall_ms())
+                        + config.deadline_grace
+                        + FIFO_OPEN_TIMEOUT
                 } else {
                     config.start_timeout
                 },
@@ -404,11 +434,7 @@ impl Session<'_> {
                 if self.ready_at.is_none() {
                     self.ready_at = Some(Instant::now());
                     if !self.cancelled {
-                        *deadline = self.at_latest_by_stored(
-                            tokio::time::Instant::now()
-                                + Duration::from_millis(self.job.stages_wall_ms())
-                                + config.deadline_grace,
-                        );
+                        *deadline = self.walls_from_now(config);
                     }
                     self.emit(SandboxEvent::Ready).await;
                 }
@@ -438,6 +464,7 @@ impl Session<'_> {
                 if let Some(grader) = &mut self.grader {
                     grader.note_start(index);
                 }
+                self.note_started(deadline, config);
                 self.emit(SandboxEvent::TestStart { index, name }).await;
             }
             SandboxMessage::StageStart(start) => {
@@ -467,6 +494,7 @@ impl Session<'_> {
                     truncated: false,
                     started: Instant::now(),
                 });
+                self.note_started(deadline, config);
                 self.warm_runtime |= start.warm_runtime;
                 self.emit(SandboxEvent::StageStart { stage: start.stage })
                     .await;

@@ -55,16 +55,12 @@ use super::job_thread::take_ids;
 use super::kill::{Killer, Target};
 use super::reap::reap_one;
 use super::spawn::{Launch, SpawnError, SpawnedStage, StageRlimits, spawn};
-use code_runner_protocol::{BundleFile, FED_LEAD, Prestart, StageSpec};
+use code_runner_protocol::{BundleFile, FED_LEAD, FIFO_OPEN_TIMEOUT, Prestart, StageSpec};
 
 /// How long a killed runtime may take to be reaped.
 const KILL_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long after its start a fed runtime may take to open its FIFO (ruby
-/// and R do within milliseconds, before their start-up's bulk): a job that
-/// comes before waits for it until then, and one that comes later to a
-/// runtime that has not starts afresh instead.
-const FIFO_OPEN_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often that is looked at meanwhile (before the job, and by it).
+/// How often a fed runtime's open of its FIFO is looked at while it may
+/// still come ([`FIFO_OPEN_TIMEOUT`]; before the job, and by it).
 pub(crate) const FIFO_OPEN_POLL: Duration = Duration::from_millis(2);
 
 /// A started runtime waiting for its job.

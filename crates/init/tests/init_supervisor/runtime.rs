@@ -551,8 +551,9 @@ fn a_job_waits_for_a_fed_runtime_still_starting_to_open_its_fifo() {
         // The bundle comes at once, before the runtime opens its script:
         // the job waits for it rather than have a hooked runtime read the
         // job's file by its name (leaving the FIFO's copy unread), or a
-        // hookless one open it and run it unreleased.
-        let slow = format!("sleep 0.5; {runtime}");
+        // hookless one open it and run it unreleased. It waits longer than
+        // a loaded VM's R under gVisor may take (more than 2 s).
+        let slow = format!("sleep 3; {runtime}");
         sb.send(prestart(&sb, &stage, &slow));
         assert_eq!(
             released(&mut sb, vec![file("main.rb", script, false)], stage),
