@@ -293,6 +293,7 @@ impl Harness {
     /// A harness whose engine is built from `settings` (another language
     /// catalog, other limits). The worker id is still this test's own.
     pub async fn with_settings(settings: SandboxSettings) -> Self {
+        init_tracing();
         let worker_id = format!("test-{}", uuid::Uuid::new_v4());
         containers::note_worker(&worker_id);
         let setup = settings
@@ -511,12 +512,15 @@ fn created_by_cli_since(container: &bollard::models::ContainerSummary, since_ms:
 }
 
 /// Logs of the code under test, shown for failed tests (`TEST_LOG` filters).
+/// By default they include what each sandbox's supervisor said on its
+/// stderr (logged at debug by the session): why a warm runtime was not
+/// used, say, which a result alone does not tell.
 pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TEST_LOG")
-                .unwrap_or_else(|_| "code_runner=info".into()),
+                .unwrap_or_else(|_| "code_runner=info,code_runner::sandbox::session=debug".into()),
         )
         .try_init();
 }
