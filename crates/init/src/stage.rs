@@ -13,7 +13,10 @@
 //!    supervisor checks in `/proc` that none is left before the next stage;
 //!    if some survive every kill for [`CLEANUP_TIMEOUT`], the supervisor
 //!    stops with a fatal error rather than run another stage beside them.
-//! 3. **Drain**: the pipes are read to EOF, for at most [`DRAIN_TIMEOUT`].
+//! 3. **Drain**: the pipes are read to EOF, for at most [`DRAIN_TIMEOUT`]
+//!    of waiting for them (time spent waiting for the host to take frames
+//!    does not count); output still open then is cut, and the report says
+//!    `output_truncated`.
 
 use std::time::{Duration, Instant};
 
@@ -546,9 +549,13 @@ impl Run {
     }
 
     /// Reads the pipes to EOF after the stage ended, for a bounded time: a
-    /// process that escaped the kill could hold them open forever.
+    /// process that escaped the kill could hold them open forever. The
+    /// bound counts only the time the pipes are waited for: while the host
+    /// takes no frame (a loaded worker reads late) it is not spent, so what
+    /// the stage wrote before it ended is all sent. Output still open at
+    /// the bound is cut, and the report says `output_truncated`.
     async fn drain(&mut self, ctx: &mut Context<'_>) -> Result<(), InitError> {
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let mut deadline = Instant::now() + DRAIN_TIMEOUT;
         while (self.stdout.is_some() || self.stderr.is_some()) && Instant::now() < deadline {
             tokio::select! {
                 biased;
@@ -568,9 +575,18 @@ impl Run {
                 output = next_output(self.stderr.as_mut()), if ctx.sink.has_room() => {
                     self.on_output(ctx, Stream::Stderr, output).await?;
                 }
-                _ = ctx.sink.room(), if !ctx.sink.has_room() => {}
-                _ = tokio::time::sleep_until(deadline.into()) => {}
+                () = ctx.sink.room(), if !ctx.sink.has_room() => {
+                    deadline = deadline.max(Instant::now() + DRAIN_TIMEOUT);
+                }
+                () = tokio::time::sleep_until(deadline.into()), if ctx.sink.has_room() => {}
             }
+        }
+        if self.stdout.is_some() || self.stderr.is_some() {
+            eprintln!(
+                "code-runner-init: the stage's output was still open {} ms after it ended; the rest is not sent",
+                DRAIN_TIMEOUT.as_millis()
+            );
+            self.truncated = true;
         }
         self.stdout = None;
         self.stderr = None;

@@ -8,7 +8,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use code_runner_protocol::{
@@ -87,6 +87,8 @@ pub struct Sandbox {
     pub workspace: tempfile::TempDir,
     /// Everything received so far.
     pub seen: Vec<SandboxMessage>,
+    /// See [`Sandbox::reading_gate`].
+    reading: Arc<Mutex<()>>,
 }
 
 impl Sandbox {
@@ -140,10 +142,16 @@ impl Sandbox {
         });
         let mut stdout = child.stdout.take().unwrap();
         let (tx, events) = mpsc::channel();
+        let reading = Arc::new(Mutex::new(()));
+        let gate = Arc::clone(&reading);
         std::thread::spawn(move || {
             let mut decoder = FrameDecoder::new(MAX_SANDBOX_FRAME);
             let mut buffer = vec![0u8; 64 * 1024];
             loop {
+                drop(
+                    gate.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
                 let read = match stdout.read(&mut buffer) {
                     Ok(0) => {
                         let _ = match decoder.finish() {
@@ -188,6 +196,7 @@ impl Sandbox {
             uid: fresh_uid(),
             workspace,
             seen: Vec::new(),
+            reading,
         };
         let ready = sandbox.next(Duration::from_secs(5));
         assert!(
@@ -278,6 +287,13 @@ impl Sandbox {
     pub fn signal_supervisor(&self, signal: nix::sys::signal::Signal) {
         let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
         nix::sys::signal::kill(pid, signal).unwrap();
+    }
+
+    /// What the reader of the supervisor's stdout takes before each read:
+    /// while a test holds it locked, the host reads nothing more (after the
+    /// read under way), as a loaded worker reads late.
+    pub fn reading_gate(&self) -> Arc<Mutex<()>> {
+        Arc::clone(&self.reading)
     }
 
     /// The next frame; panics after `timeout` or at the end of the stream.

@@ -53,6 +53,71 @@ fn stage_that_closes_its_stdin_early_loses_the_rest_and_does_not_stall() {
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// What a stage wrote just before it ended is all sent, however late the
+/// host reads it: the drain's bound is for pipes held open, not for a host
+/// that is slow to take frames (a loaded worker).
+#[test]
+fn output_left_at_the_stages_end_reaches_a_host_that_reads_late() {
+    let mut sb = Sandbox::start();
+    // 70 000 bytes fill the supervisor's stdout pipe; then 150 writes 10 ms
+    // apart, a frame each, fill its queue of frames, and the last of them
+    // wait in the stage's own pipe when the stage ends.
+    let stage = sb.stage(
+        "run",
+        &[
+            "sh",
+            "-c",
+            "head -c 70000 /dev/zero | tr '\\0' y; i=0; while [ $i -lt 150 ]; do printf x; sleep 0.01; i=$((i+1)); done",
+        ],
+    );
+    let gate = sb.reading_gate();
+    let paused = gate.lock().unwrap();
+    sb.send(sb.bundle(vec![], vec![stage]));
+    // The stage ends within about 2 s; the host reads nothing until 5 s.
+    std::thread::sleep(Duration::from_secs(5));
+    drop(paused);
+    let outcome = sb.finish(T);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::Exited, "{report:?}");
+    assert_eq!(report.exit_code, Some(0));
+    assert!(!report.output_truncated, "{report:?}");
+    let mut expected = vec![b'y'; 70_000];
+    expected.extend([b'x'; 150]);
+    assert_eq!(outcome.stdout.len(), expected.len());
+    assert!(outcome.stdout == expected);
+}
+
+/// A stage's output still held open after every process of the stage is
+/// gone (here by the test, opening the pipe through `/proc` as a process
+/// that escaped the kill would hold it) is cut after the drain's bound, and
+/// the report says so: nothing is dropped silently.
+#[test]
+fn output_held_open_past_the_stages_end_is_cut_and_said() {
+    let mut sb = Sandbox::start();
+    let stage = sb.stage("run", &["sh", "-c", "echo before; sleep 1"]);
+    sb.send(sb.bundle(vec![], vec![stage]));
+    sb.wait_for_stdout("before", T);
+    let pid = live_processes_of(sb.uid)[0];
+    let holder = std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/proc/{pid}/fd/1"))
+        .unwrap();
+    let outcome = sb.finish(T);
+    drop(holder);
+    let report = outcome.only_report();
+    assert_eq!(report.reason, Reason::Exited, "{report:?}");
+    assert_eq!(report.exit_code, Some(0));
+    assert!(report.output_truncated, "{report:?}");
+    assert_eq!(outcome.stdout_text(), "before\n");
+    assert!(
+        outcome
+            .diagnostics
+            .contains("the stage's output was still open 500 ms after it ended"),
+        "{:?}",
+        outcome.diagnostics
+    );
+}
+
 #[test]
 fn output_limit_keeps_exactly_the_first_bytes() {
     let mut sb = Sandbox::start();
