@@ -146,7 +146,7 @@ fn run_pages(browser: &str, own_key: &Daemon, shared_key: &Daemon, admin_key: &s
     let status = status
         .unwrap_or_else(|| panic!("the {browser} tests ran over {BROWSER_DEADLINE:?}:\n{output}"));
     assert!(status.success(), "the {browser} tests failed:\n{output}");
-    assert!(output.contains("Ran 17 tests"), "{output}");
+    assert!(output.contains("Ran 18 tests"), "{output}");
     println!(
         "screenshots of every state: {}/{browser}-*.png",
         screenshots().display()

@@ -241,8 +241,8 @@ class Page(unittest.TestCase):
     def terminal_shows(self, *texts, context=""):
         """Waits until the terminal shows each of `texts` (failing, with
         `context`, if it never does), and returns its text: xterm draws what
-        it is given at its next frame, and a job's last output can come in
-        one message with its end, whose verdict the page shows at once."""
+        it is given at its next frame. (The page shows a verdict only once
+        the output before it is drawn: test 2c.)"""
         self.wait(lambda d: all(text in self.terminal() for text in texts),
                   f"{context}{': ' if context else ''}the terminal does not show {texts!r}")
         return self.terminal()
@@ -362,6 +362,30 @@ class Playground(Page):
             self.assertEqual(verdict["status"], "succeeded", f"{language['id']}: {verdict}\n{self.terminal()}")
             self.terminal_shows("Hello, world!", context=language["id"])
         self.shot("02b-last-template")
+
+    def test_2c_the_verdict_comes_after_the_last_output_is_drawn(self):
+        self.open(f"{URL}/")
+        self.use_key(KEY)
+        self.type_code(["print('first line')", "print('the last line')"])
+        # What the terminal shows at the moment the verdict is set: the
+        # program's last output comes in the same moment as its end.
+        driver.execute_script("""
+            window.atVerdict = null;
+            const status = document.getElementById('v-status');
+            new MutationObserver(() => {
+              const now = status.textContent.toLowerCase();
+              if (window.atVerdict === null
+                  && !['idle', 'submitting', 'queued', 'running'].includes(now)) {
+                window.atVerdict = Array.from(
+                  document.querySelectorAll('#terminal .xterm-rows > div'),
+                  (row) => row.textContent).join('\\n');
+              }
+            }).observe(status, {childList: true, characterData: true, subtree: true});
+        """)
+        self.run_and_wait("succeeded")
+        at_verdict = driver.execute_script("return window.atVerdict")
+        self.assertIn("the last line", at_verdict or "", f"the terminal when the verdict came: {at_verdict!r}")
+        self.shot("02c-verdict-after-output")
 
     def test_3_interactive_program_reads_two_typed_lines(self):
         self.open(f"{URL}/")

@@ -457,9 +457,17 @@ function finish(result) {
   const job = state.job;
   if (!job || job.ended) return;
   job.ended = true;
-  if (job.graded) panel.finish(result, Boolean(job.stopped));
-  else if (result) showResult(result);
-  setRunning(false);
+  // The verdict comes once the terminal has drawn the output before it:
+  // xterm parses what it is given (then calls back) and draws it at its
+  // next animation frame, and a job's last output often comes in the same
+  // moment as its end.
+  terminal.write("", () =>
+    requestAnimationFrame(() => {
+      if (job.graded) panel.finish(result, Boolean(job.stopped));
+      else if (result) showResult(result);
+      setRunning(false);
+    }),
+  );
 }
 
 /** Opens (or reopens, after `lastSeq`) the job's stream with its token. */
