@@ -461,8 +461,11 @@ function finish(result) {
   // xterm parses what it is given (then calls back) and draws it at its
   // next animation frame, and a job's last output often comes in the same
   // moment as its end.
+  // A new run waits for this (`job.shown`), so that the verdict never
+  // lands on the next run.
   terminal.write("", () =>
     requestAnimationFrame(() => {
+      job.shown = true;
       if (job.graded) panel.finish(result, Boolean(job.stopped));
       else if (result) showResult(result);
       setRunning(false);
@@ -588,7 +591,7 @@ function decode(event) {
 }
 
 async function run() {
-  if (!state.current || (state.job && !state.job.ended)) return;
+  if (!state.current || (state.job && !state.job.shown)) return;
   showError("");
   const shared = Boolean(state.config.shared_key);
   const key = keys.get();
@@ -635,7 +638,7 @@ async function run() {
 /** "Run tests": the program with the Tests panel's tests, not interactive;
  * the panel follows the job's stream. */
 async function grade() {
-  if (!state.current || (state.job && !state.job.ended) || panel.count === 0) return;
+  if (!state.current || (state.job && !state.job.shown) || panel.count === 0) return;
   showError("");
   showTab("tests");
   const shared = Boolean(state.config.shared_key);
