@@ -138,7 +138,6 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_real_result_replaces_the_worker_lost_verdict() {
-    init_tracing();
     let redis = RedisServer::start();
     let proxy = RedisProxy::start(redis.port);
     let harness = Harness::new().await;

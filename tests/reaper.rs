@@ -25,7 +25,7 @@ use code_runner::store::{
 use common::containers::{containers_labelled, docker, remove_labelled};
 use common::daemon::{ChildGuard, DaemonBuilder, Role, metric};
 use common::redis_server::{RedisServer, free_port};
-use common::{Harness, code_runner, init_tracing, job, job_with_limits, wait_for};
+use common::{Harness, code_runner, job, job_with_limits, wait_for};
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -295,7 +295,6 @@ async fn a_worker_killed_mid_job_is_reaped_by_another_worker() {
 #[tokio::test]
 async fn two_reapers_racing_over_one_dead_worker_settle_each_job_once() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    init_tracing();
     let redis = RedisServer::start();
     let setup = store(&redis);
     let harness = Harness::new().await;
@@ -482,7 +481,6 @@ async fn labelled_sleeper(
 #[tokio::test]
 async fn the_reaper_removes_expired_and_dead_workers_containers_only() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    init_tracing();
     let redis = RedisServer::start();
     let store = store(&redis);
     let harness = Harness::new().await;
@@ -618,7 +616,6 @@ async fn reaper_verdicts_on_fresh_containers(
 #[tokio::test]
 async fn a_dead_worker_is_forgotten_only_once_its_containers_are_gone() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    init_tracing();
     let redis = RedisServer::start();
     let store = store(&redis);
     let harness = Harness::new().await;
@@ -782,7 +779,6 @@ fn invalid_reaper_settings_exit_64_naming_the_setting() {
 #[tokio::test]
 async fn a_job_past_its_deadline_on_a_live_worker_is_settled() {
     let _serial = ONE_AT_A_TIME.lock().await;
-    init_tracing();
     let redis = RedisServer::start();
     let store = store(&redis);
     let harness = Harness::new().await;

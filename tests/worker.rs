@@ -22,7 +22,7 @@ use code_runner::store::{
 use code_runner::worker::{Worker, WorkerConfig};
 use common::containers::{holds_a_sandbox, list_labelled};
 use common::redis_server::RedisServer;
-use common::{Harness, init_tracing, python, wait_for};
+use common::{Harness, python, wait_for};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
@@ -73,7 +73,6 @@ impl Drop for RunningWorker {
 
 impl World {
     async fn new() -> Self {
-        init_tracing();
         let redis = RedisServer::start();
         let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
         let store = Store::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
@@ -1191,14 +1190,11 @@ async fn a_cancel_behind_a_flood_of_unread_input_still_kills_the_job() {
 async fn a_flood_of_input_to_a_slow_reader_arrives_whole_and_in_order() {
     let world = World::new().await;
     let mut worker = world.start_worker(2, Duration::from_secs(30));
-    let spec = JobSpec {
-        interactive: true,
-        ..python(
-            "import sys, time\nprint('up', flush=True)\ntime.sleep(3)\n\
-             lines = sys.stdin.read().splitlines()\nprint(len(lines), lines[0], lines[-1])\n\
-             print(lines == [f'line {i}' for i in range(500)])",
-        )
-    };
+    let spec = interactive(
+        "import sys, time\nprint('up', flush=True)\ntime.sleep(3)\n\
+         lines = sys.stdin.read().splitlines()\nprint(len(lines), lines[0], lines[-1])\n\
+         print(lines == [f'line {i}' for i in range(500)])",
+    );
     let id = world.submit(&spec).await;
     world.wait_running(&id).await;
     wait_for_stdout(&world, &id, b"up\n").await;

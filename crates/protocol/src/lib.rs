@@ -80,12 +80,7 @@ pub const MAX_OUTPUT_CHUNK: usize = 64 * 1024;
 /// How long after its start a fed warm runtime may take to open its FIFO
 /// (`Prestart::fed`): a job that comes before waits for it until then, and
 /// one that comes later to a runtime that has not starts afresh instead.
-/// Ruby and R open it before their start-up's bulk, within milliseconds
-/// under runc, but R's start runs a shell script first: about 260 ms under
-/// gVisor on an idle 2-CPU VM. On a loaded one (a full CI run) a job once
-/// came to an R runtime under gVisor that had not opened it within the 2 s
-/// this bound was, and started plain warm. A runtime still starting is a
-/// quicker way to a running program than a fresh one on the same loaded
-/// CPUs, so the bound is only there for one that hangs. The host allows a
-/// warm sandbox this much more before its first stage starts.
+/// Only a runtime that hangs should reach it (why 10 s, and what R takes
+/// under gVisor: docs/warm-runtimes.md). The host allows a warm sandbox
+/// this much more before its first stage starts.
 pub const FIFO_OPEN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
