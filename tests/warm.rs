@@ -332,3 +332,94 @@ async fn per_uid_limits_of_one_job_do_not_affect_another_cold() {
 async fn per_uid_limits_of_one_job_do_not_affect_another_warm() {
     per_uid_limits_of_one_job_do_not_affect_another(Harness::new().await.on(StartKind::Warm)).await;
 }
+
+/// A pool's shutdown kills each idle member and waits for Docker to say it
+/// stopped before removing it, and removes no more than
+/// `DISCARDS_IN_FLIGHT` at once: Docker handed hundreds of forced removals
+/// at once (a pool of 300 stopping on 2 CPUs) handled some exits after it
+/// had begun deleting the container, which then stayed listed as "Removal
+/// In Progress" until dockerd restarted. Watched through Docker's own
+/// events: a member is in flight from its `kill` to its `destroy`.
+#[tokio::test]
+async fn a_pools_shutdown_removes_a_bounded_number_of_members_at_once() {
+    use bollard::query_parameters::EventsOptions;
+    use code_runner::sandbox::pool::DISCARDS_IN_FLIGHT;
+    use futures_util::StreamExt;
+
+    let harness = Harness::new().await;
+    let job = harness.prepare(&python("print(1)"));
+    let members = DISCARDS_IN_FLIGHT + 6;
+    let pool = harness.warm_pool(&job, members).await;
+    let warm = warm_containers(&harness).await;
+    assert_eq!(warm.len(), members);
+
+    let filters = std::collections::HashMap::from([
+        ("type".to_string(), vec!["container".to_string()]),
+        (
+            "label".to_string(),
+            vec![format!("code-runner.worker={}", harness.worker_id)],
+        ),
+        (
+            "event".to_string(),
+            vec!["kill".to_string(), "die".to_string(), "destroy".to_string()],
+        ),
+    ]);
+    let mut events = harness.engine.docker().events(Some(EventsOptions {
+        filters: Some(filters),
+        ..Default::default()
+    }));
+    // The subscription is live once Docker answers it: an event stream
+    // sends nothing before the first event, so give it a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let shutdown = tokio::spawn({
+        let pool = pool.clone();
+        async move { pool.shutdown(WITHIN).await }
+    });
+
+    // Per container: the actions in the order Docker reported them.
+    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let (mut in_flight, mut most) = (0usize, 0usize);
+    let mut destroyed = 0;
+    while destroyed < members {
+        let event = tokio::time::timeout(WITHIN, events.next())
+            .await
+            .expect("every member is destroyed within 60 s")
+            .expect("docker's event stream stays open")
+            .expect("docker sends events");
+        let id = event
+            .actor
+            .and_then(|a| a.id)
+            .expect("an event names its container");
+        let action = event.action.expect("an event has an action");
+        let actions = seen.entry(id).or_default();
+        match action.as_str() {
+            "kill" if !actions.iter().any(|a| a == "kill") => {
+                in_flight += 1;
+                most = most.max(in_flight);
+            }
+            "destroy" => {
+                in_flight -= 1;
+                destroyed += 1;
+            }
+            _ => {}
+        }
+        actions.push(action);
+    }
+    shutdown.await.expect("the shutdown ends");
+
+    assert_eq!(seen.len(), members, "{seen:#?}");
+    for (id, actions) in &seen {
+        let position = |name: &str| actions.iter().position(|a| a == name);
+        let (kill, die, destroy) = (position("kill"), position("die"), position("destroy"));
+        assert!(
+            kill.is_some() && kill < die && die < destroy,
+            "{id}: not killed, stopped, then removed: {actions:?}"
+        );
+    }
+    assert!(
+        most <= DISCARDS_IN_FLIGHT,
+        "{most} members were being removed at once (at most {DISCARDS_IN_FLIGHT})"
+    );
+    assert!(most >= 2, "the members were removed one at a time: {most}");
+    harness.assert_clean().await;
+}

@@ -11,7 +11,7 @@ use bollard::models::{
     HostConfigLogConfig, ResourcesUlimits,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    CreateContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
 
 use super::SandboxConfig;
@@ -309,6 +309,43 @@ impl ContainerGuard {
         self.lease.as_ref().map(UidLease::uid)
     }
 
+    /// Removes a container that may still be running (an idle warm
+    /// sandbox): kills it, waits until Docker has handled its exit (at most
+    /// [`STOP_BEFORE_REMOVE_WAIT`]), then removes it as [`Self::remove`]
+    /// does. Docker 20.10 removing a running container by force kills it
+    /// and, when the exit is slow to be handled (hundreds removed at once,
+    /// as at a pool's shutdown), deletes the container's directory while
+    /// its exit handling still writes `hostconfig.json` into it: the removal
+    /// fails with "directory not empty" and the container stays listed as
+    /// "Removal In Progress" until dockerd restarts (moby/moby#52161). Docker
+    /// marks a container stopped within its exit handling, holding the
+    /// container's lock, and a removal takes that lock before it deletes
+    /// anything: waiting for "stopped" first keeps the two apart. Measured,
+    /// not proven: docs/performance.md, "Stopping a worker with a pool of 300".
+    pub async fn stop_then_remove(self) -> bool {
+        let options = KillContainerOptions {
+            signal: "SIGKILL".to_string(),
+        };
+        match self.docker.kill_container(&self.name, Some(options)).await {
+            Ok(())
+            | Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => {
+                if tokio::time::timeout(STOP_BEFORE_REMOVE_WAIT, self.wait_stopped())
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(container = %self.name, "docker did not say the killed sandbox stopped; removing it by force");
+                }
+            }
+            Err(error) => {
+                tracing::debug!(container = %self.name, %error, "could not kill the sandbox container; removing it by force");
+            }
+        }
+        self.remove().await
+    }
+
     /// Force-removes the container (and its anonymous volumes) now; when
     /// Docker does not answer, keeps trying in the background (with the uid
     /// still held) and returns `false`. A removal cancelled half way (its
@@ -350,6 +387,10 @@ impl Drop for ContainerGuard {
         }
     }
 }
+
+/// How long [`ContainerGuard::stop_then_remove`] waits for Docker to say a
+/// killed container stopped before it removes the container by force.
+const STOP_BEFORE_REMOVE_WAIT: Duration = Duration::from_secs(10);
 
 /// Delays between the background attempts to remove a container Docker did
 /// not remove when asked (Docker not answering, e.g. dockerd restarting):

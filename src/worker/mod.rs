@@ -64,8 +64,11 @@ const DOCKER_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// answered a call of this worker within this long (under load it always
 /// did: the previous job's removal).
 const DOCKER_FRESH: Duration = Duration::from_secs(2);
-/// At shutdown: how long the warm pool's removals may take.
-const POOL_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(15);
+/// At shutdown: how long the warm pool's removals may take. They go
+/// `DISCARDS_IN_FLIGHT` at a time, each killed and seen stopped first: a
+/// pool of 300 on 2 CPUs removed about 16 a second (234 in 15 s), so 30 s.
+/// What is left then goes to the reaper.
+const POOL_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Warm sandboxes started at the same time.
 const WARM_PARALLEL_STARTS: usize = 2;
 /// How long a refill waits for running jobs to end (see

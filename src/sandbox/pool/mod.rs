@@ -51,6 +51,12 @@ use crate::protocol::{HostMessage, Prestart};
 
 /// Longest wait for a member's task to hand its sandbox over.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
+/// Discarded members removed at the same time. Docker handles a killed
+/// container's exit within its own 10 s only when it is not handed hundreds
+/// at once (a pool's shutdown on 2 CPUs: 47 of 300 were not); a removal
+/// that follows an exit Docker has not handled can leave the container
+/// stuck as "Removal In Progress" (see `ContainerGuard::stop_then_remove`).
+pub const DISCARDS_IN_FLIGHT: usize = 16;
 /// After the last running job ends, how long a held refill still waits:
 /// the API is answering that job then (its result was just written). The
 /// worker's removal queue waits as long.
@@ -167,6 +173,8 @@ struct Inner {
     status: watch::Sender<WarmStatus>,
     stop: CancellationToken,
     tasks: TaskTracker,
+    /// Bounds the members being removed at once ([`DISCARDS_IN_FLIGHT`]).
+    discards: tokio::sync::Semaphore,
 }
 
 /// A worker's pool of warm sandboxes; cheap to clone. See the module
@@ -197,6 +205,7 @@ impl WarmPool {
                 status,
                 stop: CancellationToken::new(),
                 tasks: TaskTracker::new(),
+                discards: tokio::sync::Semaphore::new(DISCARDS_IN_FLIGHT),
             }),
         };
         let refiller = pool.clone();
@@ -550,19 +559,23 @@ impl Inner {
         let (claims, mut claim_rx) = mpsc::channel(1);
         if !self.transition(id, Transition::Ready(claims)) {
             // Discarded while starting.
-            guard.remove().await;
+            self.discard(guard).await;
             self.transition(id, Transition::Removed);
             return;
         }
         tracing::debug!(language = %spec.language, container = %guard.name(), "a warm sandbox is ready");
         let why = tokio::select! {
             biased;
-            reply = claim_rx.recv() => {
-                if let Some(reply) = reply {
+            reply = claim_rx.recv() => match reply {
+                Some(reply) => {
                     hand_over(reply, guard, connection);
+                    return;
                 }
-                return;
-            }
+                // The pool discarded it (a target fell, or shutdown): its
+                // claim sender is gone. Removed here, where the pool's
+                // tasks (and so its shutdown) wait for it.
+                None => None,
+            },
             () = discard.cancelled() => None,
             () = tokio::time::sleep(lifetime) => Some("its lifetime passed".to_string()),
             why = connection.idle_until_broken() => Some(why),
@@ -575,14 +588,23 @@ impl Inner {
                 hand_over(reply, guard, connection);
                 return;
             }
-            guard.remove().await;
+            self.discard(guard).await;
             return;
         }
         if let Some(why) = &why {
             tracing::debug!(language = %spec.language, container = %guard.name(), %why, "discarding a warm sandbox");
         }
-        guard.remove().await;
+        self.discard(guard).await;
         self.transition(id, Transition::Removed);
+    }
+
+    /// Removes a member's container, still running (its supervisor waits
+    /// for a job): killed and seen stopped first, and no more than
+    /// [`DISCARDS_IN_FLIGHT`] at once, which Docker does not manage by
+    /// itself when hundreds go together (see `stop_then_remove`).
+    async fn discard(&self, guard: ContainerGuard) {
+        let _permit = self.discards.acquire().await;
+        guard.stop_then_remove().await;
     }
 
     async fn start_ready(
