@@ -333,13 +333,15 @@ async fn per_uid_limits_of_one_job_do_not_affect_another_warm() {
     per_uid_limits_of_one_job_do_not_affect_another(Harness::new().await.on(StartKind::Warm)).await;
 }
 
-/// A pool's shutdown kills each idle member and waits for Docker to say it
-/// stopped before removing it, and removes no more than
-/// `DISCARDS_IN_FLIGHT` at once: Docker handed hundreds of forced removals
-/// at once (a pool of 300 stopping on 2 CPUs) handled some exits after it
-/// had begun deleting the container, which then stayed listed as "Removal
-/// In Progress" until dockerd restarted. Watched through Docker's own
-/// events: a member is in flight from its `kill` to its `destroy`.
+/// A pool's shutdown removes its idle members itself, and returns only once
+/// they are gone, no more than `DISCARDS_IN_FLIGHT` at once: Docker handed
+/// hundreds of forced removals at once (a pool of 300 stopping on 2 CPUs,
+/// each left to its guard's drop) handled some exits after it had begun
+/// deleting the container, which then stayed listed as "Removal In
+/// Progress" until dockerd restarted. Watched through Docker's own events:
+/// a member is in flight from its `kill` to its `destroy`. (Docker reports
+/// `kill`, `die`, `destroy` for a forced removal too: the order is checked,
+/// but it is the bound and the wait that tell the two paths apart.)
 #[tokio::test]
 async fn a_pools_shutdown_removes_a_bounded_number_of_members_at_once() {
     use bollard::query_parameters::EventsOptions;
@@ -350,9 +352,13 @@ async fn a_pools_shutdown_removes_a_bounded_number_of_members_at_once() {
     let job = harness.prepare(&python("print(1)"));
     let members = DISCARDS_IN_FLIGHT + 6;
     let pool = harness.warm_pool(&job, members).await;
-    let warm = warm_containers(&harness).await;
-    assert_eq!(warm.len(), members);
+    assert_eq!(warm_containers(&harness).await.len(), members);
 
+    // Docker replays what happened since `since`, so no event of the
+    // shutdown is missed however late the stream is first read.
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
     let filters = std::collections::HashMap::from([
         ("type".to_string(), vec!["container".to_string()]),
         (
@@ -365,47 +371,48 @@ async fn a_pools_shutdown_removes_a_bounded_number_of_members_at_once() {
         ),
     ]);
     let mut events = harness.engine.docker().events(Some(EventsOptions {
+        since: Some(format!("{}.{:09}", since.as_secs(), since.subsec_nanos())),
         filters: Some(filters),
         ..Default::default()
     }));
-    // The subscription is live once Docker answers it: an event stream
-    // sends nothing before the first event, so give it a moment.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let shutdown = tokio::spawn({
-        let pool = pool.clone();
-        async move { pool.shutdown(WITHIN).await }
+    // Per container: the actions in the order Docker reported them; and
+    // the most members between their `kill` and their `destroy` at once.
+    let watch = tokio::spawn(async move {
+        let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        let (mut in_flight, mut most, mut destroyed) = (0usize, 0usize, 0);
+        while destroyed < members {
+            let event = tokio::time::timeout(WITHIN, events.next())
+                .await
+                .expect("every member is destroyed within 60 s")
+                .expect("docker's event stream stays open")
+                .expect("docker sends events");
+            let id = event
+                .actor
+                .and_then(|a| a.id)
+                .expect("an event names its container");
+            let action = event.action.expect("an event has an action");
+            let actions = seen.entry(id).or_default();
+            match action.as_str() {
+                "kill" if !actions.iter().any(|a| a == "kill") => {
+                    in_flight += 1;
+                    most = most.max(in_flight);
+                }
+                "destroy" => {
+                    in_flight -= 1;
+                    destroyed += 1;
+                }
+                _ => {}
+            }
+            actions.push(action);
+        }
+        (seen, most)
     });
 
-    // Per container: the actions in the order Docker reported them.
-    let mut seen: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-    let (mut in_flight, mut most) = (0usize, 0usize);
-    let mut destroyed = 0;
-    while destroyed < members {
-        let event = tokio::time::timeout(WITHIN, events.next())
-            .await
-            .expect("every member is destroyed within 60 s")
-            .expect("docker's event stream stays open")
-            .expect("docker sends events");
-        let id = event
-            .actor
-            .and_then(|a| a.id)
-            .expect("an event names its container");
-        let action = event.action.expect("an event has an action");
-        let actions = seen.entry(id).or_default();
-        match action.as_str() {
-            "kill" if !actions.iter().any(|a| a == "kill") => {
-                in_flight += 1;
-                most = most.max(in_flight);
-            }
-            "destroy" => {
-                in_flight -= 1;
-                destroyed += 1;
-            }
-            _ => {}
-        }
-        actions.push(action);
-    }
-    shutdown.await.expect("the shutdown ends");
+    pool.shutdown(WITHIN).await;
+    // The shutdown waited for its members: none is left the moment it
+    // returns (left to a guard's drop, they were all still there).
+    assert_eq!(harness.leftovers().await, Vec::<String>::new());
+    let (seen, most) = watch.await.expect("the events are read");
 
     assert_eq!(seen.len(), members, "{seen:#?}");
     for (id, actions) in &seen {

@@ -11,7 +11,7 @@ use bollard::models::{
     HostConfigLogConfig, ResourcesUlimits,
 };
 use bollard::query_parameters::{
-    CreateContainerOptions, KillContainerOptions, ListContainersOptions, RemoveContainerOptions,
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
 };
 
 use super::SandboxConfig;
@@ -323,10 +323,8 @@ impl ContainerGuard {
     /// anything: waiting for "stopped" first keeps the two apart. Measured,
     /// not proven: docs/performance.md, "Stopping a worker with a pool of 300".
     pub async fn stop_then_remove(self) -> bool {
-        let options = KillContainerOptions {
-            signal: "SIGKILL".to_string(),
-        };
-        match self.docker.kill_container(&self.name, Some(options)).await {
+        // No signal named: Docker's default for a kill is SIGKILL.
+        match self.docker.kill_container(&self.name, None).await {
             Ok(())
             | Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404 | 409,
