@@ -25,7 +25,7 @@ use crate::job::carry::CarriedJobs;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::reaper::{Reaper, ReaperHandles};
-use crate::sandbox::{SandboxConfig, SandboxEngine};
+use crate::sandbox::{DockerEngine, Engine, SandboxConfig};
 use crate::worker::backoff::{Backoff, sleep_unless_cancelled};
 use crate::worker::{Services, Worker, WorkerConfig};
 
@@ -146,7 +146,7 @@ pub async fn run(
         }
     };
     let engine = match (worker, reaper) {
-        (Some(_), _) | (_, Some(_)) => match SandboxEngine::connect(SandboxConfig {
+        (Some(_), _) | (_, Some(_)) => match DockerEngine::connect(SandboxConfig {
             // Yielding on: a finished job's container lingers for the
             // removal queue (see `worker::removals`).
             linger: match worker {
@@ -157,7 +157,7 @@ pub async fn run(
         })
         .await
         {
-            Ok(engine) => Some(engine),
+            Ok(engine) => Some(std::sync::Arc::new(engine) as Engine),
             Err(error) => {
                 eprintln!("code-runner: {error}");
                 return exit::UNAVAILABLE;
@@ -367,10 +367,7 @@ const IMAGE_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// The languages of `catalog` whose image this Docker host has. When Docker
 /// cannot be asked, the whole catalog (a job then fails with a clear error
 /// if its image is missing).
-pub async fn installed_catalog(
-    engine: &SandboxEngine,
-    catalog: &LanguageCatalog,
-) -> LanguageCatalog {
+pub async fn installed_catalog(engine: &Engine, catalog: &LanguageCatalog) -> LanguageCatalog {
     let images: Vec<String> = catalog.all().iter().map(|l| l.image_ref()).collect();
     let failing = engine.readiness(&images, IMAGE_CHECK_TIMEOUT).await;
     if let Some((_, message)) = failing.iter().find(|(check, _)| check == "docker") {

@@ -23,7 +23,8 @@
 //!    list is empty is forgotten.
 //! 4. Overdue jobs: a job `running` on a live worker past its deadline
 //!    (stored by start: the engine's start timeout + the stages' wall
-//!    limits + the engine's deadline grace after it started) plus `grace`
+//!    limits + the engine's deadline grace after it started, see
+//!    [`crate::job::deadline`]) plus `grace`
 //!    is given up on: settled as `error`/`deadline_exceeded`, its worker
 //!    being alive but silent about it. Its container, past its deadline
 //!    label, goes by rule 2.
@@ -50,7 +51,7 @@ use crate::job::result::ErrorReason;
 use crate::job::{JobResult, Status};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
-use crate::sandbox::{SandboxContainer, SandboxEngine};
+use crate::sandbox::{Engine, SandboxContainer};
 use crate::store::{
     Fleet, ForgetOutcome, LATE_RESULT_WINDOW, LostJob, LostResults, ReapOutcome, ReapPolicy, Retry,
     RunningJob, Store, StoreError, now_ms,
@@ -190,7 +191,7 @@ fn outcome_kind(outcome: &ReapOutcome) -> Option<&'static str> {
 pub struct Reaper {
     config: ReaperConfig,
     store: Store,
-    engine: SandboxEngine,
+    engine: Engine,
     catalog: LanguageCatalog,
     metrics: Metrics,
     /// The wall budget of a running job whose deadline was not stored (a
@@ -203,7 +204,7 @@ pub struct Reaper {
 #[derive(Debug, Clone)]
 pub struct ReaperHandles {
     pub store: Store,
-    pub engine: SandboxEngine,
+    pub engine: Engine,
     /// For the language versions in the verdicts it writes.
     pub catalog: LanguageCatalog,
     pub metrics: Metrics,
@@ -402,8 +403,9 @@ impl Reaper {
     /// `started_ms`.
     fn deadline_ms(&self, started_ms: u64, stored: Option<u64>) -> u64 {
         stored.unwrap_or_else(|| {
-            let longest = self.engine.config().deadline_slack() + self.longest_wall;
-            started_ms.saturating_add(longest.as_millis() as u64)
+            self.engine
+                .budget()
+                .deadline_ms(started_ms, self.longest_wall)
         })
     }
 

@@ -35,7 +35,7 @@ struct Options {
     max_body_bytes: usize,
     max_wait: Duration,
     catalog: LanguageCatalog,
-    engine: Option<code_runner::sandbox::SandboxEngine>,
+    engine: Option<code_runner::sandbox::Engine>,
     limits: code_runner::api::ApiLimits,
 }
 
@@ -905,9 +905,10 @@ run = ["python3", "main.py"]
     ))
     .unwrap();
     let setup = common::default_settings(None).build("api-test").unwrap();
-    let engine = code_runner::sandbox::SandboxEngine::connect(setup.sandbox)
+    let engine = code_runner::sandbox::DockerEngine::connect(setup.sandbox)
         .await
         .expect("dockerd must be running for the integration tests (scripts/test starts it)");
+    let engine: code_runner::sandbox::Engine = std::sync::Arc::new(engine);
     let api = Api::start(Options {
         catalog,
         engine: Some(engine),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use code_runner::job::grading::{Restarts, TimeLimit, Verdict};
 use code_runner::job::{JobResult, JobSpec, Status};
+use code_runner::sandbox::SandboxEngine as _;
 use code_runner::sandbox::SandboxEvent;
 use common::{Harness, harness_per_runtime};
 use serde_json::{Value, json};

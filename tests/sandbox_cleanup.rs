@@ -4,6 +4,7 @@
 
 mod common;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::time::{Duration, Instant};
 
 use code_runner::job::limits::LimitsRequest;

@@ -8,6 +8,7 @@
 
 mod common;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

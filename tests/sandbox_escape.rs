@@ -4,6 +4,7 @@
 
 mod common;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::collections::HashMap;
 use std::time::Duration;
 

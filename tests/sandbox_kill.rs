@@ -8,6 +8,7 @@
 
 mod common;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::time::Duration;
 
 use code_runner::job::limits::LimitsRequest;

@@ -10,6 +10,7 @@
 
 mod common;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -19,6 +19,7 @@ mod r;
 #[path = "warm_runtime_cases/ruby.rs"]
 mod ruby;
 
+use code_runner::sandbox::SandboxEngine as _;
 use std::time::{Duration, Instant};
 
 use code_runner::job::limits::LimitsRequest;

@@ -111,7 +111,7 @@ pub struct ApiConfig {
     /// refused (503) while reads go on until the server stops.
     pub draining: CancellationToken,
     /// Set when a worker shares the process: /readyz then checks Docker too.
-    pub engine: Option<crate::sandbox::SandboxEngine>,
+    pub engine: Option<crate::sandbox::Engine>,
     /// Set when a worker shares the process: accepted jobs are left here
     /// prepared, so that worker does not parse and validate them again.
     pub carried: Option<crate::job::carry::CarriedJobs>,
@@ -431,7 +431,7 @@ pub async fn serve_ops(
     listener: tokio::net::TcpListener,
     metrics: Metrics,
     store: Store,
-    engine: Option<crate::sandbox::SandboxEngine>,
+    engine: Option<crate::sandbox::Engine>,
     offered: Option<&LanguageCatalog>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {

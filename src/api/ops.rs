@@ -28,14 +28,14 @@ const READINESS_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
 /// reaper shares the process.
 #[derive(Clone)]
 pub(super) struct DockerCheck {
-    engine: crate::sandbox::SandboxEngine,
+    engine: crate::sandbox::Engine,
     images: Vec<String>,
 }
 
 impl DockerCheck {
     /// Checks Docker through `engine` and the images of `catalog`'s
     /// languages (a reaper alone runs no job: it passes none).
-    pub fn new(engine: crate::sandbox::SandboxEngine, catalog: Option<&LanguageCatalog>) -> Self {
+    pub fn new(engine: crate::sandbox::Engine, catalog: Option<&LanguageCatalog>) -> Self {
         let mut images: Vec<String> = catalog
             .map(|catalog| catalog.all().iter().map(|l| l.image_ref()).collect())
             .unwrap_or_default();

@@ -30,7 +30,7 @@ use crate::client::stream::{EventSink, Followed, Follower, NoInterrupts, Outgoin
 use crate::client::{Api, ClientError, job_id};
 use crate::exit;
 use crate::job::{JobResult, PreparedJob, Status};
-use crate::sandbox::{JobInput, JobIo, SandboxEngine, SandboxEvent};
+use crate::sandbox::{DockerEngine, JobInput, JobIo, SandboxEngine as _, SandboxEvent};
 
 /// Where the jobs go.
 pub(super) enum Target<'a> {
@@ -42,7 +42,7 @@ pub(super) enum Target<'a> {
         wait: bool,
     },
     Engine {
-        engine: &'a SandboxEngine,
+        engine: &'a DockerEngine,
         job: &'a PreparedJob,
     },
 }
@@ -396,7 +396,7 @@ async fn through_websocket(
 
 /// `SandboxEngine::run`, in this process.
 async fn through_engine(
-    engine: &SandboxEngine,
+    engine: &DockerEngine,
     job: &PreparedJob,
     index: u32,
     round_trips: Option<u32>,

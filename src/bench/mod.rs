@@ -44,7 +44,7 @@ use crate::config::SandboxSettings;
 use crate::exit;
 use crate::job::{Encoding, FileSpec, JobSpec, prepare};
 use crate::languages::LanguageCatalog;
-use crate::sandbox::SandboxEngine;
+use crate::sandbox::DockerEngine;
 use load::{Plan, Target};
 use report::{Progress, Report, Setup};
 
@@ -573,7 +573,7 @@ async fn on_engine(args: &BenchArgs, plan: Plan) -> u8 {
         .runtime
         .clone()
         .unwrap_or_else(|| "runc".to_string());
-    let engine = match SandboxEngine::connect(setup.sandbox).await {
+    let engine = match DockerEngine::connect(setup.sandbox).await {
         Ok(engine) => engine,
         Err(error) => return fail(exit::UNAVAILABLE, error),
     };

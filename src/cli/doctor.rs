@@ -11,7 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{RedisSettings, SandboxSettings};
 use crate::exit;
 use crate::protocol::PROTOCOL_VERSION;
-use crate::sandbox::SandboxEngine;
+use crate::sandbox::DockerEngine;
 
 struct Report {
     problems: usize,
@@ -108,7 +108,7 @@ pub async fn run(settings: &SandboxSettings, redis: &RedisSettings) -> u8 {
     ));
 
     let runtime = setup.sandbox.runtime.clone();
-    let engine = match SandboxEngine::connect(setup.sandbox).await {
+    let engine = match DockerEngine::connect(setup.sandbox).await {
         Ok(engine) => engine,
         Err(error) => {
             report.problem(format!(

@@ -12,7 +12,7 @@ use crate::client::JobArgs;
 use crate::config::SandboxSettings;
 use crate::exit;
 use crate::job::prepare;
-use crate::sandbox::{JobInput, JobIo, SandboxEngine, SandboxEvent};
+use crate::sandbox::{DockerEngine, JobInput, JobIo, SandboxEngine as _, SandboxEvent};
 
 #[derive(Debug, Args)]
 pub struct SandboxRunArgs {
@@ -47,7 +47,7 @@ pub async fn run(args: SandboxRunArgs) -> u8 {
         Ok(job) => job,
         Err(error) => return fail(exit::USAGE, format!("invalid job: {error}")),
     };
-    let engine = match SandboxEngine::connect(setup.sandbox).await {
+    let engine = match DockerEngine::connect(setup.sandbox).await {
         Ok(engine) => engine,
         Err(error) => return fail(exit::UNAVAILABLE, error),
     };

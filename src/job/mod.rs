@@ -7,6 +7,7 @@
 //! the stages built from the catalog's commands in [`stages`].
 
 pub mod carry;
+pub mod deadline;
 pub mod events;
 pub mod grading;
 pub mod lifecycle;

@@ -17,7 +17,7 @@
 //! checker's compile, and the task removes the container.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 use bollard::Docker;
 use tokio::sync::{mpsc, oneshot};
@@ -25,11 +25,11 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::SandboxConfig;
 use super::checker_cache::{self, CacheKey, Lookup};
+use super::config::GvisorLimits;
 use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name};
-use super::run::{add_gvisor_limits, gvisor_limits};
-use super::session::unix_ms;
 use super::uids::{UidRange, runs_uid};
+use crate::job::deadline;
 use crate::job::grading::CheckerUsage;
 use crate::job::{PreparedJob, RUN_FILES_DIR, scratch_mounts};
 use crate::protocol::{
@@ -173,7 +173,7 @@ async fn serve(
         class: SandboxClass::of(&checker.limits),
         uid,
         job_id: Some(job_id.clone()),
-        created_ms: unix_ms(SystemTime::now()),
+        created_ms: deadline::now_ms(),
         deadline_ms,
         checker: true,
         egress_dir: None,
@@ -230,8 +230,7 @@ async fn refuse_all(requests: &mut mpsc::Receiver<CheckRequest>, message: String
 }
 
 fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
-    let left = deadline_ms.saturating_sub(unix_ms(SystemTime::now()));
-    tokio::time::Instant::now() + Duration::from_millis(left)
+    tokio::time::Instant::now() + deadline::until(deadline_ms)
 }
 
 /// Adds a stage's report to the checker's usage (`check`: one of the
@@ -304,7 +303,7 @@ async fn session(
         None => None,
     };
     connection
-        .await_ready(config.start_timeout)
+        .await_ready(config.budget.start_timeout)
         .await
         .map_err(failed)?;
     let run = bundle.stages.pop().ok_or("the checker has no run stage")?;
@@ -316,9 +315,9 @@ async fn session(
         scratch: scratch_mounts(),
         files_dir: RUN_FILES_DIR.to_string(),
     });
-    let gvisor = gvisor_limits(config, checker.limits.pids);
+    let gvisor = config.gvisor_limits(checker.limits.pids);
     for stage in &mut bundle.stages {
-        add_gvisor_limits(&mut stage.limits, gvisor);
+        GvisorLimits::apply(gvisor, &mut stage.limits);
     }
     let has_compile = !bundle.stages.is_empty();
     send(&connection.frames, HostMessage::Bundle(Box::new(bundle))).await?;
@@ -335,7 +334,7 @@ async fn session(
     }
     if let Some(lead) = lead {
         let mut pack = pack_stage(&run, &checker.bundle.workspace);
-        add_gvisor_limits(&mut pack.limits, gvisor);
+        GvisorLimits::apply(gvisor, &mut pack.limits);
         match read_back(connection, pack, deadline).await? {
             Ok(files) => lead.keep(files),
             Err(why) => tracing::info!(%why, "the compiled checker is not kept"),
@@ -359,7 +358,7 @@ async fn session(
         },
         ..run
     };
-    add_gvisor_limits(&mut check.limits, gvisor);
+    GvisorLimits::apply(gvisor, &mut check.limits);
     while let Some(request) = requests.recv().await {
         let stage = check.clone();
         let contents = [request.input, request.output, request.answer];

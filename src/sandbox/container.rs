@@ -47,7 +47,7 @@ pub const GVISOR_CAPABILITIES: &[&str] = &["SYS_PTRACE"];
 /// The capabilities a sandbox's container keeps.
 pub fn kept_capabilities(config: &SandboxConfig) -> Vec<String> {
     let mut kept: Vec<String> = KEPT_CAPABILITIES.iter().map(|c| c.to_string()).collect();
-    if is_gvisor(config) {
+    if config.is_gvisor() {
         kept.extend(GVISOR_CAPABILITIES.iter().map(|c| c.to_string()));
     }
     kept
@@ -76,11 +76,6 @@ pub fn gvisor_pids_limit(pids: u64) -> u64 {
     pids.saturating_mul(pids.saturating_add(GVISOR_THREADS_PER_PROCESS))
         .saturating_add(GVISOR_BASE_THREADS)
         .min(GVISOR_MAX_HOST_THREADS)
-}
-
-/// Whether sandboxes run under gVisor.
-pub fn is_gvisor(config: &SandboxConfig) -> bool {
-    config.runtime.as_deref() == Some("runsc")
 }
 
 /// Container name for one run of a job, chosen before the create call, so a
@@ -204,7 +199,7 @@ pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> Contain
             memory_swap: Some(memory),
             memory_swappiness: (config.runtime.is_none()).then_some(0),
             pids_limit: Some(
-                i64::try_from(if is_gvisor(config) {
+                i64::try_from(if config.is_gvisor() {
                     gvisor_pids_limit(class.pids)
                 } else {
                     class.pids

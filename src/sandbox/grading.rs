@@ -8,7 +8,7 @@
 //! after the previous was accepted.
 
 use super::checker::{CheckAnswer, Checker};
-use super::run::add_gvisor_limits;
+use super::config::GvisorLimits;
 use crate::job::grading::compare::preview;
 use crate::job::grading::verdict::{MESSAGE_CHARS, run_failure};
 use crate::job::grading::{Grading, PreparedCheck, PreparedTests, Restarts, TestResult, Verdict};
@@ -52,7 +52,7 @@ pub(super) struct Grader {
     tests: PreparedTests,
     stage: StageSpec,
     /// gVisor's per-stage additions (nproc, CPU quota), as for every stage.
-    gvisor: Option<(u64, u64)>,
+    gvisor: Option<GvisorLimits>,
     /// The next test whose frame has not been sent.
     next_to_send: usize,
     results: Vec<TestResult>,
@@ -72,7 +72,7 @@ impl Grader {
     /// sandbox, already starting, when the check is a program.
     pub(super) fn new(
         job: &PreparedJob,
-        gvisor: Option<(u64, u64)>,
+        gvisor: Option<GvisorLimits>,
         checker: Option<Checker>,
     ) -> Option<Self> {
         let tests = job.tests.clone()?;
@@ -126,7 +126,7 @@ impl Grader {
             },
             ..self.stage.clone()
         };
-        add_gvisor_limits(&mut stage.limits, self.gvisor);
+        GvisorLimits::apply(self.gvisor, &mut stage.limits);
         HostMessage::Run(Box::new(RunSpec {
             stage,
             input: test.input.clone(),

@@ -1,15 +1,18 @@
 //! What a session leaves: the output of the stage that is running, the
-//! started sandbox a job is given, and the job's end ([`RunOutcome`]) with
-//! the container still to remove ([`Cleanup`]).
+//! started sandbox a job is given, and what is left of its container once
+//! the job's result is known ([`ContainerCleanup`], the Docker engine's
+//! side of a [`Cleanup`]).
 
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use futures_util::StreamExt;
 
 use super::connection::{Connection, OutputStream};
 use super::container::ContainerGuard;
+use super::engine::{Cleanup, Teardown};
 use crate::job::result::signal_name;
-use crate::job::{JobResult, Output, StageResult, StartKind};
+use crate::job::{Output, StageResult, StartKind};
 use crate::protocol::{Reason, StageReport};
 
 /// Output of the stage that is running, capped at its output limit.
@@ -69,19 +72,9 @@ pub(super) struct Started {
     pub(super) kind: StartKind,
 }
 
-/// A job's end: its result, and the container still to remove. The result
-/// is ready before the container is gone, so it can be made durable first;
-/// [`Cleanup::remove`] follows (a dropped `Cleanup` removes in the
-/// background).
-pub struct RunOutcome {
-    pub result: JobResult,
-    pub cleanup: Cleanup,
-    /// The container that ran the job (its name).
-    pub container: String,
-}
-
-/// What is left to do once a job's result is known.
-pub struct Cleanup {
+/// What is left of a job's container once its result is known: the
+/// Docker engine's [`Teardown`] (see [`Cleanup`]).
+pub(super) struct ContainerCleanup {
     pub(super) guard: Option<ContainerGuard>,
     /// Set when the sandbox's supervisor said `done` and nothing failed:
     /// the container is stopping by itself, and this attach stream ends
@@ -94,31 +87,36 @@ pub struct Cleanup {
     pub(super) lingering: bool,
 }
 
-impl Cleanup {
-    /// Whether the container holds nothing of its job any more while its
-    /// supervisor lingers: every process of the job was killed and checked
-    /// gone before `done`, and the supervisor removes the job's files before
-    /// it lingers (or exits at once), so its removal may wait without a job
-    /// process running, or its files held, past its slot. Its exit, and the
-    /// teardown Docker does for it, then happen at the removal, not beside
-    /// the jobs running.
-    pub fn is_idle(&self) -> bool {
+impl ContainerCleanup {
+    /// The removal of a container that never ran the job.
+    pub(super) fn of(guard: ContainerGuard) -> Cleanup {
+        Cleanup::new(Self {
+            guard: Some(guard),
+            stopping: None,
+            lingering: false,
+        })
+    }
+}
+
+#[async_trait]
+impl Teardown for ContainerCleanup {
+    /// Every process of the job was killed and checked gone before `done`,
+    /// and the supervisor removes the job's files before it lingers (or
+    /// exits at once). Its exit, and the teardown Docker does for it, then
+    /// happen at the removal, not beside the jobs running.
+    fn is_idle(&self) -> bool {
         self.lingering && self.stopping.is_some() && self.guard.is_some()
     }
 
-    /// Ends a lingering supervisor now (its attach stream closed): the
-    /// container exits while the caller goes on, to be removed at once.
-    pub fn stop_lingering(&mut self) {
+    /// Closes the attach stream: the supervisor exits.
+    fn stop_lingering(&mut self) {
         if self.lingering {
             self.lingering = false;
             self.stopping = None;
         }
     }
 
-    /// Whether the container ended by itself within `within` (its attach
-    /// stream ended): its removal may then wait. `false` when it was not
-    /// stopping by itself or did not end in time (remove it now).
-    pub async fn exited_within(&mut self, within: Duration) -> bool {
+    async fn exited_within(&mut self, within: Duration) -> bool {
         let (Some(stream), Some(guard)) = (self.stopping.as_mut(), self.guard.as_ref()) else {
             return false;
         };
@@ -135,9 +133,7 @@ impl Cleanup {
         ended
     }
 
-    /// Removes the job's container; `false` when Docker did not answer (the
-    /// removal goes on in the background).
-    pub async fn remove(mut self) -> bool {
+    async fn remove(mut self: Box<Self>) -> bool {
         match self.guard.take() {
             Some(guard) => guard.remove().await,
             None => true,

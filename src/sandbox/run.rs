@@ -5,58 +5,48 @@
 //! limit), the remaining tests in a new sandbox.
 
 use std::path::Path;
-use std::time::{Duration, Instant, SystemTime};
-
-use bollard::Docker;
+use std::time::{Duration, Instant};
 
 use super::checker::Checker;
 use super::connection::{Connection, StartFailure, start};
-use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name, is_gvisor};
+use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name};
+use super::docker::DockerEngine;
 use super::egress::{JobEgress, engine_dir};
+use super::engine::{Cleanup, RunOutcome};
 use super::grading::Grader;
-use super::outcome::{Cleanup, RunOutcome, Started};
-use super::session::{Failure, drive, unix_ms};
-use super::uids::UidRange;
+use super::outcome::{ContainerCleanup, Started};
+use super::session::{Failure, drive};
 use super::{JobIo, SandboxConfig};
+use crate::job::deadline::now_ms;
 use crate::job::{JobResult, PreparedJob, StageResult, StartKind, Status, Timings};
-use crate::protocol::{Reason, StageLimits};
+use crate::protocol::Reason;
 
 /// Most times a graded job's sandbox is started again after one died
 /// during a test (gVisor's whole sandbox dies when a test exceeds the
 /// memory limit).
 const MAX_RESTARTS: usize = 3;
 
-/// gVisor's per-stage additions: the process limit and the CPU quota.
-/// (`pids` of the sandbox; `None` under runc).
-pub(super) fn gvisor_limits(config: &SandboxConfig, pids: u64) -> Option<(u64, u64)> {
-    is_gvisor(config).then(|| (pids, (config.cpus * 1000.0).round() as u64))
-}
-
-/// Gives a stage of the sandbox what [`gvisor_limits`] says (nothing under runc).
-pub(super) fn add_gvisor_limits(limits: &mut StageLimits, gvisor: Option<(u64, u64)>) {
-    limits.nproc = gvisor.map(|g| g.0);
-    limits.cpu_quota_millis = gvisor.map(|g| g.1);
-}
-
-/// The job's deadline: the stored one, else its budget from now (a run
-/// outside the daemon).
+/// The job's deadline: the stored one, else its whole budget from now (a
+/// run outside the daemon).
 fn deadline_ms(io: &JobIo, config: &SandboxConfig, job: &PreparedJob) -> u64 {
-    io.deadline_ms
-        .unwrap_or_else(|| unix_ms(SystemTime::now() + config.job_budget(job)))
+    io.deadline_ms.unwrap_or_else(|| {
+        config
+            .budget
+            .deadline_ms(now_ms(), Duration::from_millis(job.stages_wall_ms()))
+    })
 }
 
 /// Creates and starts a new container for `job`.
 async fn start_cold(
-    docker: &Docker,
-    config: &SandboxConfig,
-    uids: &UidRange,
+    engine: &DockerEngine,
     job_id: &str,
     job: &PreparedJob,
     deadline_ms: u64,
     egress_dir: Option<&Path>,
 ) -> Result<(ContainerGuard, Connection), (ContainerGuard, String)> {
+    let (docker, config) = (engine.docker(), engine.config());
     let name = container_name(job_id);
-    let lease = match uids.lease() {
+    let lease = match engine.uids().lease() {
         Ok(lease) => lease,
         Err(error) => {
             let guard = ContainerGuard::new(docker.clone(), name, None);
@@ -71,7 +61,7 @@ async fn start_cold(
         class: SandboxClass::of(&job.limits),
         uid,
         job_id: Some(job_id.to_string()),
-        created_ms: unix_ms(SystemTime::now()),
+        created_ms: now_ms(),
         deadline_ms,
         checker: false,
         egress_dir: egress_dir.map(Path::to_path_buf),
@@ -84,13 +74,12 @@ async fn start_cold(
 
 /// Runs `job` in a new container (the cold path).
 pub(super) async fn run_cold(
-    docker: &Docker,
-    config: &SandboxConfig,
-    uids: &UidRange,
+    engine: &DockerEngine,
     job_id: &str,
     job: &PreparedJob,
     io: JobIo,
 ) -> RunOutcome {
+    let (docker, config) = (engine.docker(), engine.config());
     let started = Instant::now();
     let deadline_ms = deadline_ms(&io, config, job);
     let egress = match &job.egress {
@@ -101,7 +90,7 @@ pub(super) async fn run_cold(
                 Some(message) => Err(message.clone()),
                 None => JobEgress::start(
                     &config.egress,
-                    &engine_dir(&config.egress, uids.first()),
+                    &engine_dir(&config.egress, engine.uids().first()),
                     &name,
                     allow,
                     io.events.clone(),
@@ -117,32 +106,23 @@ pub(super) async fn run_cold(
         }
     };
     let egress_dir = egress.as_ref().map(|e| e.dir().to_path_buf());
-    let mut outcome = match start_cold(
-        docker,
-        config,
-        uids,
-        job_id,
-        job,
-        deadline_ms,
-        egress_dir.as_deref(),
-    )
-    .await
-    {
-        Ok((guard, connection)) => {
-            let sandbox = Started {
-                guard,
-                connection,
-                kind: StartKind::Cold,
-            };
-            let run = Run {
-                job_id,
-                job,
-                egress_dir: egress_dir.as_deref(),
-            };
-            run_in(docker, config, uids, run, io, sandbox, started).await
-        }
-        Err((guard, message)) => failed(job, started, guard, StartKind::Cold, message),
-    };
+    let mut outcome =
+        match start_cold(engine, job_id, job, deadline_ms, egress_dir.as_deref()).await {
+            Ok((guard, connection)) => {
+                let sandbox = Started {
+                    guard,
+                    connection,
+                    kind: StartKind::Cold,
+                };
+                let run = Run {
+                    job_id,
+                    job,
+                    egress_dir: egress_dir.as_deref(),
+                };
+                run_in(engine, run, io, sandbox, started).await
+            }
+            Err((guard, message)) => failed(job, started, guard, StartKind::Cold, message),
+        };
     if let Some(egress) = egress {
         // Every connection's event is handed on before the result is.
         outcome.result.egress = Some(egress.finish().await);
@@ -178,11 +158,7 @@ fn failed(
             ..JobResult::without_stages(Status::Error, &job.language.id, &job.language.version)
                 .with_error(error)
         },
-        cleanup: Cleanup {
-            guard: Some(guard),
-            stopping: None,
-            lingering: false,
-        },
+        cleanup: ContainerCleanup::of(guard),
         container,
     }
 }
@@ -190,9 +166,7 @@ fn failed(
 /// Runs `job` in a started sandbox (warm or cold) to its end; the container
 /// is left for the caller's [`Cleanup`].
 pub(super) async fn run_in(
-    docker: &Docker,
-    config: &SandboxConfig,
-    uids: &UidRange,
+    engine: &DockerEngine,
     run: Run<'_>,
     io: JobIo,
     sandbox: Started,
@@ -208,11 +182,12 @@ pub(super) async fn run_in(
         mut connection,
         kind,
     } = sandbox;
+    let (docker, config, uids) = (engine.docker(), engine.config(), engine.uids());
     let deadline_ms = deadline_ms(&io, config, job);
     let tenant = job.tenant.as_deref().unwrap_or("");
     let checker = Grader::checker_job(job)
         .map(|checker| Checker::start(docker, config, uids, job_id, tenant, checker, deadline_ms));
-    let mut grader = Grader::new(job, gvisor_limits(config, job.limits.pids), checker);
+    let mut grader = Grader::new(job, config.gvisor_limits(job.limits.pids), checker);
     let mut io = Some(io);
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
     let mut restarts = 0;
@@ -276,7 +251,7 @@ pub(super) async fn run_in(
         tracing::info!(job.id = %job_id, "the sandbox died in a test; the remaining tests run in a new one");
 
         guard.remove().await;
-        match start_cold(docker, config, uids, job_id, job, deadline_ms, egress_dir).await {
+        match start_cold(engine, job_id, job, deadline_ms, egress_dir).await {
             Ok((new_guard, new_connection)) => {
                 (guard, connection) = (new_guard, new_connection);
                 grader = session.grader;
@@ -349,12 +324,12 @@ pub(super) async fn run_in(
             grading,
             egress: None,
         },
-        cleanup: Cleanup {
+        cleanup: Cleanup::new(ContainerCleanup {
             guard: Some(guard),
             // The last session was a restart exactly when one happened.
             lingering: stopping.is_some() && !linger_of(restarts > 0).is_zero(),
             stopping,
-        },
+        }),
         container,
     }
 }

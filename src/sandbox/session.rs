@@ -2,7 +2,7 @@
 //! (`connection.rs`: create, attach, start; for a warm sandbox, the
 //! supervisor's `ready`), speak frames with the supervisor for one job
 //! until it is done or the deadline passes ([`run_in`](super::run::run_in)). The result
-//! comes back before the container is removed ([`RunOutcome`]): the caller
+//! comes back before the container is removed ([`RunOutcome`](super::RunOutcome)): the caller
 //! makes it durable first, then removes the container, still holding the
 //! job's slot.
 //!
@@ -10,24 +10,24 @@
 //! decoder, its content is checked against what the job asked for, and output
 //! is capped here too, whatever the supervisor claims.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use bollard::Docker;
 use bollard::container::LogOutput;
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
+use super::config::GvisorLimits;
 use super::connection::{
     Connection, OutputStream, SUPERVISOR_LOG_TAIL, ended_out_of_memory, inspect_end, log_suffix,
     protocol_mismatch,
 };
-use super::container::{ContainerGuard, is_gvisor};
+use super::container::ContainerGuard;
 use super::grading::{Grader, Interrupt, test_index};
 use super::outcome::StageOutput;
-pub use super::outcome::{Cleanup, RunOutcome};
-use super::run::{add_gvisor_limits, gvisor_limits};
 use super::uids::runs_uid;
 use super::{JobInput, JobIo, SandboxConfig, SandboxEvent};
+use crate::job::deadline;
 use crate::job::{PreparedJob, StageResult, scratch_mounts};
 
 use crate::protocol::{
@@ -91,13 +91,8 @@ pub(super) struct SessionOutcome {
     /// The first stage ran on a runtime started ahead (the supervisor said so).
     pub(super) warm_runtime: bool,
     /// After the supervisor said `done`: the attach stream, which ends
-    /// when the container's process has exited (see `Cleanup::stopping`).
+    /// when the container's process has exited (see `ContainerCleanup::stopping`).
     pub(super) exiting: Option<OutputStream>,
-}
-
-pub(super) fn unix_ms(at: SystemTime) -> u64 {
-    at.duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -123,7 +118,7 @@ pub(super) async fn drive(
         ready_at,
     } = connection;
 
-    let gvisor = gvisor_limits(config, job.limits.pids);
+    let gvisor = config.gvisor_limits(job.limits.pids);
     let mut session = Session {
         job,
         io,
@@ -155,7 +150,7 @@ pub(super) async fn drive(
         runs.gid = runs_uid(bundle.gid);
     }
     for stage in &mut bundle.stages {
-        add_gvisor_limits(&mut stage.limits, gvisor);
+        GvisorLimits::apply(gvisor, &mut stage.limits);
     }
     session.send_initial_frames(bundle).await;
     let mut output = output;
@@ -188,7 +183,7 @@ pub(super) async fn drive(
         Ok(Ending::Deadline) if session.ready_at.is_none() && !session.cancelled => {
             return Err(Failure(format!(
                 "the sandbox did not start within {} s{}",
-                config.start_timeout.as_secs(),
+                config.budget.start_timeout.as_secs(),
                 session.log_suffix()
             )));
         }
@@ -204,7 +199,7 @@ pub(super) async fn drive(
             let inspect = inspect_end(docker, guard.name()).await;
             // A cancel's kill is the host's own, never the memory limit's.
             let oom =
-                ended_out_of_memory(inspect.as_ref(), is_gvisor(config) && !session.cancelled);
+                ended_out_of_memory(inspect.as_ref(), config.is_gvisor() && !session.cancelled);
             if oom && session.ready_at.is_some() {
                 restart = session.in_test() && !session.cancelled;
                 session.end_unreported_stage(Reason::MemoryLimit).await;
@@ -315,21 +310,25 @@ impl Session<'_> {
     fn at_latest_by_stored(&self, at: tokio::time::Instant) -> tokio::time::Instant {
         match self.io.deadline_ms {
             Some(stored) => {
-                let left = Duration::from_millis(stored.saturating_sub(unix_ms(SystemTime::now())));
+                let left = deadline::until(stored);
                 at.min(tokio::time::Instant::now() + left)
             }
             None => at,
         }
     }
 
+    /// What the job may still take once its first stage started: its walls
+    /// and the grace.
+    fn after_first_stage(&self, config: &SandboxConfig) -> Duration {
+        config
+            .budget
+            .after_first_stage(Duration::from_millis(self.job.stages_wall_ms()))
+    }
+
     /// The job's walls and the grace from now, or its stored deadline
     /// when that comes first.
     fn walls_from_now(&self, config: &SandboxConfig) -> tokio::time::Instant {
-        self.at_latest_by_stored(
-            tokio::time::Instant::now()
-                + Duration::from_millis(self.job.stages_wall_ms())
-                + config.deadline_grace,
-        )
+        self.at_latest_by_stored(tokio::time::Instant::now() + self.after_first_stage(config))
     }
 
     /// A stage or test started: at the first, the job's walls count from
@@ -357,11 +356,9 @@ impl Session<'_> {
                     // came. Its runtime may still be starting: the supervisor
                     // waits up to `FIFO_OPEN_TIMEOUT` for it before the first
                     // stage (`note_started` then counts the walls afresh).
-                    Duration::from_millis(self.job.stages_wall_ms())
-                        + config.deadline_grace
-                        + FIFO_OPEN_TIMEOUT
+                    self.after_first_stage(config) + FIFO_OPEN_TIMEOUT
                 } else {
-                    config.start_timeout
+                    config.budget.start_timeout
                 },
         );
         // Frames the decoder already holds (none, normally) come first.

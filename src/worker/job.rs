@@ -156,7 +156,7 @@ impl Shared {
         // it is down: the claim loop then asks it before claiming again.
         let others_busy = self.is_busy(self.slots_used().saturating_sub(1));
         if let Some(cleanup) = self.removals.defer(cleanup, others_busy).await {
-            removals::remove(&self.engine, cleanup).await;
+            removals::remove(&*self.engine, cleanup).await;
         }
     }
 
@@ -181,7 +181,7 @@ impl Shared {
         let mut retried = false;
         loop {
             let host = self.engine.host_id();
-            let slack = self.engine.config().deadline_slack();
+            let slack = self.engine.budget().slack();
             let started = self
                 .store
                 .jobs()

@@ -49,7 +49,7 @@ use crate::job::limits::LimitPolicy;
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::sandbox::pool::PoolSettings;
-use crate::sandbox::{SandboxEngine, WarmPool};
+use crate::sandbox::{Engine, WarmPool};
 use crate::store::{Store, now_ms};
 use backoff::{Backoff, sleep_unless_cancelled};
 use removals::Removals;
@@ -151,7 +151,7 @@ pub struct WorkerConfig {
 #[derive(Debug, Clone)]
 pub struct Services {
     pub store: Store,
-    pub engine: SandboxEngine,
+    pub engine: Engine,
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
     pub metrics: Metrics,
@@ -169,7 +169,7 @@ pub struct Worker {
 struct Shared {
     config: WorkerConfig,
     store: Store,
-    engine: SandboxEngine,
+    engine: Engine,
     catalog: LanguageCatalog,
     policy: LimitPolicy,
     metrics: Metrics,
@@ -242,11 +242,10 @@ impl Worker {
             metrics,
             carried,
         } = self.services;
-        let pool = (self.config.warm_max > 0).then(|| {
-            let longest_job = engine.config().deadline_slack() + policy.longest_wall();
-            WarmPool::start(
-                &engine,
-                PoolSettings {
+        let pool = (self.config.warm_max > 0)
+            .then(|| {
+                let longest_job = engine.budget().total(policy.longest_wall());
+                engine.warm_pool(PoolSettings {
                     max: self.config.warm_max,
                     lifetime: self.config.warm_lifetime,
                     longest_job,
@@ -262,9 +261,9 @@ impl Worker {
                         .yield_while_busy
                         .then_some(self.config.max_sandboxes),
                     memory_reserve: self.config.warm_memory_reserve,
-                },
-            )
-        });
+                })
+            })
+            .flatten();
         let removals = Removals::new(
             self.config.max_sandboxes,
             self.config.yield_while_busy,
@@ -338,7 +337,7 @@ impl Worker {
         };
         let removals = shared
             .removals
-            .run(&shared.engine, || shared.busy(), &heartbeat_stop);
+            .run(&*shared.engine, || shared.busy(), &heartbeat_stop);
         tokio::join!(
             shared.heartbeat_loop(heartbeat_stop.clone(), first_delay),
             work,
@@ -347,7 +346,7 @@ impl Worker {
             shared.controls.run(&heartbeat_stop)
         );
         // Every job has ended: what is left to remove goes now.
-        shared.removals.drain(&shared.engine).await;
+        shared.removals.drain(&*shared.engine).await;
 
         if shared.abandoned.load(Ordering::SeqCst) {
             tracing::error!(
@@ -573,7 +572,7 @@ impl Shared {
     /// Why Docker cannot run a job now, if it cannot: asked of Docker only
     /// when it has not answered within `fresh`.
     async fn docker_problem(&self, fresh: Duration) -> Option<String> {
-        if self.engine.docker_answered_within(fresh) {
+        if self.engine.answered_within(fresh) {
             return None;
         }
         self.engine

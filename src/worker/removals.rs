@@ -114,7 +114,7 @@ impl Removals {
     /// says the slots are busy and the queue is not full, until `stop`.
     pub(super) async fn run(
         &self,
-        engine: &SandboxEngine,
+        engine: &dyn SandboxEngine,
         busy: impl Fn() -> bool,
         stop: &CancellationToken,
     ) {
@@ -146,7 +146,7 @@ impl Removals {
     }
 
     /// Removes everything still queued (at shutdown).
-    pub(super) async fn drain(&self, engine: &SandboxEngine) {
+    pub(super) async fn drain(&self, engine: &dyn SandboxEngine) {
         loop {
             let next = self.lock().take();
             let Some(cleanup) = next else { return };
@@ -155,7 +155,7 @@ impl Removals {
     }
 
     /// Removes a container [`Queue::take`] gave, then stops counting it.
-    async fn remove_taken(&self, engine: &SandboxEngine, cleanup: Cleanup) {
+    async fn remove_taken(&self, engine: &dyn SandboxEngine, cleanup: Cleanup) {
         remove(engine, cleanup).await;
         let mut queue = self.lock();
         queue.removing -= 1;
@@ -193,8 +193,8 @@ impl Queue {
 
 /// Removes one container; a Docker that did not answer is noted, so the
 /// claim loop asks it before claiming again.
-pub(super) async fn remove(engine: &SandboxEngine, cleanup: Cleanup) {
+pub(super) async fn remove(engine: &dyn SandboxEngine, cleanup: Cleanup) {
     if !cleanup.remove().await {
-        engine.docker_failed();
+        engine.note_unanswered();
     }
 }

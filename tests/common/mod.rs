@@ -27,13 +27,15 @@ use code_runner::job::{
 };
 use code_runner::languages::LanguageCatalog;
 use code_runner::sandbox::pool::PoolSettings;
-use code_runner::sandbox::{JobIo, LABEL_WORKER, SandboxClass, SandboxEngine, WarmPool, WarmSpec};
+use code_runner::sandbox::{
+    DockerEngine, JobIo, LABEL_WORKER, SandboxClass, SandboxEngine as _, WarmPool, WarmSpec,
+};
 use containers::{
     assert_none_left, containers_labelled, docker, list_labelled, remove_labelled, sweep_later,
 };
 
 pub struct Harness {
-    pub engine: SandboxEngine,
+    pub engine: DockerEngine,
     pub catalog: LanguageCatalog,
     pub policy: LimitPolicy,
     pub worker_id: String,
@@ -83,7 +85,7 @@ impl Harness {
     ) -> code_runner::reaper::ReaperHandles {
         code_runner::reaper::ReaperHandles {
             store,
-            engine: self.engine.clone(),
+            engine: std::sync::Arc::new(self.engine.clone()),
             catalog: self.catalog.clone(),
             metrics,
             longest_wall: self.policy.longest_wall(),
@@ -98,7 +100,7 @@ impl Harness {
     ) -> code_runner::worker::Services {
         code_runner::worker::Services {
             store,
-            engine: self.engine.clone(),
+            engine: std::sync::Arc::new(self.engine.clone()),
             catalog: self.catalog.clone(),
             policy: self.policy.clone(),
             metrics,
@@ -299,7 +301,7 @@ impl Harness {
         let setup = settings
             .build(&worker_id)
             .expect("the test's settings are valid");
-        let engine = SandboxEngine::connect(setup.sandbox)
+        let engine = DockerEngine::connect(setup.sandbox)
             .await
             .expect("dockerd must be running for the integration tests (scripts/test starts it)");
         Self {

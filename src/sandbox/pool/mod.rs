@@ -41,11 +41,12 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::SandboxEngine;
 use super::connection::{Connection, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, warm_container_name};
+use super::docker::DockerEngine;
+use super::engine::SandboxEngine as _;
 use super::outcome::Started;
-use super::session::unix_ms;
+use crate::job::deadline::unix_ms;
 use crate::job::{PreparedJob, StartKind};
 use crate::protocol::{HostMessage, Prestart};
 
@@ -165,7 +166,7 @@ impl std::fmt::Debug for WarmSandbox {
 }
 
 struct Inner {
-    engine: SandboxEngine,
+    engine: DockerEngine,
     settings: PoolSettings,
     state: Mutex<State>,
     /// Wakes the refiller: a target changed, a member left.
@@ -194,7 +195,7 @@ impl std::fmt::Debug for WarmPool {
 
 impl WarmPool {
     /// Starts the pool's refiller; it holds nothing until targets are set.
-    pub fn start(engine: &SandboxEngine, settings: PoolSettings) -> Self {
+    pub fn start(engine: &DockerEngine, settings: PoolSettings) -> Self {
         let (status, _) = watch::channel(WarmStatus::default());
         let pool = Self {
             inner: Arc::new(Inner {
@@ -617,13 +618,13 @@ impl Inner {
         let mut connection = match start(engine.docker(), engine.config(), guard, shape).await {
             Ok(connection) => connection,
             Err(failure) => {
-                engine.docker_failed();
+                engine.note_unanswered();
                 return Err(failure);
             }
         };
         engine.docker_answered();
         connection
-            .await_ready(engine.config().start_timeout)
+            .await_ready(engine.config().budget.start_timeout)
             .await?;
         if let Some(template) = &spec.runtime {
             let prestart = Prestart {
