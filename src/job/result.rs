@@ -31,8 +31,10 @@ impl Status {
         }
     }
 
+    /// Whether the job has ended: one of [`TERMINAL`](crate::job::lifecycle::TERMINAL),
+    /// the set the job's transition table and its Lua scripts use too.
     pub fn is_terminal(self) -> bool {
-        !matches!(self, Status::Queued | Status::Running)
+        crate::job::lifecycle::TERMINAL.contains(&self)
     }
 }
 
