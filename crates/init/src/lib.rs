@@ -19,8 +19,8 @@
 //! - `supervisor`: the top-level sequence (ready, bundle, files, stages, done).
 //! - `stage`: the event loop that watches one stage, and its report.
 //! - `spawn`: starting a stage: credentials, session, rlimits, pipes.
-//! - `pipes`: the threads that read the stage's stdout and stderr and write
-//!   its stdin.
+//! - `pipes`: the threads that read the stage's stdout and stderr
+//!   (`pipes/output.rs`) and write its stdin (`pipes/input.rs`).
 //! - `report`: what a stage's end means (its reason).
 //! - `io`: the frame writer thread (stdout) and the frame reader thread (stdin).
 //! - `stdin`: the bounded queue of stdin bytes waiting for a stage.
@@ -37,14 +37,20 @@
 //!   into the first stage when it fits.
 //! - `runs_filter`: the seccomp filter that keeps a run from creating IPC
 //!   objects and keys, which would outlive it.
-//! - `watch`: the filter of every stage (no ptrace), and tracing a watched
-//!   stage to notice that it waits for stdin (`input_wanted`).
+//! - `watch`: tracing a watched stage to notice that it waits for stdin
+//!   (`input_wanted`); `watch/filter.rs` the filter of every stage (no
+//!   ptrace), `watch/ptrace.rs` the ptrace requests.
 //! - `bpf`: the BPF opcodes of both filters, and installing one.
 //! - `egress`: the relay from `127.0.0.1:<port>` to the job's egress proxy
-//!   on a Unix socket, one thread polling every connection.
+//!   on a Unix socket, one thread polling every connection
+//!   (`egress/connection.rs`: one connection's two directions).
+//!
+//! A module split in files keeps its tests in `<module>/tests.rs` where
+//! they are long.
 
 // `unsafe` only where a system call needs it, each block allowed and
-// explained where it is (`spawn`, `reap`, `creds`, `egress`).
+// explained where it is (`spawn`, `reap`, `creds`, `bpf`, `runs_filter`,
+// `pipes`, `watch/ptrace.rs`, `egress/connection.rs`).
 #![deny(unsafe_code)]
 
 mod accounting;

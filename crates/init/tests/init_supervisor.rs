@@ -32,6 +32,9 @@ mod runs;
 /// Warm runtimes started before the bundle.
 #[path = "init_supervisor/runtime.rs"]
 mod runtime;
+/// Warm runtimes fed their script through a FIFO.
+#[path = "init_supervisor/runtime_fed.rs"]
+mod runtime_fed;
 /// The supervisor's own threads.
 #[path = "init_supervisor/threads.rs"]
 mod threads;

@@ -54,14 +54,31 @@
 //! order they came (the host may send them early; they wait), each reported
 //! like a stage (`stage_start`, output, `stage_end`, whatever its exit), and
 //! sends `done` after `runs_end`. See [`RunPlan`] for what each run finds.
+//!
+//! # Layout
+//!
+//! Everything below is re-exported at the crate's root.
+//!
+//! - `codec`: the framing, an incremental decoder with its bound, and the
+//!   encoder.
+//! - `messages`: the messages of both directions, their kind bytes, and
+//!   the sandbox's report payloads.
+//! - `bundle`: the bundle, its stages and limits, the runs and the egress
+//!   relay it may ask for.
+//! - `prestart`: the warm runtime started before the bundle, and which
+//!   first stage may run on it.
 
 #![forbid(unsafe_code)]
 
+mod bundle;
 mod codec;
 mod messages;
+mod prestart;
 
+pub use bundle::*;
 pub use codec::{FrameDecoder, FrameError, RawFrame, encode_frame};
 pub use messages::*;
+pub use prestart::*;
 
 /// Version of this protocol; images carry it as the label `code-runner.protocol`
 /// so the worker refuses an image whose supervisor speaks another version.
