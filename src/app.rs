@@ -80,6 +80,14 @@ pub async fn run(
         Ok(reserve) => reserve.unwrap_or_default(),
         Err(error) => return config_error(error),
     };
+    let warm_runtimes = match worker.map(WorkerSettings::warm_runtimes).transpose() {
+        Ok(on) => on.unwrap_or_default(),
+        Err(error) => return config_error(error),
+    };
+    let yield_while_busy = match worker.map(WorkerSettings::yield_while_busy).transpose() {
+        Ok(on) => on.unwrap_or_default(),
+        Err(error) => return config_error(error),
+    };
     let token_secret = match api.map(ApiSettings::token_secret).transpose() {
         Ok(secret) => secret.flatten(),
         Err(error) => return config_error(error),
@@ -149,9 +157,10 @@ pub async fn run(
         (Some(_), _) | (_, Some(_)) => match SandboxEngine::connect(SandboxConfig {
             // Yielding on: a finished job's container lingers for the
             // removal queue (see `worker::removals`).
-            linger: match worker {
-                Some(settings) if settings.yield_while_busy => crate::worker::LINGER,
-                _ => Duration::ZERO,
+            linger: if yield_while_busy {
+                crate::worker::LINGER
+            } else {
+                Duration::ZERO
             },
             ..setup.sandbox.clone()
         })
@@ -213,8 +222,8 @@ pub async fn run(
             warm_floors,
             warm_max: settings.warm_max,
             warm_lifetime: Duration::from_secs(settings.warm_lifetime_secs),
-            warm_runtimes: settings.warm_runtimes,
-            yield_while_busy: settings.yield_while_busy,
+            warm_runtimes,
+            yield_while_busy,
             refill_hold: crate::worker::REFILL_HOLD,
             warm_memory_reserve,
             max_requeues,

@@ -1,9 +1,8 @@
 //! The worker role's settings: its id, slots, heartbeat, drain and warm pool.
 
-use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Args};
+use clap::Args;
 
-use super::ConfigError;
+use super::{ConfigError, switch};
 use crate::languages::LanguageCatalog;
 
 /// The worker role.
@@ -56,30 +55,20 @@ pub struct WorkerSettings {
     pub warm_lifetime_secs: u64,
 
     /// Whether warm sandboxes of the languages that have one hold their
-    /// runtime already started (docs/warm-runtimes.md): `on` or `off`. A
-    /// capacity schedule entry may say otherwise for its window.
-    #[arg(
-        long,
-        env = "CODE_RUNNER_WARM_RUNTIMES",
-        default_value = "on",
-        value_parser = BoolishValueParser::new(),
-        action = ArgAction::Set
-    )]
-    pub warm_runtimes: bool,
+    /// runtime already started (docs/warm-runtimes.md): `on` or `off` (also
+    /// `true`/`false`, `yes`/`no`, `1`/`0`, in any case). A capacity
+    /// schedule entry may say otherwise for its window.
+    #[arg(long, env = "CODE_RUNNER_WARM_RUNTIMES", default_value = "on")]
+    pub warm_runtimes: String,
 
     /// Whether background work yields to the running jobs while at least
-    /// half the slots are busy (`on` or `off`): the warm pool starts one
+    /// half the slots are busy: `on` or `off` (also `true`/`false`,
+    /// `yes`/`no`, `1`/`0`, in any case). On, the warm pool starts one
     /// sandbox at a time, and the containers of jobs that ended by
     /// themselves wait (up to as many as there are slots) to be removed one
     /// at a time.
-    #[arg(
-        long,
-        env = "CODE_RUNNER_YIELD_WHILE_BUSY",
-        default_value = "on",
-        value_parser = BoolishValueParser::new(),
-        action = ArgAction::Set
-    )]
-    pub yield_while_busy: bool,
+    #[arg(long, env = "CODE_RUNNER_YIELD_WHILE_BUSY", default_value = "on")]
+    pub yield_while_busy: String,
 
     /// No warm sandbox is started while the machine has less memory
     /// available than this (`MemAvailable`), in MiB; 0: no reserve.
@@ -89,6 +78,16 @@ pub struct WorkerSettings {
 }
 
 impl WorkerSettings {
+    /// `CODE_RUNNER_WARM_RUNTIMES`, checked.
+    pub fn warm_runtimes(&self) -> Result<bool, ConfigError> {
+        switch("CODE_RUNNER_WARM_RUNTIMES", &self.warm_runtimes)
+    }
+
+    /// `CODE_RUNNER_YIELD_WHILE_BUSY`, checked.
+    pub fn yield_while_busy(&self) -> Result<bool, ConfigError> {
+        switch("CODE_RUNNER_YIELD_WHILE_BUSY", &self.yield_while_busy)
+    }
+
     /// The warm pool's memory reserve in bytes
     /// (`CODE_RUNNER_WARM_MEMORY_RESERVE_MB`, by default a tenth of the
     /// machine's memory).
@@ -255,5 +254,42 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(refused.contains("--warm-memory-reserve-mb"), "{refused}");
+    }
+
+    #[test]
+    fn the_on_off_settings_are_on_by_default_and_take_every_accepted_form() {
+        let defaults = parse(&[]);
+        assert!(defaults.warm_runtimes().unwrap());
+        assert!(defaults.yield_while_busy().unwrap());
+        for (value, on) in [
+            ("on", true),
+            ("off", false),
+            ("true", true),
+            ("false", false),
+            ("yes", true),
+            ("no", false),
+            ("1", true),
+            ("0", false),
+            ("Off", false),
+        ] {
+            let settings = parse(&["--warm-runtimes", value, "--yield-while-busy", value]);
+            assert_eq!(settings.warm_runtimes().unwrap(), on, "{value}");
+            assert_eq!(settings.yield_while_busy().unwrap(), on, "{value}");
+        }
+    }
+
+    #[test]
+    fn a_bad_on_off_value_names_its_setting_and_the_accepted_values() {
+        let settings = parse(&["--warm-runtimes", "maybe", "--yield-while-busy", "y"]);
+        assert_eq!(
+            settings.warm_runtimes().unwrap_err().to_string(),
+            "invalid configuration: CODE_RUNNER_WARM_RUNTIMES: \"maybe\" is not on or off \
+             (also true/false, yes/no, 1/0)"
+        );
+        assert_eq!(
+            settings.yield_while_busy().unwrap_err().to_string(),
+            "invalid configuration: CODE_RUNNER_YIELD_WHILE_BUSY: \"y\" is not on or off \
+             (also true/false, yes/no, 1/0)"
+        );
     }
 }
