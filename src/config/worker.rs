@@ -1,9 +1,12 @@
 //! The worker role's settings: its id, slots, heartbeat, drain and warm pool.
 
+use std::time::Duration;
+
 use clap::Args;
 
-use super::{ConfigError, switch};
+use super::{ConfigError, ReaperSettings, switch};
 use crate::languages::LanguageCatalog;
+use crate::worker::WorkerConfig;
 
 /// The worker role.
 #[derive(Debug, Clone, Args)]
@@ -78,20 +81,51 @@ pub struct WorkerSettings {
 }
 
 impl WorkerSettings {
+    /// The worker's configuration: `id` is what [`Self::validate`] gave,
+    /// `reaper` the settings of the reaper beside it (the heartbeat TTL and
+    /// the requeues are the reaper's settings), `catalog` the languages
+    /// `CODE_RUNNER_WARM` may name.
+    pub fn config(
+        &self,
+        id: String,
+        reaper: &ReaperSettings,
+        catalog: &LanguageCatalog,
+    ) -> Result<WorkerConfig, ConfigError> {
+        let warm_floors = self.warm_floors(catalog)?;
+        let warm_memory_reserve = self.warm_memory_reserve()?;
+        let warm_runtimes = self.warm_runtimes()?;
+        let yield_while_busy = self.yield_while_busy()?;
+        Ok(WorkerConfig {
+            id,
+            max_sandboxes: self.worker_max_sandboxes,
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            heartbeat_ttl: Duration::from_millis(reaper.heartbeat_ttl_ms),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            warm_floors,
+            warm_max: self.warm_max,
+            warm_lifetime: Duration::from_secs(self.warm_lifetime_secs),
+            warm_runtimes,
+            yield_while_busy,
+            refill_hold: crate::worker::REFILL_HOLD,
+            warm_memory_reserve,
+            max_requeues: reaper.max_requeues,
+        })
+    }
+
     /// `CODE_RUNNER_WARM_RUNTIMES`, checked.
-    pub fn warm_runtimes(&self) -> Result<bool, ConfigError> {
+    fn warm_runtimes(&self) -> Result<bool, ConfigError> {
         switch("CODE_RUNNER_WARM_RUNTIMES", &self.warm_runtimes)
     }
 
     /// `CODE_RUNNER_YIELD_WHILE_BUSY`, checked.
-    pub fn yield_while_busy(&self) -> Result<bool, ConfigError> {
+    fn yield_while_busy(&self) -> Result<bool, ConfigError> {
         switch("CODE_RUNNER_YIELD_WHILE_BUSY", &self.yield_while_busy)
     }
 
     /// The warm pool's memory reserve in bytes
     /// (`CODE_RUNNER_WARM_MEMORY_RESERVE_MB`, by default a tenth of the
     /// machine's memory).
-    pub fn warm_memory_reserve(&self) -> Result<u64, ConfigError> {
+    fn warm_memory_reserve(&self) -> Result<u64, ConfigError> {
         match self.warm_memory_reserve_mb {
             None => Ok(crate::sandbox::pool::memory::default_reserve()),
             Some(mib) => mib.checked_mul(1024 * 1024).ok_or_else(|| {
@@ -105,7 +139,7 @@ impl WorkerSettings {
 
     /// The per-language warm floors of `CODE_RUNNER_WARM`, checked against
     /// the catalog and `CODE_RUNNER_WARM_MAX`.
-    pub fn warm_floors(
+    fn warm_floors(
         &self,
         catalog: &LanguageCatalog,
     ) -> Result<std::collections::BTreeMap<String, usize>, ConfigError> {
@@ -157,9 +191,11 @@ impl WorkerSettings {
         Ok(floors)
     }
 
-    /// The worker's id, with the settings checked; `heartbeat_ttl_ms` is
-    /// the reaper settings' (every process with a worker runs a reaper).
-    pub fn validate(&self, heartbeat_ttl_ms: u64) -> Result<String, ConfigError> {
+    /// The worker's id, with the settings checked; `reaper` is the settings
+    /// of the reaper beside it (every process with a worker runs a reaper),
+    /// whose heartbeat TTL must outlast two heartbeat intervals.
+    pub fn validate(&self, reaper: &ReaperSettings) -> Result<String, ConfigError> {
+        let heartbeat_ttl_ms = reaper.heartbeat_ttl_ms;
         if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_WORKER_MAX_SANDBOXES",
