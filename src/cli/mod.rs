@@ -1,4 +1,6 @@
-//! The command line: one binary, several roles and tools (DESIGN §2).
+//! The command line: one binary, several roles and tools. Every flag of a
+//! role is also read from a `CODE_RUNNER_*` environment variable; a bad
+//! value exits 64 with one line naming the variable (see [`crate::config`]).
 
 mod doctor;
 mod sandbox_run;
