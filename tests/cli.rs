@@ -390,6 +390,25 @@ async fn a_checker_cache_larger_than_the_limit_exits_64_naming_it() {
 }
 
 #[tokio::test]
+async fn a_bad_on_off_value_exits_64_naming_the_setting_and_what_it_takes() {
+    let harness = CliHarness::new().await;
+    let mut command = harness.command();
+    command
+        .arg("worker")
+        .env("CODE_RUNNER_WORKER_LISTEN", "127.0.0.1:0")
+        .env("CODE_RUNNER_WARM_RUNTIMES", "maybe");
+    let ran = run(command);
+    assert_eq!(ran.code, Some(64), "{ran:#?}");
+    assert_eq!(ran.stdout, "");
+    assert_eq!(
+        ran.stderr,
+        "code-runner: invalid configuration: CODE_RUNNER_WARM_RUNTIMES: \"maybe\" is not on or \
+         off (also true/false, yes/no, 1/0)\n"
+    );
+    harness.assert_clean().await;
+}
+
+#[tokio::test]
 async fn an_unknown_flag_exits_64() {
     let harness = CliHarness::new().await;
     let dir = tempfile::tempdir().unwrap();

@@ -1,4 +1,6 @@
-//! The command line: one binary, several roles and tools (DESIGN §2).
+//! The command line: one binary, several roles and tools. Every flag of a
+//! role is also read from a `CODE_RUNNER_*` environment variable; a bad
+//! value exits 64 with one line naming the variable (see [`crate::config`]).
 
 mod doctor;
 mod sandbox_run;
@@ -7,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::app::Roles;
 use crate::config::{ApiSettings, ReaperSettings, RedisSettings, SandboxSettings, WorkerSettings};
 use crate::exit;
 
@@ -171,30 +174,29 @@ pub async fn main() -> ExitCode {
         Command::Languages(args) => languages(&args.sandbox, args.json),
         Command::Doctor(args) => doctor::run(&args.sandbox, &args.redis).await,
         Command::Serve(args) => {
-            crate::app::run(
-                &args.sandbox,
-                &args.redis,
-                Some(&args.worker),
-                Some(&args.api),
-                Some(&args.reaper),
-            )
-            .await
+            let roles = Roles::Serve {
+                api: &args.api,
+                worker: &args.worker,
+                reaper: &args.reaper,
+            };
+            crate::app::run(&args.sandbox, &args.redis, roles).await
         }
         Command::Api(args) => {
-            crate::app::run(&args.sandbox, &args.redis, None, Some(&args.api), None).await
+            let roles = Roles::Api { api: &args.api };
+            crate::app::run(&args.sandbox, &args.redis, roles).await
         }
         Command::Worker(args) => {
-            crate::app::run(
-                &args.sandbox,
-                &args.redis,
-                Some(&args.worker),
-                None,
-                Some(&args.reaper),
-            )
-            .await
+            let roles = Roles::Worker {
+                worker: &args.worker,
+                reaper: &args.reaper,
+            };
+            crate::app::run(&args.sandbox, &args.redis, roles).await
         }
         Command::Reaper(args) => {
-            crate::app::run(&args.sandbox, &args.redis, None, None, Some(&args.reaper)).await
+            let roles = Roles::Reaper {
+                reaper: &args.reaper,
+            };
+            crate::app::run(&args.sandbox, &args.redis, roles).await
         }
         Command::Run(args) => crate::client::run(*args).await,
         Command::Capacity(args) => crate::client::capacity::run(*args).await,

@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::{CompatSettings, ConfigError, WebSettings};
+use crate::api::ApiKeys;
 use crate::api::tokens::MIN_SECRET_BYTES;
 
 /// The API role.
@@ -120,6 +121,25 @@ pub struct ApiSettings {
 }
 
 impl ApiSettings {
+    /// The API keys of `CODE_RUNNER_API_KEYS` (none when unset), with the
+    /// hosts `CODE_RUNNER_KEY_EGRESS` lets their jobs reach.
+    pub fn keys(&self) -> Result<ApiKeys, ConfigError> {
+        let keys = ApiKeys::parse(self.api_keys.as_deref().unwrap_or(""))
+            .map_err(|message| ConfigError::new("CODE_RUNNER_API_KEYS", message))?;
+        match self.key_egress.as_deref() {
+            Some(egress) => keys
+                .with_egress(egress)
+                .map_err(|message| ConfigError::new("CODE_RUNNER_KEY_EGRESS", message)),
+            None => Ok(keys),
+        }
+    }
+
+    /// The browser pages to serve, their playground key checked against
+    /// `keys` (what [`Self::keys`] gave).
+    pub fn web(&self, keys: &ApiKeys) -> Result<crate::api::WebUi, ConfigError> {
+        self.web.build(self.api_keys.as_deref().unwrap_or(""), keys)
+    }
+
     /// The API's limits, checked.
     pub fn limits(&self) -> Result<crate::api::ApiLimits, ConfigError> {
         if !(1..=crate::job::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {

@@ -1,10 +1,12 @@
 //! The worker role's settings: its id, slots, heartbeat, drain and warm pool.
 
-use clap::builder::BoolishValueParser;
-use clap::{ArgAction, Args};
+use std::time::Duration;
 
-use super::ConfigError;
+use clap::Args;
+
+use super::{ConfigError, ReaperSettings, switch};
 use crate::languages::LanguageCatalog;
+use crate::worker::WorkerConfig;
 
 /// The worker role.
 #[derive(Debug, Clone, Args)]
@@ -56,30 +58,20 @@ pub struct WorkerSettings {
     pub warm_lifetime_secs: u64,
 
     /// Whether warm sandboxes of the languages that have one hold their
-    /// runtime already started (docs/warm-runtimes.md): `on` or `off`. A
-    /// capacity schedule entry may say otherwise for its window.
-    #[arg(
-        long,
-        env = "CODE_RUNNER_WARM_RUNTIMES",
-        default_value = "on",
-        value_parser = BoolishValueParser::new(),
-        action = ArgAction::Set
-    )]
-    pub warm_runtimes: bool,
+    /// runtime already started (docs/warm-runtimes.md): `on` or `off` (also
+    /// `true`/`false`, `yes`/`no`, `1`/`0`, in any case). A capacity
+    /// schedule entry may say otherwise for its window.
+    #[arg(long, env = "CODE_RUNNER_WARM_RUNTIMES", default_value = "on")]
+    pub warm_runtimes: String,
 
     /// Whether background work yields to the running jobs while at least
-    /// half the slots are busy (`on` or `off`): the warm pool starts one
+    /// half the slots are busy: `on` or `off` (also `true`/`false`,
+    /// `yes`/`no`, `1`/`0`, in any case). On, the warm pool starts one
     /// sandbox at a time, and the containers of jobs that ended by
     /// themselves wait (up to as many as there are slots) to be removed one
     /// at a time.
-    #[arg(
-        long,
-        env = "CODE_RUNNER_YIELD_WHILE_BUSY",
-        default_value = "on",
-        value_parser = BoolishValueParser::new(),
-        action = ArgAction::Set
-    )]
-    pub yield_while_busy: bool,
+    #[arg(long, env = "CODE_RUNNER_YIELD_WHILE_BUSY", default_value = "on")]
+    pub yield_while_busy: String,
 
     /// No warm sandbox is started while the machine has less memory
     /// available than this (`MemAvailable`), in MiB; 0: no reserve.
@@ -89,10 +81,51 @@ pub struct WorkerSettings {
 }
 
 impl WorkerSettings {
+    /// The worker's configuration: `id` is what [`Self::validate`] gave,
+    /// `reaper` the settings of the reaper beside it (the heartbeat TTL and
+    /// the requeues are the reaper's settings), `catalog` the languages
+    /// `CODE_RUNNER_WARM` may name.
+    pub fn config(
+        &self,
+        id: String,
+        reaper: &ReaperSettings,
+        catalog: &LanguageCatalog,
+    ) -> Result<WorkerConfig, ConfigError> {
+        let warm_floors = self.warm_floors(catalog)?;
+        let warm_memory_reserve = self.warm_memory_reserve()?;
+        let warm_runtimes = self.warm_runtimes()?;
+        let yield_while_busy = self.yield_while_busy()?;
+        Ok(WorkerConfig {
+            id,
+            max_sandboxes: self.worker_max_sandboxes,
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            heartbeat_ttl: Duration::from_millis(reaper.heartbeat_ttl_ms),
+            drain_timeout: Duration::from_millis(self.drain_timeout_ms),
+            warm_floors,
+            warm_max: self.warm_max,
+            warm_lifetime: Duration::from_secs(self.warm_lifetime_secs),
+            warm_runtimes,
+            yield_while_busy,
+            refill_hold: crate::worker::REFILL_HOLD,
+            warm_memory_reserve,
+            max_requeues: reaper.max_requeues,
+        })
+    }
+
+    /// `CODE_RUNNER_WARM_RUNTIMES`, checked.
+    fn warm_runtimes(&self) -> Result<bool, ConfigError> {
+        switch("CODE_RUNNER_WARM_RUNTIMES", &self.warm_runtimes)
+    }
+
+    /// `CODE_RUNNER_YIELD_WHILE_BUSY`, checked.
+    fn yield_while_busy(&self) -> Result<bool, ConfigError> {
+        switch("CODE_RUNNER_YIELD_WHILE_BUSY", &self.yield_while_busy)
+    }
+
     /// The warm pool's memory reserve in bytes
     /// (`CODE_RUNNER_WARM_MEMORY_RESERVE_MB`, by default a tenth of the
     /// machine's memory).
-    pub fn warm_memory_reserve(&self) -> Result<u64, ConfigError> {
+    fn warm_memory_reserve(&self) -> Result<u64, ConfigError> {
         match self.warm_memory_reserve_mb {
             None => Ok(crate::sandbox::pool::memory::default_reserve()),
             Some(mib) => mib.checked_mul(1024 * 1024).ok_or_else(|| {
@@ -106,7 +139,7 @@ impl WorkerSettings {
 
     /// The per-language warm floors of `CODE_RUNNER_WARM`, checked against
     /// the catalog and `CODE_RUNNER_WARM_MAX`.
-    pub fn warm_floors(
+    fn warm_floors(
         &self,
         catalog: &LanguageCatalog,
     ) -> Result<std::collections::BTreeMap<String, usize>, ConfigError> {
@@ -158,9 +191,11 @@ impl WorkerSettings {
         Ok(floors)
     }
 
-    /// The worker's id, with the settings checked; `heartbeat_ttl_ms` is
-    /// the reaper settings' (every process with a worker runs a reaper).
-    pub fn validate(&self, heartbeat_ttl_ms: u64) -> Result<String, ConfigError> {
+    /// The worker's id, with the settings checked; `reaper` is the settings
+    /// of the reaper beside it (every process with a worker runs a reaper),
+    /// whose heartbeat TTL must outlast two heartbeat intervals.
+    pub fn validate(&self, reaper: &ReaperSettings) -> Result<String, ConfigError> {
+        let heartbeat_ttl_ms = reaper.heartbeat_ttl_ms;
         if self.worker_max_sandboxes == 0 || self.worker_max_sandboxes > 1024 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_WORKER_MAX_SANDBOXES",
@@ -255,5 +290,42 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(refused.contains("--warm-memory-reserve-mb"), "{refused}");
+    }
+
+    #[test]
+    fn the_on_off_settings_are_on_by_default_and_take_every_accepted_form() {
+        let defaults = parse(&[]);
+        assert!(defaults.warm_runtimes().unwrap());
+        assert!(defaults.yield_while_busy().unwrap());
+        for (value, on) in [
+            ("on", true),
+            ("off", false),
+            ("true", true),
+            ("false", false),
+            ("yes", true),
+            ("no", false),
+            ("1", true),
+            ("0", false),
+            ("Off", false),
+        ] {
+            let settings = parse(&["--warm-runtimes", value, "--yield-while-busy", value]);
+            assert_eq!(settings.warm_runtimes().unwrap(), on, "{value}");
+            assert_eq!(settings.yield_while_busy().unwrap(), on, "{value}");
+        }
+    }
+
+    #[test]
+    fn a_bad_on_off_value_names_its_setting_and_the_accepted_values() {
+        let settings = parse(&["--warm-runtimes", "maybe", "--yield-while-busy", "y"]);
+        assert_eq!(
+            settings.warm_runtimes().unwrap_err().to_string(),
+            "invalid configuration: CODE_RUNNER_WARM_RUNTIMES: \"maybe\" is not on or off \
+             (also true/false, yes/no, 1/0)"
+        );
+        assert_eq!(
+            settings.yield_while_busy().unwrap_err().to_string(),
+            "invalid configuration: CODE_RUNNER_YIELD_WHILE_BUSY: \"y\" is not on or off \
+             (also true/false, yes/no, 1/0)"
+        );
     }
 }
