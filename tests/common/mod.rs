@@ -7,13 +7,16 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod client;
 pub mod compat;
 pub mod containers;
 pub mod daemon;
+pub mod in_process;
 pub mod programs;
 pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
+pub mod scripted;
 pub mod up_keys;
 
 use std::time::{Duration, Instant};
