@@ -2,24 +2,25 @@
 //! beside it (`<step>.lua`), its inputs (one struct, one order, bound to
 //! named Lua locals) and its outcome enum.
 //!
-//! | step | file | status moves |
+//! | step | file | what it does |
 //! |---|---|---|
-//! | submit | [`submit`] | — → `queued` |
-//! | claim | [`claim`] (`BLMOVE`, no script) | none |
-//! | start | [`start`] | `queued` → `running` |
-//! | append events | [`append_events`] | none |
-//! | send input | [`send_input`] | none |
-//! | finish | [`finish`] | `running` → terminal; a late result |
-//! | cancel | [`cancel`] | `queued` → `cancelled` |
-//! | release | [`release`] | none |
-//! | reap | [`reap`] | `queued` → `error`; `running` → `queued`, `cancelled`, `error` |
-//! | give up overdue | [`give_up_overdue`] | `running` → `error` |
-//! | delete | [`delete`] | none (an ended job's keys removed early) |
+//! | submit | [`submit`] | admits a job and queues its turn |
+//! | claim | [`claim`] | `BLMOVE` of a turn, then `claim.lua` puts the job whose turn it is in its place |
+//! | start | [`start`] | one more attempt; stores the deadline |
+//! | append events | [`append_events`] | the running attempt's events |
+//! | send input | [`send_input`] | a client's stdin or signal, within the job's budgets |
+//! | finish | [`finish`] | the result, its `exit` event, the keys' expiry; or a late result |
+//! | cancel | [`cancel`] | a queued job, with its turn |
+//! | release | [`release`] | a claimed job back to the claim end of its user's queue |
+//! | reap | [`reap`] | one job of a dead worker |
+//! | give up overdue | [`give_up_overdue`] | a running job past its deadline on a live worker |
+//! | delete | [`delete`] | an ended job's keys removed early |
 //!
-//! The moves themselves are defined once, in
-//! [`crate::job::lifecycle::MOVES`]; every script writes a status only
-//! through `set_status` (in `lib.lua`), generated from that table, which
-//! refuses any other move ([`StoreError::Refused`](crate::store::StoreError::Refused)). How a script is put
+//! Which status moves each step may make is not restated here: the moves
+//! are defined once, in [`crate::job::lifecycle::MOVES`] (docs/ARCHITECTURE.md
+//! prints that table, and a test keeps the copy true); every script writes a status only through `set_status` (in
+//! `lib.lua`), generated from that table, which refuses any other move
+//! ([`StoreError::Refused`](crate::store::StoreError::Refused)). How a script is put
 //! together: [`script`]. Reading a job back: [`record`]; its control
 //! stream: [`control`].
 //!
