@@ -222,7 +222,7 @@ impl EventStream {
                 retry_at.or(due)
             };
             tokio::select! {
-                done = async { in_flight.as_mut().expect("checked").await }, if in_flight.is_some() => {
+                done = in_flight_write(&mut in_flight), if in_flight.is_some() => {
                     in_flight = None;
                     let (batch, attempt) = done;
                     if let Some(delay) = self.book_append(batch, attempt) {
@@ -504,5 +504,14 @@ mod tests {
             ],
             "after its hold, the end goes"
         );
+    }
+}
+
+/// The write in flight's end; never resolves when none is (the loop's
+/// `select!` polls it only when one is).
+async fn in_flight_write<F: Future + Unpin>(in_flight: &mut Option<F>) -> F::Output {
+    match in_flight {
+        Some(write) => write.await,
+        None => std::future::pending().await,
     }
 }
