@@ -1,4 +1,4 @@
-//! The orphan reaper (DESIGN §6, issue 5): cleans up after workers that died
+//! The orphan reaper: cleans up after workers that died
 //! without a drain (`kill -9`, OOM, a machine stopped). Every worker process
 //! runs it; `code-runner reaper` runs only it. Each pass, every
 //! `interval`:

@@ -1,4 +1,4 @@
-//! `bench --exam N` (issue 21): N students press Run at once. Each submits an
+//! `bench --exam N`: N students press Run at once. Each submits an
 //! interactive Python program that asks for a name and then `--questions`
 //! questions, each with `input()`; the student waits for `input_wanted`,
 //! "types" after a think time (`--think-ms`, ±50 % jitter), and reads the

@@ -1,4 +1,4 @@
-//! `bench --scenario fairness` (issue 18): does one key's big backlog hold
+//! `bench --scenario fairness`: does one key's big backlog hold
 //! up everyone else? Two phases against one server, the same backlog each:
 //!
 //! 1. `alone`: key A queues `--backlog` jobs (python `time.sleep` of

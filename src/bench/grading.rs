@@ -1,4 +1,4 @@
-//! `bench --scenario grading` (issue 19): one C++ solution graded on
+//! `bench --scenario grading`: one C++ solution graded on
 //! `--tests` tests in one job, against the same tests as that many separate
 //! jobs of the same solution, all submitted at once, in the same run; each
 //! way `--rounds` times, alternately.

@@ -1,17 +1,17 @@
 //! `code-runner bench`: a load generator a user points at their own server
 //! (or, with `--engine`, at the sandbox engine alone) to measure submit →
 //! first output, submit → result, jobs/s, the warm/cold split and, with
-//! `--interactive`, the stdin → stdout round trip (DESIGN §8).
+//! `--interactive`, the stdin → stdout round trip.
 //!
 //! - [`load`]: the lanes that submit and follow the jobs, one path each for
 //!   the WebSocket, `?wait=true` and the engine; reuses the `run` command's
 //!   HTTP client and WebSocket follower.
 //! - [`fairness`](mod@fairness): `--scenario fairness`, one key's backlog against another
-//!   key's job and a second user's (issue 18).
+//!   key's job and a second user's.
 //! - [`grading`](mod@grading): `--scenario grading`, one job with many tests against as
-//!   many separate jobs (issue 19).
+//!   many separate jobs.
 //! - [`exam`](mod@exam): `--exam N`, N students answering questions at once, each
-//!   typing when its program says `input_wanted` (issue 21).
+//!   typing when its program says `input_wanted`.
 //! - [`echo`]: the interactive round trip, as pure state.
 //! - [`stats`]: nearest-rank percentiles.
 //! - [`report`]: the progress line, the text report and `--json`.

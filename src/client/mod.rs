@@ -1,4 +1,4 @@
-//! `code-runner run FILE…`: the client of a running API (DESIGN §2).
+//! `code-runner run FILE…`: the client of a running API (docs/cli.md).
 //!
 //! It builds the job from the files and flags exactly as `sandbox run` does
 //! ([`JobArgs`]), submits it to `POST /v1/jobs` with a fresh

@@ -1,5 +1,5 @@
 //! The events of a job, as its stream carries them (`job:<id>:events`) and as
-//! WebSocket and SSE clients receive them (DESIGN §7):
+//! WebSocket and SSE clients receive them (docs/api.md, "Streams"):
 //!
 //! ```json
 //! {"seq":1,"type":"status","status":"queued"}

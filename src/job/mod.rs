@@ -1,5 +1,5 @@
 //! The job as a client submits it, its validation, and the prepared form the
-//! sandbox runs (DESIGN §3). Validation happens before any container exists;
+//! sandbox runs (the request's shape: docs/api.md). Validation happens before any container exists;
 //! every refusal names the field at fault.
 //!
 //! The spec's types and [`prepare`] are here; the checks of the submitted

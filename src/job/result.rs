@@ -1,4 +1,5 @@
-//! The outcome of a job: its status and one result per stage (DESIGN §3).
+//! The outcome of a job: its status and one result per stage (the result's
+//! shape, as clients read it: docs/api.md, "The result").
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;

@@ -136,7 +136,8 @@ pub struct SandboxShape {
     pub egress_dir: Option<std::path::PathBuf>,
 }
 
-/// The hardened configuration of a sandbox container (DESIGN §4).
+/// The hardened configuration of a sandbox container (docs/security.md says
+/// what each setting keeps out).
 pub fn container_config(shape: &SandboxShape, config: &SandboxConfig) -> ContainerCreateBody {
     let class = &shape.class;
     let memory = i64::try_from(class.memory_mb * 1024 * 1024).unwrap_or(i64::MAX);

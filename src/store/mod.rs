@@ -1,4 +1,4 @@
-//! Redis: the shared state of the fleet (DESIGN §6), and the only module
+//! Redis: the shared state of the fleet, and the only module
 //! that names a key ([`keys`]). [`Store`] is one handle on it, made of
 //! parts split by what they keep:
 //!

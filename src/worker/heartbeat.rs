@@ -1,4 +1,4 @@
-//! The worker's heartbeat (`worker:<wid>:hb`, DESIGN §6): refreshed every
+//! The worker's heartbeat (`worker:<wid>:hb`; the store's keys: `store/mod.rs`): refreshed every
 //! `heartbeat_interval` with the worker's load, so autoscalers and the
 //! reaper see it alive; retried quickly after a Redis failure.
 

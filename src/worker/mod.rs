@@ -1,4 +1,4 @@
-//! The worker (DESIGN §6): claims jobs from Redis and runs each in a sandbox,
+//! The worker: claims jobs from Redis and runs each in a sandbox,
 //! never more at once than it has slots for.
 //!
 //! - A semaphore of `max_sandboxes` permits: the claim loop takes a permit
