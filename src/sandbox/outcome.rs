@@ -26,6 +26,18 @@ pub(super) struct StageOutput {
 }
 
 impl StageOutput {
+    /// A stage that starts now, its output capped at `cap` bytes.
+    pub(super) fn new(name: String, cap: u64) -> Self {
+        Self {
+            name,
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            cap,
+            truncated: false,
+            started: Instant::now(),
+        }
+    }
+
     /// Keeps what fits under the cap; returns the part kept.
     pub(super) fn accept(&mut self, data: Vec<u8>, is_stdout: bool) -> Vec<u8> {
         let used = (self.stdout.len() + self.stderr.len()) as u64;

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::checker::Checker;
-use super::connection::{Connection, StartFailure, start};
+use super::connection::{Connection, OutputStream, StartFailure, start};
 use super::container::{ContainerGuard, SandboxClass, SandboxShape, container_name};
 use super::docker::DockerEngine;
 use super::egress::{JobEgress, engine_dir};
@@ -172,104 +172,191 @@ pub(super) async fn run_in(
     sandbox: Started,
     started: Instant,
 ) -> RunOutcome {
-    let Run {
-        job_id,
-        job,
-        egress_dir,
-    } = run;
+    let kind = sandbox.kind;
+    let (docker, config, uids) = (engine.docker(), engine.config(), engine.uids());
+    let deadline_ms = deadline_ms(&io, config, run.job);
+    let tenant = run.job.tenant.as_deref().unwrap_or("");
+    let checker = Grader::checker_job(run.job).map(|checker| {
+        Checker::start(
+            docker,
+            config,
+            uids,
+            run.job_id,
+            tenant,
+            checker,
+            deadline_ms,
+        )
+    });
+    let grader = Grader::new(run.job, config.gvisor_limits(run.job.limits.pids), checker);
+    let sessions = sessions(engine, run, io, sandbox, grader, deadline_ms).await;
+    conclude(run.job, kind, config.linger, sessions, started)
+}
+
+/// What a job's sessions left: the first session's compile and ready time,
+/// the last one's run, and the sandbox that ran it.
+struct Sessions {
+    guard: ContainerGuard,
+    compile: Option<StageResult>,
+    run: Option<StageResult>,
+    ready_at: Option<Instant>,
+    cancelled: bool,
+    error: Option<String>,
+    grader: Option<Grader>,
+    /// The first stage ran on a runtime started ahead.
+    on_runtime: bool,
+    /// The attach stream of a sandbox whose supervisor said `done`.
+    stopping: Option<OutputStream>,
+    /// Sandboxes started again after one died in a test.
+    restarts: usize,
+}
+
+/// Drives the job's sessions: one, or for a graded job whose sandbox died
+/// in a test, one more in a new sandbox for the remaining tests (at most
+/// [`MAX_RESTARTS`] times).
+async fn sessions(
+    engine: &DockerEngine,
+    run: Run<'_>,
+    io: JobIo,
+    sandbox: Started,
+    grader: Option<Grader>,
+    deadline_ms: u64,
+) -> Sessions {
+    let (docker, config) = (engine.docker(), engine.config());
     let Started {
         mut guard,
         mut connection,
         kind,
     } = sandbox;
-    let (docker, config, uids) = (engine.docker(), engine.config(), engine.uids());
-    let deadline_ms = deadline_ms(&io, config, job);
-    let tenant = job.tenant.as_deref().unwrap_or("");
-    let checker = Grader::checker_job(job)
-        .map(|checker| Checker::start(docker, config, uids, job_id, tenant, checker, deadline_ms));
-    let mut grader = Grader::new(job, config.gvisor_limits(job.limits.pids), checker);
-    let mut io = Some(io);
+    let (mut io, mut grader) = (Some(io), grader);
     let mut first: Option<(Option<StageResult>, Option<Instant>)> = None;
-    let mut restarts = 0;
-    let mut on_runtime = false;
-    let mut stopping = None;
-    // Only a sandbox of the warm pool lingers after `done` (see
-    // `SandboxConfig::linger`): a cold job's end, and a restarted graded
-    // job's (a cold sandbox too), stay as they were.
-    let linger_of = |restarted: bool| {
-        if kind == StartKind::Cold || restarted {
-            Duration::ZERO
-        } else {
-            config.linger
-        }
-    };
-    let (compile, run, ready_at, cancelled, mut error, grader) = loop {
-        let uid = guard.uid();
-        let session_io = io.take().unwrap_or_default();
+    let (mut restarts, mut on_runtime) = (0, false);
+    loop {
+        let restarted = first.is_some();
         let outcome = drive(
             docker,
             config,
-            job_id,
-            job,
-            session_io,
+            run.job_id,
+            run.job,
+            io.take().unwrap_or_default(),
             &guard,
             connection,
-            uid,
+            guard.uid(),
             grader.take(),
-            first.is_some(),
-            linger_of(first.is_some()),
+            restarted,
+            linger(kind, restarted, config),
         )
         .await;
         let mut session = match outcome {
             Ok(session) => session,
-            Err(Failure(message)) => break (None, None, None, false, Some(message), None),
+            Err(Failure(message)) => {
+                return Sessions::failed(guard, None, None, message, None, restarts);
+            }
         };
-        if first.is_some()
-            && let Some(grader) = session.grader.as_mut()
-        {
+        if restarted && let Some(grader) = session.grader.as_mut() {
             // A new sandbox after one died: the program compiled again.
             grader.restarted(session.compile.as_ref());
         }
         on_runtime |= session.warm_runtime;
-        stopping = session.exiting.filter(|_| session.error.is_none());
+        let stopping = session.exiting.filter(|_| session.error.is_none());
         let (compile, ready_at) = first
             .get_or_insert_with(|| (session.compile.clone(), session.ready_at))
             .clone();
         if !session.restart || restarts >= MAX_RESTARTS {
-            break (
+            return Sessions {
+                guard,
                 compile,
-                session.run,
+                run: session.run,
                 ready_at,
-                session.cancelled,
-                session.error,
-                session.grader,
-            );
+                cancelled: session.cancelled,
+                error: session.error,
+                grader: session.grader,
+                on_runtime,
+                stopping,
+                restarts,
+            };
         }
         restarts += 1;
         // The sandbox died in a test (its verdict is in): the rest run in
         // a new one.
-        tracing::info!(job.id = %job_id, "the sandbox died in a test; the remaining tests run in a new one");
-
+        tracing::info!(job.id = %run.job_id, "the sandbox died in a test; the remaining tests run in a new one");
         guard.remove().await;
-        match start_cold(engine, job_id, job, deadline_ms, egress_dir).await {
+        match start_cold(engine, run.job_id, run.job, deadline_ms, run.egress_dir).await {
             Ok((new_guard, new_connection)) => {
                 (guard, connection) = (new_guard, new_connection);
                 grader = session.grader;
                 io = Some(session.io);
             }
             Err((new_guard, message)) => {
-                guard = new_guard;
-                break (
+                return Sessions::failed(
+                    new_guard,
                     compile,
-                    None,
                     ready_at,
-                    false,
-                    Some(message),
+                    message,
                     session.grader,
+                    restarts,
                 );
             }
         }
-    };
+    }
+}
+
+impl Sessions {
+    /// Sessions that ended in a platform failure.
+    fn failed(
+        guard: ContainerGuard,
+        compile: Option<StageResult>,
+        ready_at: Option<Instant>,
+        message: String,
+        grader: Option<Grader>,
+        restarts: usize,
+    ) -> Self {
+        Self {
+            guard,
+            compile,
+            run: None,
+            ready_at,
+            cancelled: false,
+            error: Some(message),
+            grader,
+            on_runtime: false,
+            stopping: None,
+            restarts,
+        }
+    }
+}
+
+/// How long the supervisor lingers after `done`: only a sandbox of the
+/// warm pool does (see `SandboxConfig::linger`); a cold job's end, and a
+/// restarted graded job's (a cold sandbox too), stay as they were.
+fn linger(kind: StartKind, restarted: bool, config: &SandboxConfig) -> Duration {
+    if kind == StartKind::Cold || restarted {
+        Duration::ZERO
+    } else {
+        config.linger
+    }
+}
+
+/// The job's result from what its sessions left, and its sandbox's
+/// cleanup.
+fn conclude(
+    job: &PreparedJob,
+    kind: StartKind,
+    lingers: Duration,
+    sessions: Sessions,
+    started: Instant,
+) -> RunOutcome {
+    let Sessions {
+        guard,
+        compile,
+        run,
+        ready_at,
+        cancelled,
+        mut error,
+        grader,
+        on_runtime,
+        stopping,
+        restarts,
+    } = sessions;
     let container = guard.name().to_string();
     let compile_failed = compile
         .as_ref()
@@ -305,6 +392,10 @@ pub(super) async fn run_in(
         StartKind::Warm | StartKind::WarmRuntime => 0,
         StartKind::Cold => ready_at.map_or(0, |t| (t - started).as_millis() as u64),
     };
+    // The last session was a restart exactly when one happened; only a
+    // warm sandbox's first session lingers.
+    let lingering =
+        stopping.is_some() && kind != StartKind::Cold && restarts == 0 && !lingers.is_zero();
     RunOutcome {
         result: JobResult {
             status,
@@ -326,8 +417,7 @@ pub(super) async fn run_in(
         },
         cleanup: Cleanup::new(ContainerCleanup {
             guard: Some(guard),
-            // The last session was a restart exactly when one happened.
-            lingering: stopping.is_some() && !linger_of(restarts > 0).is_zero(),
+            lingering,
             stopping,
         }),
         container,

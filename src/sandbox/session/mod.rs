@@ -8,7 +8,12 @@
 //!
 //! Every frame from the sandbox is untrusted: its size is bounded by the
 //! decoder, its content is checked against what the job asked for, and output
-//! is capped here too, whatever the supervisor claims.
+//! is capped here too, whatever the supervisor claims. `frames.rs` is the
+//! session's side of each frame; this file starts the session, runs its
+//! loop over the frames, the job's input and the deadline, and reads how it
+//! ended.
+
+mod frames;
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +25,6 @@ use tokio::sync::mpsc;
 use super::config::GvisorLimits;
 use super::connection::{
     Connection, OutputStream, SUPERVISOR_LOG_TAIL, ended_out_of_memory, inspect_end, log_suffix,
-    protocol_mismatch,
 };
 use super::container::ContainerGuard;
 use super::grading::{Grader, Interrupt, test_index};
@@ -31,8 +35,8 @@ use crate::job::deadline;
 use crate::job::{PreparedJob, StageResult, scratch_mounts};
 
 use crate::protocol::{
-    Bundle, FIFO_OPEN_TIMEOUT, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, PROTOCOL_VERSION,
-    Reason, SandboxMessage, SignalKind,
+    Bundle, FIFO_OPEN_TIMEOUT, FrameDecoder, HostMessage, MAX_OUTPUT_CHUNK, Reason, SandboxMessage,
+    SignalKind,
 };
 
 /// How long a cancelled job's supervisor gets to report before the container
@@ -416,182 +420,6 @@ impl Session<'_> {
         }
     }
 
-    /// Handles one message; `Ok(true)` when the supervisor is done.
-    async fn handle(
-        &mut self,
-        message: SandboxMessage,
-        deadline: &mut tokio::time::Instant,
-        config: &SandboxConfig,
-    ) -> Result<bool, Failure> {
-        match message {
-            SandboxMessage::Ready(ready) => {
-                if ready.protocol != PROTOCOL_VERSION {
-                    return Err(Failure(protocol_mismatch(ready.protocol)));
-                }
-                if self.ready_at.is_none() {
-                    self.ready_at = Some(Instant::now());
-                    if !self.cancelled {
-                        *deadline = self.walls_from_now(config);
-                    }
-                    self.emit(SandboxEvent::Ready).await;
-                }
-            }
-            SandboxMessage::StageStart(start) if test_index(&start.stage).is_some() => {
-                let index = test_index(&start.stage).unwrap_or_default();
-                let (name, cap) = self
-                    .grader
-                    .as_ref()
-                    .and_then(|g| g.starting(index))
-                    .map(|(name, cap)| (name.to_string(), cap))
-                    .filter(|_| self.current.is_none())
-                    .ok_or_else(|| {
-                        Failure(format!(
-                            "the sandbox started test {:?} out of order",
-                            start.stage
-                        ))
-                    })?;
-                self.current = Some(StageOutput {
-                    name: start.stage,
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                    cap,
-                    truncated: false,
-                    started: Instant::now(),
-                });
-                if let Some(grader) = &mut self.grader {
-                    grader.note_start(index);
-                }
-                self.note_started(deadline, config);
-                self.emit(SandboxEvent::TestStart { index, name }).await;
-            }
-            SandboxMessage::StageStart(start) => {
-                let spec = self
-                    .job
-                    .bundle
-                    .stages
-                    .iter()
-                    .find(|s| s.name == start.stage)
-                    .ok_or_else(|| {
-                        Failure(format!(
-                            "the sandbox started an unknown stage {:?}",
-                            start.stage
-                        ))
-                    })?;
-                if self.current.is_some() || self.stage_slot(&start.stage).is_some() {
-                    return Err(Failure(format!(
-                        "the sandbox started stage {:?} out of order",
-                        start.stage
-                    )));
-                }
-                self.current = Some(StageOutput {
-                    name: start.stage.clone(),
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                    cap: spec.limits.output_bytes,
-                    truncated: false,
-                    started: Instant::now(),
-                });
-                self.note_started(deadline, config);
-                self.warm_runtime |= start.warm_runtime;
-                self.emit(SandboxEvent::StageStart { stage: start.stage })
-                    .await;
-            }
-            SandboxMessage::Stdout(data) | SandboxMessage::Stderr(data)
-                if self.current.is_none() =>
-            {
-                return Err(Failure(format!(
-                    "the sandbox sent {} bytes of output outside a stage",
-                    data.len()
-                )));
-            }
-            // A test's output goes into its result (a preview), not the stream.
-            SandboxMessage::Stdout(data) if self.in_test() => {
-                if let Some(current) = &mut self.current {
-                    current.accept(data, true);
-                }
-            }
-            SandboxMessage::Stderr(data) if self.in_test() => {
-                if let Some(current) = &mut self.current {
-                    current.accept(data, false);
-                }
-            }
-            SandboxMessage::Stdout(data) => {
-                if let Some(current) = &mut self.current {
-                    let kept = current.accept(data, true);
-                    if !kept.is_empty() {
-                        self.emit(SandboxEvent::Stdout(kept)).await;
-                    }
-                }
-            }
-            SandboxMessage::Stderr(data) => {
-                if let Some(current) = &mut self.current {
-                    let kept = current.accept(data, false);
-                    if !kept.is_empty() {
-                        self.emit(SandboxEvent::Stderr(kept)).await;
-                    }
-                }
-            }
-            SandboxMessage::StageEnd(report) => {
-                let current = self
-                    .current
-                    .take()
-                    .filter(|c| c.name == report.stage)
-                    .ok_or_else(|| {
-                        Failure(format!(
-                            "the sandbox ended stage {:?}, which was not running",
-                            report.stage
-                        ))
-                    })?;
-                let result = current.into_result(Some(&report), report.reason);
-                if let Some(index) = test_index(&report.stage)
-                    && let Some(grader) = &mut self.grader
-                {
-                    // A checker may take long: a cancel or a kill coming
-                    // meanwhile stops the wait; other input waits for it.
-                    let mut held = Vec::new();
-                    let stop = interruption(&self.io.cancel, &mut self.io.input, &mut held);
-                    let (test, frames, interrupted) = grader.finish(index, &result, stop).await;
-                    self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
-                    for frame in frames {
-                        self.send(frame).await;
-                    }
-                    for input in held {
-                        self.forward(input).await;
-                    }
-                    match interrupted {
-                        Some(Interrupt::Killed) => {
-                            self.forward(JobInput::Signal(SignalKind::Kill)).await;
-                        }
-                        Some(Interrupt::Cancelled) if !self.cancelled => {
-                            self.cancel(deadline).await;
-                        }
-                        _ => {}
-                    }
-                    return Ok(false);
-                }
-                self.emit(SandboxEvent::StageEnd {
-                    stage: report.stage.clone(),
-                    result: Box::new(result.clone()),
-                })
-                .await;
-                self.store(&report.stage, result);
-            }
-            SandboxMessage::Fatal(fatal) => {
-                return Err(Failure(format!(
-                    "the sandbox supervisor failed: {}",
-                    fatal.message
-                )));
-            }
-            SandboxMessage::Done => return Ok(true),
-            SandboxMessage::InputWanted => {
-                if self.current.is_some() {
-                    self.emit(SandboxEvent::InputWanted).await;
-                }
-            }
-        }
-        Ok(false)
-    }
-
     /// Whether the stage running is one of a graded job's tests.
     fn in_test(&self) -> bool {
         self.current
@@ -636,14 +464,9 @@ impl Session<'_> {
                 .stages
                 .iter()
                 .find(|s| self.stage_slot(&s.name).is_none())?;
-            Some(StageOutput {
-                name: spec.name.clone(),
-                stdout: Vec::new(),
-                stderr: Vec::new(),
-                cap: spec.limits.output_bytes,
-                truncated: false,
-                started: self.ready_at.unwrap_or_else(Instant::now),
-            })
+            let mut output = StageOutput::new(spec.name.clone(), spec.limits.output_bytes);
+            output.started = self.ready_at.unwrap_or_else(Instant::now);
+            Some(output)
         });
         if let Some(current) = current {
             let name = current.name.clone();
