@@ -19,6 +19,8 @@
 //! - [`reaper`]: removes the containers and reaps the jobs of workers
 //!   that died; runs in every worker process and as `code-runner reaper`.
 //! - [`api`]: the HTTP API (axum). Knows HTTP, not bollard or Redis keys.
+//! - [`follow`]: what an API process follows in the store for its clients
+//!   (jobs' events, queued jobs' places). Knows the store, not HTTP.
 //! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root
 //!   cancellation token; [`metrics`]: every Prometheus metric.
 //! - [`client`]: the `run` command, a client of a running API.
@@ -40,6 +42,7 @@ pub mod client;
 pub mod config;
 pub mod egress;
 pub mod exit;
+pub mod follow;
 pub mod job;
 pub mod languages;
 pub mod metrics;

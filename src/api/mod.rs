@@ -2,9 +2,9 @@
 //! shared state through [`crate::store`] and never names a Redis key.
 //!
 //! - `mod.rs`: the state, the router and the server loop.
-//! - [`auth`]: API keys and the bearer check (constant time).
-//! - [`tokens`]: job-scoped attach tokens (HMAC), for the streams.
-//! - [`error`]: the one error type and its JSON answers.
+//! - [`http::auth`]: API keys and the bearer check (constant time).
+//! - [`http::tokens`]: job-scoped attach tokens (HMAC), for the streams.
+//! - [`http::error`]: the one error type and its JSON answers.
 //! - `jobs`: submit, status, cancel; the job view. `history`: the run
 //!   history of a key (`GET /v1/jobs`). `submit`: the one
 //!   submit path of `/v1/jobs` and the compatible APIs (admission, its
@@ -18,7 +18,7 @@
 //!   `server`: the HTTP server loop, with header and idle timeouts.
 //! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
 //! - `usage`: the usage ledger per day and user (`GET /v1/usage`).
-//! - [`web`]: the browser pages (playground, dashboard) embedded in the
+//! - [`pages`]: the browser pages (playground, dashboard) embedded in the
 //!   binary; `playground` and `dashboard`: their routes under `/v1`.
 //! - `compat`: the Piston v2 and Judge0 CE compatible APIs, thin adapters
 //!   that submit ordinary jobs.
@@ -42,30 +42,16 @@
 //!   dashboard page (`/dashboard`), `GET /v1/dashboard` (admin key), and
 //!   their files under `/ui/`.
 //!
-//! The streams of a job authenticate with [`tokens::TokenSigner::verify`]
+//! The streams of a job authenticate with [`http::tokens::TokenSigner::verify`]
 //! (or the API key) and end on [`ApiState`]'s shutdown token like
 //! `?wait=true` does.
 
-pub mod auth;
-mod capacity;
 mod compat;
-mod dashboard;
-pub mod error;
-mod feeds;
-mod history;
-mod idle;
-mod jobs;
+pub mod http;
 mod ops;
-mod places;
-mod playground;
-mod ratelimit;
-pub mod server;
-mod stream_caps;
+mod pages;
 mod streams;
-mod submit;
-pub mod tokens;
-mod usage;
-mod web;
+mod v1;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,13 +71,12 @@ use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-pub use auth::{ApiKeys, Caller};
 pub use compat::CompatConfig;
-pub use error::ApiError;
-pub use playground::PlaygroundKey;
-pub use stream_caps::StreamLimits;
-pub use tokens::{AttachTokens, Scope, TokenError, TokenSigner};
-pub use web::{WebUi, page_path};
+pub use http::auth::{ApiKeys, Caller};
+pub use http::error::ApiError;
+pub use http::tokens::{AttachTokens, MIN_SECRET_BYTES, Scope, TokenError, TokenSigner};
+pub use pages::{PlaygroundKey, WebUi, page_path};
+pub use streams::caps::StreamLimits;
 
 /// Everything the API needs, validated by the caller.
 pub struct ApiConfig {
@@ -154,7 +139,7 @@ impl Default for ApiLimits {
                 per_job: 256,
             },
             header_timeout: Duration::from_secs(10),
-            keep_alive: server::DEFAULT_KEEP_ALIVE,
+            keep_alive: http::server::DEFAULT_KEEP_ALIVE,
         }
     }
 }
@@ -195,12 +180,12 @@ pub struct ApiState {
     /// Where the Piston and Judge0 APIs are served, and Piston's keyless mode.
     compat: Arc<CompatConfig>,
     /// This process's followers of jobs' events.
-    feeds: feeds::Feeds,
+    feeds: crate::follow::feeds::Feeds,
     /// Queued jobs' places, for their streams and views.
-    places: places::Places,
-    stream_caps: stream_caps::StreamCaps,
+    places: crate::follow::places::Places,
+    stream_caps: streams::caps::StreamCaps,
     /// The per-key request rate, shared by `/v1` and the compatible APIs.
-    key_rate: Arc<ratelimit::KeyRate>,
+    key_rate: Arc<http::ratelimit::KeyRate>,
     /// What a job of the language defaults reserves at most
     /// ([`default_job_reserve`]).
     default_job_reserve: u64,
@@ -257,10 +242,10 @@ impl ApiState {
             .map(|engine| ops::DockerCheck::new(engine, Some(&config.catalog)));
         let ops = ops::OpsState::new(config.store.clone(), config.metrics.clone(), docker);
         let shutdown = CancellationToken::new();
-        let feeds = feeds::Feeds::new(config.store.clone(), shutdown.clone());
-        let places = places::Places::new(config.store.clone(), shutdown.clone());
-        let stream_caps = stream_caps::StreamCaps::new(config.limits.streams, &config.metrics);
-        let key_rate = Arc::new(ratelimit::KeyRate::new(
+        let feeds = crate::follow::feeds::Feeds::new(config.store.clone(), shutdown.clone());
+        let places = crate::follow::places::Places::new(config.store.clone(), shutdown.clone());
+        let stream_caps = streams::caps::StreamCaps::new(config.limits.streams, &config.metrics);
+        let key_rate = Arc::new(http::ratelimit::KeyRate::new(
             config.limits.key_rate,
             config.limits.key_burst,
         ));
@@ -339,8 +324,9 @@ impl ApiState {
 
     /// The same state, ending its long requests when `shutdown` is cancelled.
     fn with_shutdown(mut self, shutdown: CancellationToken) -> Self {
-        self.feeds = feeds::Feeds::new(self.inner.store.clone(), shutdown.clone());
-        self.places = places::Places::new(self.inner.store.clone(), shutdown.clone());
+        self.feeds = crate::follow::feeds::Feeds::new(self.inner.store.clone(), shutdown.clone());
+        self.places =
+            crate::follow::places::Places::new(self.inner.store.clone(), shutdown.clone());
         self.shutdown = shutdown;
         self
     }
@@ -349,17 +335,26 @@ impl ApiState {
 /// The whole API as a router.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.inner.max_body_bytes;
-    let pages = state.web.as_deref().map(web::routes).unwrap_or_default();
+    let pages = state.web.as_deref().map(pages::routes).unwrap_or_default();
     // The routes that take an API key, rate limited per key.
     let keyed = Router::new()
-        .route("/v1/jobs", post(jobs::submit).get(history::list))
-        .route("/v1/jobs/{id}", get(jobs::show).delete(jobs::cancel))
-        .route("/v1/capacity", get(capacity::list).put(capacity::put))
-        .route("/v1/capacity/{id}", axum::routing::delete(capacity::delete))
-        .route("/v1/usage", get(usage::show))
+        .route("/v1/jobs", post(v1::jobs::submit).get(v1::history::list))
+        .route(
+            "/v1/jobs/{id}",
+            get(v1::jobs::show).delete(v1::jobs::cancel),
+        )
+        .route(
+            "/v1/capacity",
+            get(v1::capacity::list).put(v1::capacity::put),
+        )
+        .route(
+            "/v1/capacity/{id}",
+            axum::routing::delete(v1::capacity::delete),
+        )
+        .route("/v1/usage", get(v1::usage::show))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
-            ratelimit::limit,
+            http::ratelimit::limit,
         ));
     let app = Router::new()
         .merge(pages)
@@ -396,14 +391,14 @@ pub async fn serve(
         .as_ref()
         .is_some_and(|w| w.dashboard_path.is_some())
     {
-        tokio::spawn(dashboard::sample(state.clone(), shutdown.clone()));
+        tokio::spawn(pages::dashboard::sample(state.clone(), shutdown.clone()));
     }
-    let timers = server::Timers {
+    let timers = http::server::Timers {
         header: state.inner.limits.header_timeout,
         keep_alive: state.inner.limits.keep_alive,
     };
     let app = router(state.with_shutdown(shutdown.clone()));
-    let served = server::serve(listener, app, shutdown.clone(), timers).await;
+    let served = http::server::serve(listener, app, shutdown.clone(), timers).await;
     // A failed listener: stop the long requests too.
     shutdown.cancel();
     // The WebSocket sessions saw the same token: each sends its close (1001)
@@ -443,7 +438,7 @@ pub async fn serve_ops(
         .fallback(ops::no_route)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(middleware::from_fn(log_request));
-    server::serve(listener, app, shutdown, server::OPS_TIMERS).await
+    http::server::serve(listener, app, shutdown, http::server::OPS_TIMERS).await
 }
 
 /// One debug line per request: method, path, status, time taken.

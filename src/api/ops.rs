@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 
 use super::ApiState;
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 use crate::job::limits::{CompileLimits, Limits};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;

@@ -21,10 +21,12 @@ use axum::extract::{ConnectInfo, Query};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
-use super::submit::{Admitted, Submission, count_refusal, count_rejection, refuse_while_draining};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::v1::submit::{
+    Admitted, Submission, count_refusal, count_rejection, refuse_while_draining,
+};
 use crate::job::{JobSpec, prepare};
 use crate::languages::LanguageCatalog;
 
@@ -226,7 +228,7 @@ async fn submit_uncounted(
         .get("via")
         .and_then(|v| v.as_str())
         .unwrap_or("");
-    super::submit::submit(
+    crate::api::v1::submit::submit(
         state,
         Submission {
             caller,

@@ -28,13 +28,13 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::super::super::ApiState;
-use super::super::super::error::ApiError;
-use super::super::super::jobs::rfc3339;
 use super::super::named_credential;
 use super::languages::{JUDGE0_IDS, judge0_name};
 use super::view::STATUSES;
 use super::{caller, from_api_error};
+use crate::api::ApiState;
+use crate::api::http::error::ApiError;
+use crate::api::v1::jobs::rfc3339;
 use crate::job::Status;
 use crate::sandbox::pool::memory::meminfo_bytes;
 use crate::store::history::{HistoryPosition, HistoryQuery};

@@ -9,9 +9,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value, json};
 
-use super::super::super::jobs::rfc3339;
 use super::languages::judge0_name;
 use super::request::Judge0Record;
+use crate::api::v1::jobs::rfc3339;
 use crate::job::grading::verdict::run_failure;
 use crate::job::grading::{Check, TimeLimit, Verdict as TestVerdict};
 use crate::job::result::signal_number;

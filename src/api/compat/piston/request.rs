@@ -5,9 +5,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};
 
-use super::super::super::ApiState;
 use super::super::semver3;
 use super::PISTON_NAMES;
+use crate::api::ApiState;
 use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobSpec};
 use crate::languages::{Language, LanguageCatalog};

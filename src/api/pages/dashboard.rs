@@ -3,7 +3,7 @@
 //! heartbeats), the queue depth, the newest jobs with their statuses, and
 //! the recent history of two figures of `/metrics`: the queue depth
 //! (`code_runner_queue_depth`) and the jobs finished per second (the rate of
-//! `code_runner_jobs_total`). The page is in [`super::web`].
+//! `code_runner_jobs_total`). The page is in [`super`].
 //!
 //! The history is sampled by this process every [`SAMPLE_INTERVAL`] while
 //! the server runs and kept for [`HISTORY`]: the same figures a Prometheus
@@ -24,11 +24,10 @@ use prometheus::core::Collector;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
-use super::jobs::rfc3339;
-use super::web;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::v1::jobs::rfc3339;
 use crate::job::Status;
 use crate::metrics::Metrics;
 use crate::store::{JobSummary, LiveWorker, now_ms};
@@ -116,7 +115,7 @@ fn jobs_total(metrics: &Metrics) -> u64 {
 
 /// Samples the history every [`SAMPLE_INTERVAL`] until `shutdown`; the
 /// first sample at once. Updates the queue depth gauge as a scrape would.
-pub(super) async fn sample(state: ApiState, shutdown: CancellationToken) {
+pub(crate) async fn sample(state: ApiState, shutdown: CancellationToken) {
     let Some(web) = state.web.clone() else {
         return;
     };
@@ -253,12 +252,12 @@ struct Overview {
 }
 
 /// `GET /v1/dashboard` (admin key).
-pub(super) async fn overview(
+pub(crate) async fn overview(
     State(state): State<ApiState>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
     caller.require_admin()?;
-    let web = web::settings(&state)?;
+    let web = super::settings(&state)?;
     let store = &state.inner.store;
     let (queue_depth, tenants_waiting, waiting, workers, jobs) = tokio::try_join!(
         store.jobs().queue_depth(),

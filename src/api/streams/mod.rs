@@ -3,12 +3,12 @@
 //!
 //! Both replay the job's events from its events stream (from the start, or
 //! after `?after=<seq>` / `Last-Event-ID`), then follow it live through this
-//! process's one follower of the job ([`super::feeds`]: no Redis connection
+//! process's one follower of the job ([`crate::follow::feeds`]: no Redis connection
 //! per stream), until the `exit` event (then a normal close), the server's
 //! shutdown (WebSocket close 1001: reconnect with `?after=`) or the client
 //! leaves. Each event goes out as [`StoredEvent::wire`], `seq` first.
 //!
-//! Caps ([`super::stream_caps`]): a stream past the cap of its job, of its
+//! Caps ([`caps`]): a stream past the cap of its job, of its
 //! key or of the process is refused before the upgrade with 429
 //! `too_many_streams`. A client that does not read what the server writes
 //! for [`WRITE_TIMEOUT`] is disconnected. Each job takes at most
@@ -18,7 +18,7 @@
 //!
 //! Authentication: the API key (`Authorization: Bearer`; the job must be
 //! that key's, else 404) or one of the job's attach tokens (see
-//! [`super::tokens`]): on the WebSocket as the subprotocol `token.<token>`
+//! [`crate::api::http::tokens`]): on the WebSocket as the subprotocol `token.<token>`
 //! offered next to `code-runner` (the server selects `code-runner` and never
 //! echoes the token) — the form browsers should use — or as `?token=`, which
 //! `EventSource` needs (it cannot set headers) but which proxies log. No
@@ -34,6 +34,8 @@
 //! the job is still queued. A frame that cannot be acted on gets an `error`
 //! event (`{"type":"error","message":…}`, no `seq`) on this connection
 //! only, and the connection stays open.
+
+pub(crate) mod caps;
 
 use std::convert::Infallible;
 use std::time::Duration;
@@ -51,17 +53,17 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::ApiState;
-use super::error::ApiError;
-use super::feeds::{Step, Subscription};
-use super::jobs::{job_id, owned_job};
-use super::places::Place;
-use super::stream_caps::StreamPermit;
-use super::tokens::{Scope, TokenError};
+use crate::api::ApiState;
+use crate::api::http::error::ApiError;
+use crate::api::http::tokens::{Scope, TokenError};
+use crate::api::v1::jobs::{job_id, owned_job};
+use crate::follow::feeds::{Step, Subscription};
+use crate::follow::places::Place;
 use crate::job::events::{JobEvent, StoredEvent, WS_READ_BUFFER_BYTES};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;
 use crate::store::{Control, InputBudgets, InputOutcome, JobRecord, Store};
+use caps::StreamPermit;
 
 /// The subprotocol the server selects.
 pub const SUBPROTOCOL: &str = "code-runner";
@@ -89,7 +91,7 @@ const CLOSE_JOB_GONE: u16 = 4404;
 
 /// `?token=&after=` of both streams.
 #[derive(Debug, Deserialize)]
-pub(super) struct StreamQuery {
+pub(crate) struct StreamQuery {
     token: Option<String>,
     after: Option<String>,
 }
@@ -216,7 +218,7 @@ enum ClientFrame {
 }
 
 /// `GET /v1/jobs/{id}/ws`.
-pub(super) async fn websocket(
+pub(crate) async fn websocket(
     State(state): State<ApiState>,
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<StreamQuery>, QueryRejection>,
@@ -375,7 +377,7 @@ type PlaceWatch = watch::Receiver<Option<Place>>;
 /// from its start (or end), on again when it goes back to the queue for
 /// another attempt.
 struct QueuePlace {
-    places: super::places::Places,
+    places: crate::follow::places::Places,
     id: String,
     watch: Option<PlaceWatch>,
 }
@@ -604,7 +606,7 @@ fn sse_error(message: &str) -> Event {
 }
 
 /// `GET /v1/jobs/{id}/events`.
-pub(super) async fn events(
+pub(crate) async fn events(
     State(state): State<ApiState>,
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<StreamQuery>, QueryRejection>,

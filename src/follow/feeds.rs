@@ -46,7 +46,7 @@ enum Update {
 }
 
 /// What following a job gave next.
-pub(super) enum Step {
+pub(crate) enum Step {
     /// New events, in order; the last may be `exit`.
     Events(Vec<StoredEvent>),
     /// The job has ended and every event up to its `exit` was given.
@@ -84,12 +84,12 @@ struct Inner {
 
 /// The followers of this process's jobs. Cheap to clone.
 #[derive(Clone)]
-pub(super) struct Feeds {
+pub(crate) struct Feeds {
     inner: Arc<Inner>,
 }
 
 impl Feeds {
-    pub(super) fn new(store: Store, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(store: Store, shutdown: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -109,7 +109,7 @@ impl Feeds {
     }
 
     /// Follows job `id` from after `after` (a `seq`).
-    pub(super) fn subscribe(&self, id: &str, after: u64) -> Subscription {
+    pub(crate) fn subscribe(&self, id: &str, after: u64) -> Subscription {
         let (receiver, new_feed, start_reader) = {
             let mut state = self.lock();
             let start_reader = !std::mem::replace(&mut state.reader_started, true);
@@ -271,7 +271,7 @@ impl Feeds {
 
     /// Waits until job `id` is terminal (woken by its `exit` event), at
     /// most `within` or until shutdown; `true` when it is terminal or gone.
-    pub(super) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, StoreError> {
+    pub(crate) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, StoreError> {
         let deadline = tokio::time::Instant::now() + within;
         let store = &self.inner.store;
         // The status and the last event's seq in one read: the terminal
@@ -300,7 +300,7 @@ impl Feeds {
 }
 
 /// One follower of one job; see the module documentation.
-pub(super) struct Subscription {
+pub(crate) struct Subscription {
     feeds: Feeds,
     id: String,
     receiver: broadcast::Receiver<Update>,
@@ -313,7 +313,7 @@ pub(super) struct Subscription {
 }
 
 impl Subscription {
-    pub(super) fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
@@ -339,14 +339,14 @@ impl Subscription {
 
     /// Whether the subscription still reads stored events from Redis
     /// before it takes the live ones (see [`Subscription::catch_up`]).
-    pub(super) fn catching_up(&self) -> bool {
+    pub(crate) fn catching_up(&self) -> bool {
         self.replay || self.finishing.is_some()
     }
 
     /// Reads from Redis what the subscription has not given yet: the next
     /// batch of stored events or how the stream ends (`Some`), or `None`
     /// once caught up with a job still going (the live events are next).
-    pub(super) async fn catch_up(&mut self) -> Option<Step> {
+    pub(crate) async fn catch_up(&mut self) -> Option<Step> {
         while self.catching_up() {
             if self.feeds.inner.shutdown.is_cancelled() {
                 return Some(Step::Shutdown);
@@ -397,7 +397,7 @@ impl Subscription {
     }
 
     /// The next step: events, or how the stream ends.
-    pub(super) async fn next(&mut self) -> Step {
+    pub(crate) async fn next(&mut self) -> Step {
         loop {
             if self.feeds.inner.shutdown.is_cancelled() {
                 return Step::Shutdown;

@@ -22,7 +22,7 @@ use crate::store::{self, Store, StoreError};
 
 /// How often the followed jobs' places are read: at most 2 updates a second
 /// per job.
-pub(super) const TICK: Duration = Duration::from_millis(500);
+pub(crate) const TICK: Duration = Duration::from_millis(500);
 /// The claim rate is taken over this long.
 const RATE_WINDOW: Duration = Duration::from_secs(30);
 /// A rate from less than this much history is not trusted yet.
@@ -40,7 +40,7 @@ pub struct Place {
 
 impl Place {
     /// The stream event.
-    pub(super) fn event(self) -> String {
+    pub(crate) fn event(self) -> String {
         serde_json::json!({"type": "queued", "position": self.position, "eta_ms": self.eta_ms})
             .to_string()
     }
@@ -119,13 +119,13 @@ impl Inner {
 
 /// The places of the jobs this process's streams follow.
 #[derive(Clone)]
-pub(super) struct Places {
+pub(crate) struct Places {
     inner: Arc<Inner>,
 }
 
 impl Places {
     /// Its task starts at the first use and ends with `shutdown`.
-    pub(super) fn new(store: Store, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(store: Store, shutdown: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -145,7 +145,7 @@ impl Places {
     }
 
     /// Watches `id`'s place (the receiver starts at `None`: not read yet).
-    pub(super) fn watch(&self, id: &str) -> watch::Receiver<Option<Place>> {
+    pub(crate) fn watch(&self, id: &str) -> watch::Receiver<Option<Place>> {
         self.start();
         let mut watched = self.inner.watched();
         let receiver = match watched.get(id) {
@@ -170,7 +170,7 @@ impl Places {
     }
 
     /// One job's place now (for its view): one script call.
-    pub(super) async fn place_of(&self, id: &str) -> Result<Option<Place>, StoreError> {
+    pub(crate) async fn place_of(&self, id: &str) -> Result<Option<Place>, StoreError> {
         self.start();
         let read = self.inner.store.jobs().places(&[id.to_string()]).await?;
         Ok(self

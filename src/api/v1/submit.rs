@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
 use crate::job::{InvalidJob, JobSpec, PreparedJob, Status};
 use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutcome, now_ms};
 
@@ -18,7 +18,7 @@ use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutco
 const WAIT_SLACK: Duration = Duration::from_secs(30);
 
 /// A job to submit, once `prepare` accepted it.
-pub(super) struct Submission<'a> {
+pub(crate) struct Submission<'a> {
     pub caller: &'a Caller,
     /// The new job's id.
     pub id: String,
@@ -38,7 +38,7 @@ pub(super) struct Submission<'a> {
 
 /// A submission the store took.
 #[derive(Debug)]
-pub(super) struct Admitted {
+pub(crate) struct Admitted {
     /// The job's id: the new one, or that of the job the same idempotency
     /// key and body made before.
     pub id: String,
@@ -51,7 +51,7 @@ pub(super) struct Admitted {
 
 /// A draining server takes no new job; every API asks before it reads or
 /// checks the job, so a draining server answers 503 whatever the body.
-pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
+pub(crate) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
     if state.inner.draining.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
@@ -63,7 +63,7 @@ pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
 /// idempotency). A refusal is
 /// the `ApiError` every API answers with; none is counted here (each
 /// caller counts its refusals with [`count_rejection`], its own included).
-pub(super) async fn submit(
+pub(crate) async fn submit(
     state: &ApiState,
     submission: Submission<'_>,
 ) -> Result<Admitted, ApiError> {
@@ -227,7 +227,7 @@ fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admis
 
 /// Counts a refused submission by its reason (failures of our own are not
 /// refusals and are not counted).
-pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
+pub(crate) fn count_rejection(state: &ApiState, error: &ApiError) {
     if let Some(reason) = error.rejection_reason() {
         count_refusal(state, reason);
     }
@@ -236,7 +236,7 @@ pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
 /// Counts a submission refused for `reason` (a `reason` label of
 /// `code_runner_submissions_rejected_total`), for the refusals a compatible
 /// API makes in its own words, without an `ApiError`.
-pub(super) fn count_refusal(state: &ApiState, reason: &'static str) {
+pub(crate) fn count_refusal(state: &ApiState, reason: &'static str) {
     state
         .inner
         .metrics
@@ -265,7 +265,7 @@ const PAST_DEADLINE_SLACK: Duration = Duration::from_secs(5);
 /// it is then (`None`: the job is gone). A job that is running when
 /// `budget` ends is waited for until its stored deadline (and a slack), at
 /// most `max_wait` from the call.
-pub(super) async fn wait_for_end(
+pub(crate) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,

@@ -16,11 +16,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
 use super::submit::{Admitted, Submission, count_rejection, refuse_while_draining, wait_for_end};
-use super::tokens::AttachTokens;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, prepare};
 use crate::languages::LanguageCatalog;
 use crate::store::{CancelOutcome, JobRecord};
@@ -30,7 +30,7 @@ const MAX_IDEMPOTENCY_KEY_CHARS: usize = 200;
 
 /// Where a job and its streams are.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct JobUrls {
+pub(crate) struct JobUrls {
     #[serde(rename = "self")]
     this: String,
     ws: String,
@@ -50,7 +50,7 @@ impl JobUrls {
 /// A job as the API shows it. Every field is always present (`null` when
 /// unknown yet); `result` is set once the job is terminal.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct JobView {
+pub(crate) struct JobView {
     id: String,
     status: Status,
     language: String,
@@ -69,7 +69,7 @@ pub(super) struct JobView {
     cancel_requested: bool,
     /// A queued job's place in the queue (`GET /v1/jobs/{id}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<super::places::Place>,
+    queue: Option<crate::follow::places::Place>,
     urls: JobUrls,
     /// The attach tokens, in answers to a submit: `token` is the control
     /// token (the only one answers carried at first).
@@ -124,7 +124,7 @@ struct Accepted {
 }
 
 /// Milliseconds since the epoch as RFC 3339 UTC with milliseconds.
-pub(super) fn rfc3339(ms: u64) -> String {
+pub(crate) fn rfc3339(ms: u64) -> String {
     let seconds = ms / 1000;
     let (days, of_day) = (seconds / 86_400, seconds % 86_400);
     // Days to a civil date (H. Hinnant, "chrono-compatible low-level date
@@ -154,7 +154,7 @@ pub(super) fn rfc3339(ms: u64) -> String {
 
 /// A job id from a path: a UUID, in its canonical form. Anything else is a
 /// job that does not exist.
-pub(super) fn job_id(text: &str) -> Result<String, ApiError> {
+pub(crate) fn job_id(text: &str) -> Result<String, ApiError> {
     uuid::Uuid::parse_str(text)
         .map(|id| id.hyphenated().to_string())
         .map_err(|_| ApiError::NotFound("job not found"))
@@ -231,7 +231,7 @@ fn parse_spec(body: &[u8]) -> Result<JobSpec, ApiError> {
 }
 
 /// The job of `id` if it exists and belongs to `caller`.
-pub(super) async fn owned_job(
+pub(crate) async fn owned_job(
     state: &ApiState,
     caller: &Caller,
     id: &str,
@@ -243,7 +243,7 @@ pub(super) async fn owned_job(
 }
 
 /// `POST /v1/jobs`. Counts every refusal by reason.
-pub(super) async fn submit(State(state): State<ApiState>, request: Request) -> Response {
+pub(crate) async fn submit(State(state): State<ApiState>, request: Request) -> Response {
     match submit_job(&state, request).await {
         Ok(response) => response,
         Err(error) => {
@@ -349,7 +349,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
 }
 
 /// `GET /v1/jobs/{id}`.
-pub(super) async fn show(
+pub(crate) async fn show(
     State(state): State<ApiState>,
     caller: Caller,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
@@ -381,7 +381,7 @@ fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
 
 /// `DELETE /v1/jobs/{id}`: a queued job never starts (200, `cancelled`); a
 /// running one is killed by its worker (202, `cancel_requested`).
-pub(super) async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<ApiState>,
     caller: Caller,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,

@@ -22,10 +22,10 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
 use super::jobs::rfc3339;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
 use crate::store::{CapacityEntry, MAX_ENTRIES, PutOutcome, now_ms};
 
 /// Most warm sandboxes one entry asks of the fleet.
@@ -36,7 +36,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
 /// The body of `PUT /v1/capacity`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct CapacityRequest {
+pub(crate) struct CapacityRequest {
     language: String,
     warm: u64,
     #[serde(default)]
@@ -80,7 +80,7 @@ impl EntryView {
 
 /// What the fleet holds for one language now.
 #[derive(Debug, Default, Serialize, PartialEq, Eq)]
-pub(super) struct LanguageCapacity {
+pub(crate) struct LanguageCapacity {
     /// The active entries' total.
     floor: u64,
     /// The live workers' targets, summed.
@@ -120,7 +120,7 @@ fn parse_time(field: &'static str, text: &str) -> Result<u64, ApiError> {
 
 /// Per language: the floor of the active entries against what the live
 /// workers say they hold (their heartbeats' `warm` figures).
-pub(super) fn fleet_capacity(
+pub(crate) fn fleet_capacity(
     entries: &[CapacityEntry],
     heartbeats: &[serde_json::Value],
     now_ms: u64,
@@ -158,7 +158,7 @@ fn memory_held_workers(heartbeats: &[serde_json::Value]) -> usize {
 }
 
 /// `PUT /v1/capacity`.
-pub(super) async fn put(
+pub(crate) async fn put(
     State(state): State<ApiState>,
     caller: Caller,
     body: Result<Json<CapacityRequest>, axum::extract::rejection::JsonRejection>,
@@ -265,7 +265,7 @@ pub(super) async fn put(
 }
 
 /// `GET /v1/capacity`.
-pub(super) async fn list(
+pub(crate) async fn list(
     State(state): State<ApiState>,
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -293,7 +293,7 @@ pub(super) async fn list(
 }
 
 /// `DELETE /v1/capacity/{id}`.
-pub(super) async fn delete(
+pub(crate) async fn delete(
     State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,

@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
-use super::ApiState;
 use super::error::ApiError;
+use crate::api::ApiState;
 use crate::egress::Allowlist;
 
 /// Shortest accepted API key.
