@@ -54,12 +54,11 @@ mod state;
 mod streams;
 mod v1;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
-use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 use tower::Layer;
@@ -72,11 +71,10 @@ use crate::store::Store;
 pub use compat::CompatConfig;
 pub use http::auth::{ApiKeys, Caller};
 pub use http::error::ApiError;
+pub use http::refusals::REJECTION_REASONS;
 pub use http::tokens::{AttachTokens, MIN_SECRET_BYTES, Scope, TokenError, TokenSigner};
 pub use pages::{PlaygroundKey, WebUi, page_path};
-pub use state::{
-    ApiConfig, ApiLimits, ApiState, DEFAULT_SPEC_BYTES, REJECTION_REASONS, default_job_reserve,
-};
+pub use state::{ApiConfig, ApiLimits, ApiState, DEFAULT_SPEC_BYTES, default_job_reserve};
 pub use streams::caps::StreamLimits;
 
 /// The whole API as a router.
@@ -108,13 +106,13 @@ pub fn router(state: ApiState) -> Router {
         .merge(keyed)
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
         .route("/v1/jobs/{id}/events", get(streams::events))
-        .route("/v1/languages", get(ops::languages))
+        .route("/v1/languages", get(v1::languages::languages))
         .merge(compat::router(&state.compat))
         .merge(ops::router(state.ops.clone()))
-        .fallback(ops::no_route)
-        .method_not_allowed_fallback(ops::method_not_allowed)
+        .fallback(http::no_route)
+        .method_not_allowed_fallback(http::method_not_allowed)
         .layer(DefaultBodyLimit::max(body_limit))
-        .layer(middleware::from_fn(log_request))
+        .layer(middleware::from_fn(http::log_request))
         .with_state(state);
     // Every route answers the same with a trailing slash (Piston's and
     // Judge0's clients put one on every path; their servers accept it):
@@ -182,24 +180,8 @@ pub async fn serve_ops(
     }
     let docker = engine.map(|engine| ops::DockerCheck::new(engine, offered));
     let app = ops::router(ops::OpsState::new(store, metrics, docker))
-        .fallback(ops::no_route)
-        .method_not_allowed_fallback(ops::method_not_allowed)
-        .layer(middleware::from_fn(log_request));
+        .fallback(http::no_route)
+        .method_not_allowed_fallback(http::method_not_allowed)
+        .layer(middleware::from_fn(http::log_request));
     http::server::serve(listener, app, shutdown, http::server::OPS_TIMERS).await
-}
-
-/// One debug line per request: method, path, status, time taken.
-async fn log_request(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let path = request.uri().path().to_string();
-    let started = Instant::now();
-    let response = next.run(request).await;
-    tracing::debug!(
-        http.method = %method,
-        http.path = %path,
-        http.status = response.status().as_u16(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "request served"
-    );
-    response
 }

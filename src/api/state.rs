@@ -88,25 +88,6 @@ impl Default for ApiLimits {
     }
 }
 
-/// Every `reason` of `code_runner_submissions_rejected_total`; each starts
-/// at 0 so a dashboard sees the series before the first refusal.
-pub const REJECTION_REASONS: &[&str] = &[
-    "unauthorized",
-    "invalid",
-    "too_large",
-    "queue_full",
-    "key_limit",
-    "key_storage",
-    "quota_exceeded",
-    "conflict",
-    "malformed",
-    "rate_limited",
-    "user_active_limit",
-    "user_rate_limit",
-    "shutting_down",
-    "store_unavailable",
-];
-
 /// The shared state of every handler: cheap to clone.
 #[derive(Clone)]
 pub struct ApiState {
@@ -174,12 +155,7 @@ impl std::fmt::Debug for ApiState {
 
 impl ApiState {
     pub fn new(config: ApiConfig) -> Self {
-        for reason in REJECTION_REASONS {
-            config
-                .metrics
-                .submissions_rejected
-                .with_label_values(&[*reason]);
-        }
+        http::refusals::register(&config.metrics);
         let docker = config
             .engine
             .clone()

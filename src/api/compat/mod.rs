@@ -24,9 +24,8 @@ use axum::response::{IntoResponse, Response};
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
-use crate::api::v1::submit::{
-    Admitted, Submission, count_refusal, count_rejection, refuse_while_draining,
-};
+use crate::api::http::refusals::{count_refusal, count_rejection};
+use crate::api::v1::submit::{Admitted, Submission, refuse_while_draining};
 use crate::job::{JobSpec, prepare};
 use crate::languages::LanguageCatalog;
 

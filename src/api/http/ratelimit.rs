@@ -91,7 +91,7 @@ pub(crate) async fn limit(
         Err(error) => {
             // POST is the one submission among these routes.
             if request.method() == Method::POST {
-                crate::api::v1::submit::count_rejection(&state, &error);
+                super::refusals::count_rejection(&state, &error);
             }
             error.into_response()
         }

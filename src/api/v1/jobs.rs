@@ -16,10 +16,11 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::submit::{Admitted, Submission, count_rejection, refuse_while_draining, wait_for_end};
+use super::submit::{Admitted, Submission, refuse_while_draining, wait_for_end};
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
+use crate::api::http::refusals::count_rejection;
 use crate::api::http::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, prepare};
 use crate::languages::LanguageCatalog;

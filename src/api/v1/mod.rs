@@ -5,5 +5,6 @@
 pub(crate) mod capacity;
 pub(crate) mod history;
 pub(crate) mod jobs;
+pub(crate) mod languages;
 pub(crate) mod submit;
 pub(crate) mod usage;

@@ -62,7 +62,8 @@ pub(crate) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
 /// depth, the key's active jobs and storage, its daily quotas,
 /// idempotency). A refusal is
 /// the `ApiError` every API answers with; none is counted here (each
-/// caller counts its refusals with [`count_rejection`], its own included).
+/// caller counts its refusals with
+/// [`count_rejection`](crate::api::http::refusals::count_rejection), its own included).
 pub(crate) async fn submit(
     state: &ApiState,
     submission: Submission<'_>,
@@ -223,26 +224,6 @@ fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admis
             user_jobs: caller.tenancy.user_jobs_per_day,
         },
     }
-}
-
-/// Counts a refused submission by its reason (failures of our own are not
-/// refusals and are not counted).
-pub(crate) fn count_rejection(state: &ApiState, error: &ApiError) {
-    if let Some(reason) = error.rejection_reason() {
-        count_refusal(state, reason);
-    }
-}
-
-/// Counts a submission refused for `reason` (a `reason` label of
-/// `code_runner_submissions_rejected_total`), for the refusals a compatible
-/// API makes in its own words, without an `ApiError`.
-pub(crate) fn count_refusal(state: &ApiState, reason: &'static str) {
-    state
-        .inner
-        .metrics
-        .submissions_rejected
-        .with_label_values(&[reason])
-        .inc();
 }
 
 /// How long a waiting submit waits for `prepared` to end while it is still
