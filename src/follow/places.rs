@@ -38,14 +38,6 @@ pub struct Place {
     pub eta_ms: Option<u64>,
 }
 
-impl Place {
-    /// The stream event.
-    pub(crate) fn event(self) -> String {
-        serde_json::json!({"type": "queued", "position": self.position, "eta_ms": self.eta_ms})
-            .to_string()
-    }
-}
-
 /// Claim counter samples, oldest first.
 #[derive(Debug, Default)]
 struct ClaimRate {
@@ -291,21 +283,5 @@ mod tests {
         assert!(moved(place(3, Some(9000)), place(3, Some(7000))));
         assert!(moved(place(3, None), None));
         assert!(!moved(None, None));
-    }
-
-    #[test]
-    fn the_event_is_queued_with_position_and_eta() {
-        let event: serde_json::Value = serde_json::from_str(
-            &Place {
-                position: 2,
-                eta_ms: None,
-            }
-            .event(),
-        )
-        .unwrap();
-        assert_eq!(
-            event,
-            serde_json::json!({"type": "queued", "position": 2, "eta_ms": null})
-        );
     }
 }
