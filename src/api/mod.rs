@@ -131,12 +131,13 @@ pub async fn serve(
         tracing::info!(address = %address, "the API is listening");
     }
     let sessions = state.sessions.clone();
-    if state
-        .web
-        .as_ref()
-        .is_some_and(|w| w.dashboard_path.is_some())
-    {
-        tokio::spawn(pages::dashboard::sample(state.clone(), shutdown.clone()));
+    if let Some(web) = state.web.as_ref().filter(|w| w.dashboard_path.is_some()) {
+        tokio::spawn(crate::follow::samples::sample(
+            state.inner.store.clone(),
+            state.inner.metrics.clone(),
+            web.history.clone(),
+            shutdown.clone(),
+        ));
     }
     let timers = http::server::Timers {
         header: state.inner.limits.header_timeout,

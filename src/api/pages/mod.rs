@@ -9,7 +9,7 @@
 //! API with a key: the playground's own routes are in
 //! [`playground`], the dashboard's data in [`dashboard`].
 
-pub(crate) mod dashboard;
+mod dashboard;
 mod playground;
 
 use std::sync::{Arc, LazyLock};
@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api::ApiState;
 use crate::api::http::error::ApiError;
-use dashboard::History;
+use crate::follow::samples::History;
 pub use playground::PlaygroundKey;
 
 /// Paths the pages may not take: the API's own routes live under them.
