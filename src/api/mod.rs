@@ -1,27 +1,26 @@
-//! The HTTP API (DESIGN §7): axum, JSON, under `/v1`. Knows HTTP; keeps the
-//! shared state through [`crate::store`] and never names a Redis key.
+//! The HTTP API: axum, JSON. Knows HTTP; keeps the shared state through
+//! [`crate::store`] and never names a Redis key; follows jobs through this
+//! process's followers ([`crate::follow`]); asks Docker nothing but
+//! `/readyz`'s question, through the sandbox engine.
 //!
-//! - `mod.rs`: the state, the router and the server loop.
-//! - [`http::auth`]: API keys and the bearer check (constant time).
-//! - [`http::tokens`]: job-scoped attach tokens (HMAC), for the streams.
-//! - [`http::error`]: the one error type and its JSON answers.
-//! - `jobs`: submit, status, cancel; the job view. `history`: the run
-//!   history of a key (`GET /v1/jobs`). `submit`: the one
-//!   submit path of `/v1/jobs` and the compatible APIs (admission, its
-//!   refusals, their count, the wait for a job's end).
-//! - `ops`: `/healthz`, `/readyz`, `/metrics`, `/v1/languages`.
-//! - `streams`: the job's WebSocket and Server-Sent Events; `feeds`: the
-//!   one Redis follower of each followed job in this process, fanned out to
-//!   the streams and to `?wait=true`; `stream_caps`: caps on open streams.
-//! - `ratelimit`: the per-key request rate limit (governor), for `/v1` and
-//!   the compatible APIs;
-//!   `server`: the HTTP server loop, with header and idle timeouts.
-//! - `capacity`: the fleet-wide warm capacity schedule (admin scope).
-//! - `usage`: the usage ledger per day and user (`GET /v1/usage`).
-//! - [`pages`]: the browser pages (playground, dashboard) embedded in the
-//!   binary; `playground` and `dashboard`: their routes under `/v1`.
-//! - `compat`: the Piston v2 and Judge0 CE compatible APIs, thin adapters
-//!   that submit ordinary jobs.
+//! Where things are:
+//! - here: the map of the routes ([`router`]) and the two servers
+//!   ([`serve`]: the API; [`serve_ops`]: the operator endpoints alone, for
+//!   a worker or a reaper process);
+//! - [`state`]: [`ApiState`], what every handler shares, and the
+//!   configuration it is made from;
+//! - [`http`]: the plumbing under every route: the server loop and its
+//!   connection timers, the one error type, API keys and attach tokens,
+//!   the per-key request rate, the count of refused submissions;
+//! - [`v1`]: the native JSON API under `/v1`, and the one submit path the
+//!   compatible APIs share;
+//! - [`streams`]: a job's WebSocket and Server-Sent Events, and the caps
+//!   on open streams;
+//! - [`pages`]: the browser pages (playground, dashboard) and their data
+//!   routes under `/v1`;
+//! - [`compat`]: the Piston v2 and Judge0 CE compatible APIs, adapters that
+//!   submit ordinary jobs;
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //!
 //! Routes:
 //! - `POST /v1/jobs`, `GET /v1/jobs` (the key's run history),
@@ -40,11 +39,13 @@
 //!   (`/` by default), `GET /v1/playground` and `POST /v1/playground/jobs`
 //!   (no key: the operator's shared playground key, when configured), the
 //!   dashboard page (`/dashboard`), `GET /v1/dashboard` (admin key), and
-//!   their files under `/ui/`.
+//!   their files under `/ui/`;
+//! - Piston's routes under its prefix (`/api/v2` by default) and Judge0's
+//!   under its own (`/judge0`), each listed in its module of [`compat`].
 //!
-//! The streams of a job authenticate with [`http::tokens::TokenSigner::verify`]
-//! (or the API key) and end on [`ApiState`]'s shutdown token like
-//! `?wait=true` does.
+//! Every route answers the same with a trailing slash. The streams of a
+//! job authenticate with [`http::tokens::TokenSigner::verify`] (or the API
+//! key) and end on [`ApiState`]'s shutdown token like `?wait=true` does.
 
 mod compat;
 pub mod http;
@@ -80,8 +81,7 @@ pub use streams::caps::StreamLimits;
 /// The whole API as a router.
 pub fn router(state: ApiState) -> Router {
     let body_limit = state.inner.max_body_bytes;
-    let pages = state.web.as_deref().map(pages::routes).unwrap_or_default();
-    // The routes that take an API key, rate limited per key.
+    // The native API's routes that take an API key, rate limited per key.
     let keyed = Router::new()
         .route("/v1/jobs", post(v1::jobs::submit).get(v1::history::list))
         .route(
@@ -101,13 +101,19 @@ pub fn router(state: ApiState) -> Router {
             state.clone(),
             http::ratelimit::limit,
         ));
-    let app = Router::new()
-        .merge(pages)
-        .merge(keyed)
+    // The streams (a key or an attach token) and the public catalog.
+    let open = Router::new()
         .route("/v1/jobs/{id}/ws", get(streams::websocket))
         .route("/v1/jobs/{id}/events", get(streams::events))
-        .route("/v1/languages", get(v1::languages::languages))
-        .merge(compat::router(&state.compat))
+        .route("/v1/languages", get(v1::languages::languages));
+    // The pages and the compatible APIs, where configuration puts them.
+    let pages = state.web.as_deref().map(pages::routes).unwrap_or_default();
+    let compat = compat::router(&state.compat);
+    let app = Router::new()
+        .merge(keyed)
+        .merge(open)
+        .merge(pages)
+        .merge(compat)
         .merge(ops::router(state.ops.clone()))
         .fallback(http::no_route)
         .method_not_allowed_fallback(http::method_not_allowed)

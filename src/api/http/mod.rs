@@ -1,6 +1,17 @@
-//! The HTTP plumbing under every route: the server loop and its connection
-//! timers, the one error type, API keys and attach tokens, the per-key
-//! request rate.
+//! The HTTP plumbing under every route, none of it a route itself:
+//!
+//! - [`server`]: the server loop (hyper), with two timers per connection
+//!   ([`idle`]: a short header timeout, a long keep-alive);
+//! - [`error`]: the one error type, [`ApiError`], and its JSON answers;
+//! - [`auth`]: API keys, checked in constant time; [`tokens`]: the
+//!   job-scoped attach tokens a browser follows a job with;
+//! - [`ratelimit`]: the per-key request rate; [`refusals`]: the count of
+//!   refused submissions, by reason;
+//! - here: the request log line, and the answers to a path or a method no
+//!   route takes.
+//!
+//! What a route does is in [`super::v1`], [`super::streams`],
+//! [`super::pages`] and [`super::compat`]; nothing here knows a route.
 
 pub mod auth;
 pub mod error;
