@@ -26,7 +26,8 @@
 //! - [`client`]: the `run` command, a client of a running API.
 //! - [`bench`](mod@bench): the `bench` command, a load generator for a running API or
 //!   the sandbox engine alone.
-//! - [`config`]: settings shared by every role, validated before use.
+//! - [`config`]: settings shared by every role, validated before use;
+//!   [`host`]: the machine the process runs on, from `/proc`.
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
 // The module documentation describes the code as it is put together, private
@@ -43,6 +44,7 @@ pub mod config;
 pub mod egress;
 pub mod exit;
 pub mod follow;
+pub mod host;
 pub mod job;
 pub mod languages;
 pub mod metrics;

@@ -35,8 +35,8 @@ use super::{caller, from_api_error};
 use crate::api::ApiState;
 use crate::api::http::error::ApiError;
 use crate::api::v1::jobs::rfc3339;
+use crate::host::MemoryTotals;
 use crate::job::Status;
-use crate::sandbox::pool::memory::meminfo_bytes;
 use crate::store::history::{HistoryPosition, HistoryQuery};
 use crate::store::now_ms;
 use crate::store::usage::Day;
@@ -84,19 +84,18 @@ pub(super) async fn system_info(State(state): State<ApiState>, request: Request)
         return refusal.into_response();
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     Json(machine_info(
         std::env::consts::ARCH,
         &cpuinfo,
-        &meminfo,
+        MemoryTotals::read(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     ))
     .into_response()
 }
 
 /// `lscpu`-like labels from `/proc/cpuinfo`, and `Mem`/`Swap` as `free -h`
-/// prints their totals, from `/proc/meminfo`.
-fn machine_info(arch: &str, cpuinfo: &str, meminfo: &str, usable_cpus: usize) -> Value {
+/// prints their totals.
+fn machine_info(arch: &str, cpuinfo: &str, memory: MemoryTotals, usable_cpus: usize) -> Value {
     let first_cpu: BTreeMap<&str, &str> = cpuinfo
         .split("\n\n")
         .next()
@@ -130,10 +129,9 @@ fn machine_info(arch: &str, cpuinfo: &str, meminfo: &str, usable_cpus: usize) ->
             info.insert(label.into(), json!(value));
         }
     }
-    let kib = |name: &str| meminfo_bytes(meminfo, name).map(|bytes| bytes / 1024);
-    for (label, key) in [("Mem", "MemTotal"), ("Swap", "SwapTotal")] {
-        if let Some(kib) = kib(key) {
-            info.insert(label.into(), json!(human_size(kib)));
+    for (label, bytes) in [("Mem", memory.memory_bytes), ("Swap", memory.swap_bytes)] {
+        if let Some(bytes) = bytes {
+            info.insert(label.into(), json!(human_size(bytes / 1024)));
         }
     }
     Value::Object(info)
@@ -384,7 +382,7 @@ mod tests {
                        cpu MHz\t\t: 2200.000\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n";
         let meminfo = "MemTotal:       8074472 kB\nMemFree:  1 kB\nSwapTotal:             0 kB\n";
         assert_eq!(
-            machine_info("x86_64", cpuinfo, meminfo, 1),
+            machine_info("x86_64", cpuinfo, MemoryTotals::parse(meminfo), 1),
             json!({
                 "Architecture": "x86_64",
                 "CPU(s)": "2",
