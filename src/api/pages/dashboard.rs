@@ -6,6 +6,8 @@
 //! ([`crate::follow::samples`]; `jobs_counted: false` in an `api`-only
 //! process, which counts no jobs). The page is in [`super`].
 
+use std::collections::BTreeMap;
+
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -17,7 +19,7 @@ use crate::api::http::error::ApiError;
 use crate::api::v1::jobs::rfc3339;
 use crate::follow::samples::{Point, SAMPLE_INTERVAL};
 use crate::job::Status;
-use crate::store::{JobSummary, LiveWorker, now_ms};
+use crate::store::{JobSummary, LiveWorker, WarmFigures, now_ms};
 
 /// How many of the newest jobs the dashboard shows.
 const RECENT_JOBS_SHOWN: u64 = 50;
@@ -52,7 +54,7 @@ struct HistoryView {
 }
 
 /// A live worker as its heartbeat describes it. Fields a heartbeat lacks
-/// are `null`; `warm` is passed on as the worker wrote it.
+/// are `null`.
 #[derive(Debug, Serialize, PartialEq)]
 struct WorkerView {
     id: String,
@@ -62,7 +64,7 @@ struct WorkerView {
     started_at: Option<String>,
     /// Warm sandboxes per language (`{"python": {"ready": 3, "target": 4}}`),
     /// when the worker reports them.
-    warm: Option<serde_json::Value>,
+    warm: Option<BTreeMap<String, WarmFigures>>,
     /// Whether its pool starts no sandbox for want of memory, when the
     /// worker reports it.
     warm_memory_held: Option<bool>,
@@ -70,15 +72,14 @@ struct WorkerView {
 
 impl WorkerView {
     fn new(worker: LiveWorker) -> Self {
-        let value: serde_json::Value =
-            serde_json::from_str(&worker.heartbeat).unwrap_or(serde_json::Value::Null);
+        let heartbeat = worker.heartbeat;
         Self {
-            slots_used: value["slots_used"].as_u64(),
-            slots_max: value["slots_max"].as_u64(),
-            version: value["version"].as_str().map(str::to_string),
-            started_at: value["started_ms"].as_u64().map(rfc3339),
-            warm: value.get("warm").filter(|w| w.is_object()).cloned(),
-            warm_memory_held: value["warm_memory_held"].as_bool(),
+            slots_used: heartbeat.slots_used,
+            slots_max: heartbeat.slots_max,
+            version: heartbeat.version,
+            started_at: heartbeat.started_ms.map(rfc3339),
+            warm: heartbeat.warm,
+            warm_memory_held: heartbeat.warm_memory_held,
             id: worker.id,
         }
     }
@@ -182,13 +183,14 @@ pub(crate) async fn overview(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Heartbeat;
 
     #[test]
     fn workers_are_read_from_their_heartbeats() {
         let worker = |heartbeat: &str| {
             WorkerView::new(LiveWorker {
                 id: "w1".into(),
-                heartbeat: heartbeat.into(),
+                heartbeat: Heartbeat::parse(heartbeat),
             })
         };
         let today = worker(r#"{"slots_used":1,"slots_max":4,"version":"0.1.0","started_ms":0}"#);
@@ -208,8 +210,8 @@ mod tests {
             r#"{"slots_used":0,"slots_max":2,"warm":{"python":{"ready":3,"target":4}},"warm_memory_held":true,"extra":true}"#,
         );
         assert_eq!(
-            warm.warm,
-            Some(serde_json::json!({"python": {"ready": 3, "target": 4}}))
+            serde_json::to_value(&warm.warm).unwrap(),
+            serde_json::json!({"python": {"ready": 3, "target": 4}})
         );
         assert_eq!(warm.warm_memory_held, Some(true));
         let garbage = worker("not json");

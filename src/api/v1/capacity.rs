@@ -26,7 +26,7 @@ use super::jobs::rfc3339;
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
-use crate::store::{CapacityEntry, MAX_ENTRIES, PutOutcome, now_ms};
+use crate::store::{CapacityEntry, Heartbeat, MAX_ENTRIES, PutOutcome, now_ms};
 
 /// Most warm sandboxes one entry asks of the fleet.
 pub const MAX_WARM: u64 = 100_000;
@@ -122,22 +122,18 @@ fn parse_time(field: &'static str, text: &str) -> Result<u64, ApiError> {
 /// workers say they hold (their heartbeats' `warm` figures).
 pub(crate) fn fleet_capacity(
     entries: &[CapacityEntry],
-    heartbeats: &[serde_json::Value],
+    heartbeats: &[Heartbeat],
     now_ms: u64,
 ) -> BTreeMap<String, LanguageCapacity> {
     let mut languages: BTreeMap<String, LanguageCapacity> = BTreeMap::new();
     for entry in entries.iter().filter(|e| e.active_at(now_ms)) {
         languages.entry(entry.language.clone()).or_default().floor += entry.warm;
     }
-    for heartbeat in heartbeats {
-        let Some(warm) = heartbeat.get("warm").and_then(|w| w.as_object()) else {
-            continue;
-        };
+    for warm in heartbeats.iter().filter_map(|h| h.warm.as_ref()) {
         for (language, figures) in warm {
-            let number = |name| figures.get(name).and_then(serde_json::Value::as_u64);
             let capacity = languages.entry(language.clone()).or_default();
-            capacity.target += number("target").unwrap_or(0);
-            capacity.ready += number("ready").unwrap_or(0);
+            capacity.target += figures.target;
+            capacity.ready += figures.ready;
         }
     }
     for capacity in languages.values_mut() {
@@ -150,10 +146,10 @@ pub(crate) fn fleet_capacity(
 
 /// How many of `heartbeats` say their pool starts nothing for want of
 /// memory.
-fn memory_held_workers(heartbeats: &[serde_json::Value]) -> usize {
+fn memory_held_workers(heartbeats: &[Heartbeat]) -> usize {
     heartbeats
         .iter()
-        .filter(|heartbeat| heartbeat["warm_memory_held"] == true)
+        .filter(|heartbeat| heartbeat.warm_memory_held == Some(true))
         .count()
 }
 
@@ -274,10 +270,7 @@ pub(crate) async fn list(
     let entries = store.capacity().schedule().await?;
     let workers = store.overview().live_workers().await?;
     let now = now_ms();
-    let heartbeats: Vec<serde_json::Value> = workers
-        .iter()
-        .map(|w| serde_json::from_str(&w.heartbeat).unwrap_or(serde_json::Value::Null))
-        .collect();
+    let heartbeats: Vec<Heartbeat> = workers.iter().map(|w| w.heartbeat.clone()).collect();
     let languages = fleet_capacity(&entries, &heartbeats, now);
     let view = CapacityView {
         now: rfc3339(now),
@@ -315,6 +308,14 @@ mod tests {
         CapacityEntry::sample(language, warm, from_ms, until_ms)
     }
 
+    /// Heartbeats as workers write them, read as the store reads them.
+    fn heartbeats<const N: usize>(values: [serde_json::Value; N]) -> Vec<Heartbeat> {
+        values
+            .iter()
+            .map(|value| Heartbeat::parse(&value.to_string()))
+            .collect()
+    }
+
     #[test]
     fn the_fleet_is_short_when_its_targets_do_not_reach_the_floor() {
         let entries = [
@@ -322,11 +323,11 @@ mod tests {
             entry("python", 10, 0, 100),
             entry("c", 5, 200, 300),
         ];
-        let heartbeats = [
+        let heartbeats = heartbeats([
             serde_json::json!({"slots_max": 4, "warm": {"python": {"ready": 8, "target": 10}}}),
             serde_json::json!({"slots_max": 4, "warm": {"python": {"ready": 10, "target": 10}}}),
             serde_json::json!({"slots_max": 4}),
-        ];
+        ]);
         let languages = fleet_capacity(&entries, &heartbeats, 50);
         assert_eq!(
             languages["python"],
@@ -345,12 +346,12 @@ mod tests {
 
     #[test]
     fn workers_held_for_memory_are_counted() {
-        let heartbeats = [
+        let heartbeats = heartbeats([
             serde_json::json!({"warm": {"python": {"ready": 0, "target": 10}}, "warm_memory_held": true}),
             serde_json::json!({"warm": {"python": {"ready": 10, "target": 10}}, "warm_memory_held": false}),
             serde_json::json!({"slots_max": 4}),
             serde_json::Value::Null,
-        ];
+        ]);
         assert_eq!(memory_held_workers(&heartbeats), 1);
         assert_eq!(memory_held_workers(&heartbeats[1..]), 0);
     }
