@@ -140,46 +140,61 @@ pub(crate) async fn submit(
                 wait_budget,
             })
         }
-        // Without an idempotency key the store answers neither; were it to,
-        // the submit is refused, never answered with another job.
-        SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
-            Err(ApiError::IdempotencyConflict)
+        refused => Err(refusal(refused, &admission, caller, spec)),
+    }
+}
+
+/// The `ApiError` of a submission the store did not take, with the limit
+/// it hit.
+fn refusal(
+    outcome: SubmitOutcome,
+    admission: &Admission,
+    caller: &Caller,
+    spec: &JobSpec,
+) -> ApiError {
+    match outcome {
+        // `submit` answers an acceptance and an idempotent replay itself.
+        // Without an idempotency key the store answers neither an existing
+        // job nor a conflict; were it to, the submit is refused, never
+        // answered with another job.
+        SubmitOutcome::Accepted | SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
+            ApiError::IdempotencyConflict
         }
-        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull {
+        SubmitOutcome::QueueFull { depth } => ApiError::QueueFull {
             depth,
             limit: admission.max_queue_depth,
-        }),
-        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit {
+        },
+        SubmitOutcome::KeyLimit { active } => ApiError::KeyLimit {
             active,
             limit: admission.key_limit.unwrap_or(active),
             from_entry: caller.max_active.is_some(),
-        }),
-        SubmitOutcome::UserActiveLimit { active } => Err(ApiError::UserActiveLimit {
+        },
+        SubmitOutcome::UserActiveLimit { active } => ApiError::UserActiveLimit {
             active,
             limit: admission.user_limit.unwrap_or(active),
-        }),
-        SubmitOutcome::UserRateLimit { retry_ms } => Err(ApiError::UserRateLimit {
+        },
+        SubmitOutcome::UserRateLimit { retry_ms } => ApiError::UserRateLimit {
             limit: admission.user_rate_per_minute.unwrap_or(0),
             wait_secs: retry_ms.div_ceil(1000),
-        }),
-        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
+        },
+        SubmitOutcome::KeyStorage { held, needed } => ApiError::KeyStorage {
             held,
             needed,
             budget: admission.storage_budget,
-        }),
+        },
         SubmitOutcome::QuotaExceeded {
             quota,
             limit,
             used,
             resets_ms,
-        } => Err(ApiError::QuotaExceeded {
+        } => ApiError::QuotaExceeded {
             quota,
             user: spec.user.clone().unwrap_or_default(),
             limit,
             used,
             resets_ms,
             retry_after_secs: resets_ms.saturating_sub(now_ms()).div_ceil(1000),
-        }),
+        },
     }
 }
 
