@@ -167,23 +167,49 @@ pub(crate) async fn put(
         )
         .to_lowercase(),
     })?;
-    let language =
-        state
-            .inner
-            .catalog
-            .find(&request.language)
-            .ok_or_else(|| ApiError::InvalidRequest {
-                field: "language",
-                message: format!(
-                    "unknown language {:?}; known: {}",
-                    request.language,
-                    state.inner.catalog.ids().join(", ")
-                ),
-            })?;
+    let now = now_ms();
+    let entry = checked_entry(&state, &caller, request, now)?;
+    match state.inner.store.capacity().put(&entry).await? {
+        PutOutcome::Stored => {
+            tracing::info!(
+                capacity.id = %entry.id,
+                language = %entry.language,
+                warm = entry.warm,
+                from = %rfc3339(entry.from_ms),
+                until = %rfc3339(entry.until_ms),
+                api_key = %caller.name,
+                "warm capacity scheduled"
+            );
+            Ok((StatusCode::CREATED, Json(EntryView::new(entry, now))).into_response())
+        }
+        PutOutcome::Full => Err(ApiError::ScheduleFull {
+            entries: MAX_ENTRIES,
+        }),
+    }
+}
+
+/// The entry `request` asks for, checked: a language of the catalog (with
+/// a warm runtime, if it asks for one), a count within [`MAX_WARM`], a
+/// window of at most [`MAX_WINDOW`] that ends after `now`.
+fn checked_entry(
+    state: &ApiState,
+    caller: &Caller,
+    request: CapacityRequest,
+    now: u64,
+) -> Result<CapacityEntry, ApiError> {
+    let catalog = &state.inner.catalog;
+    let language = catalog
+        .find(&request.language)
+        .ok_or_else(|| ApiError::InvalidRequest {
+            field: "language",
+            message: format!(
+                "unknown language {:?}; known: {}",
+                request.language,
+                catalog.ids().join(", ")
+            ),
+        })?;
     if request.warm_runtime == Some(true) && language.warm_runtime.is_none() {
-        let offered: Vec<&str> = state
-            .inner
-            .catalog
+        let offered: Vec<&str> = catalog
             .all()
             .iter()
             .filter(|l| l.warm_runtime.is_some())
@@ -204,34 +230,8 @@ pub(crate) async fn put(
             message: format!("{} is not between 1 and {MAX_WARM}", request.warm),
         });
     }
-    let now = now_ms();
-    let from_ms = match &request.from {
-        Some(text) => parse_time("from", text)?,
-        None => now,
-    };
-    let until_ms = parse_time("until", &request.until)?;
-    if until_ms <= from_ms {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: "must be after from".into(),
-        });
-    }
-    if until_ms <= now {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: "is in the past".into(),
-        });
-    }
-    if until_ms - from_ms > MAX_WINDOW.as_millis() as u64 {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: format!(
-                "the window is longer than {} days",
-                MAX_WINDOW.as_secs() / 86_400
-            ),
-        });
-    }
-    let entry = CapacityEntry {
+    let (from_ms, until_ms) = window(&request, now)?;
+    Ok(CapacityEntry {
         id: uuid::Uuid::new_v4().to_string(),
         language: language.id.clone(),
         warm: request.warm,
@@ -240,24 +240,34 @@ pub(crate) async fn put(
         created_by: caller.name.clone(),
         created_ms: now,
         warm_runtime: request.warm_runtime,
+    })
+}
+
+/// The request's window, Unix ms: `from` (default `now`) before `until`,
+/// `until` after `now`, at most [`MAX_WINDOW`] long.
+fn window(request: &CapacityRequest, now: u64) -> Result<(u64, u64), ApiError> {
+    let invalid = |message: String| ApiError::InvalidRequest {
+        field: "until",
+        message,
     };
-    match state.inner.store.capacity().put(&entry).await? {
-        PutOutcome::Stored => {
-            tracing::info!(
-                capacity.id = %entry.id,
-                language = %entry.language,
-                warm = entry.warm,
-                from = %rfc3339(entry.from_ms),
-                until = %rfc3339(entry.until_ms),
-                api_key = %caller.name,
-                "warm capacity scheduled"
-            );
-            Ok((StatusCode::CREATED, Json(EntryView::new(entry, now))).into_response())
-        }
-        PutOutcome::Full => Err(ApiError::ScheduleFull {
-            entries: MAX_ENTRIES,
-        }),
+    let from_ms = match &request.from {
+        Some(text) => parse_time("from", text)?,
+        None => now,
+    };
+    let until_ms = parse_time("until", &request.until)?;
+    if until_ms <= from_ms {
+        return Err(invalid("must be after from".into()));
     }
+    if until_ms <= now {
+        return Err(invalid("is in the past".into()));
+    }
+    if until_ms - from_ms > MAX_WINDOW.as_millis() as u64 {
+        return Err(invalid(format!(
+            "the window is longer than {} days",
+            MAX_WINDOW.as_secs() / 86_400
+        )));
+    }
+    Ok((from_ms, until_ms))
 }
 
 /// `GET /v1/capacity`.
