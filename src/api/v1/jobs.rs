@@ -263,19 +263,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     refuse_while_draining(state)?;
     let idempotency = idempotency_key(&parts.headers)?;
     let wait = wait_requested(&parts.uri)?;
-    let body = Bytes::from_request(Request::from_parts(parts, body), &())
-        .await
-        .map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge {
-                    limit: config.max_body_bytes,
-                }
-            } else {
-                ApiError::MalformedBody {
-                    message: format!("cannot read the request body: {rejection}").to_lowercase(),
-                }
-            }
-        })?;
+    let body = read_body(state, Request::from_parts(parts, body)).await?;
     let spec = parse_spec(&body)?;
     let prepared = prepare(&spec, &config.catalog, &config.policy)?;
 
@@ -283,11 +271,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let body_hash = idempotency
         .as_ref()
         .map(|_| hex::encode(Sha256::digest(&body)));
-    let Admitted {
-        id,
-        existing,
-        wait_budget,
-    } = super::submit::submit(
+    let admitted = super::submit::submit(
         state,
         Submission {
             caller: &caller,
@@ -300,20 +284,50 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         },
     )
     .await?;
-    let tokens = config.tokens.sign_both(&id);
+    answer_submit(state, admitted, wait, spec.user.clone()).await
+}
 
+/// The request's body, within the configured size (413 above it).
+async fn read_body(state: &ApiState, request: Request) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, &())
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::TooLarge {
+                    limit: state.inner.max_body_bytes,
+                }
+            } else {
+                ApiError::MalformedBody {
+                    message: format!("cannot read the request body: {rejection}").to_lowercase(),
+                }
+            }
+        })
+}
+
+/// The answer to a submit the store took: 202 with where the job is; with
+/// `?wait=true`, the job once it ended (200) or as it is when the wait
+/// ran out (202); an idempotent replay answers with the job as it is (200).
+async fn answer_submit(
+    state: &ApiState,
+    admitted: Admitted,
+    wait: bool,
+    user: Option<String>,
+) -> Result<Response, ApiError> {
+    let Admitted {
+        id,
+        existing,
+        wait_budget,
+    } = admitted;
+    let tokens = state.inner.tokens.sign_both(&id);
     if existing {
         let record = if wait {
             wait_for_end(state, &id, wait_budget).await?
         } else {
-            config.store.jobs().get(&id).await?
+            state.inner.store.jobs().get(&id).await?
         };
         let record = record.ok_or(ApiError::IdempotencyExpired)?;
-        return Ok((
-            StatusCode::OK,
-            Json(JobView::new(record).with_tokens(tokens)),
-        )
-            .into_response());
+        let view = JobView::new(record).with_tokens(tokens);
+        return Ok((StatusCode::OK, Json(view)).into_response());
     }
     if wait {
         match wait_for_end(state, &id, wait_budget).await {
@@ -334,17 +348,18 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         }
     }
     let location = format!("/v1/jobs/{id}");
+    let accepted = Accepted {
+        urls: JobUrls::new(&id),
+        id,
+        status: Status::Queued,
+        token: tokens.control.clone(),
+        tokens,
+        user,
+    };
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
-        Json(Accepted {
-            urls: JobUrls::new(&id),
-            id,
-            status: Status::Queued,
-            token: tokens.control.clone(),
-            tokens,
-            user: spec.user.clone(),
-        }),
+        Json(accepted),
     )
         .into_response())
 }
