@@ -14,12 +14,13 @@ use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use serde::Deserialize;
 
+use super::caps::StreamPermit;
 use super::place::{Next, QueuePlace, next_of, queued_event};
 use super::{StreamQuery, authorize, parse_after, query_error};
 use crate::api::ApiState;
 use crate::api::http::error::ApiError;
 use crate::api::v1::jobs::job_id;
-use crate::follow::feeds::Step;
+use crate::follow::feeds::{Step, Subscription};
 use crate::job::events::{JobEvent, StoredEvent};
 
 /// The `type` of a stored event.
@@ -87,41 +88,15 @@ pub(crate) async fn events(
         None
     };
     tracing::debug!(job.id = %id, after, "event stream opened");
-    let stream = futures_util::stream::unfold(
-        Some((follower, first, permit, place)),
-        |state| async move {
-            let (mut follower, first, permit, mut place) = state?;
-            if let Some(events) = first {
-                let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                return Some((batch, Some((follower, None, permit, place))));
-            }
-            let step = match next_of(&mut follower, &mut place).await {
-                Next::Step(step) => step,
-                Next::Place(now) => {
-                    let event = Event::default().event("queued").data(queued_event(now));
-                    return Some((vec![event], Some((follower, None, permit, place))));
-                }
-            };
-            match step {
-                Step::Events(events) => {
-                    let batch: Vec<Event> = events.iter().map(sse_event).collect();
-                    Some((batch, Some((follower, None, permit, place))))
-                }
-                Step::Ended | Step::Shutdown => None,
-                Step::Gone => Some((vec![sse_error("the job no longer exists (it expired)")], None)),
-                Step::Failed(error) => {
-                    tracing::warn!(job.id = %follower.id(), error = %error, "following a job's events failed");
-                    Some((
-                        vec![sse_error(
-                            "the job store is unavailable; reconnect with Last-Event-ID",
-                        )],
-                        None,
-                    ))
-                }
-            }
-        },
-    )
-    .flat_map(|batch| futures_util::stream::iter(batch.into_iter().map(Ok::<Event, Infallible>)));
+    let open = Open {
+        follower,
+        first,
+        _permit: permit,
+        place,
+    };
+    let stream = futures_util::stream::unfold(Some(open), next_batch).flat_map(|batch| {
+        futures_util::stream::iter(batch.into_iter().map(Ok::<Event, Infallible>))
+    });
     let mut response = Sse::new(stream)
         .keep_alive(KeepAlive::default())
         .into_response();
@@ -129,4 +104,50 @@ pub(crate) async fn events(
         .headers_mut()
         .insert("x-accel-buffering", HeaderValue::from_static("no"));
     Ok(response)
+}
+
+/// An open event stream: its follower, the events read before it opened,
+/// its place among the open streams and its job's place in the queue.
+struct Open {
+    follower: Subscription,
+    first: Option<Vec<StoredEvent>>,
+    _permit: StreamPermit,
+    place: QueuePlace,
+}
+
+/// The stream's next events and what is left of it (`None`: it ends after
+/// these; no batch at all: it ends now).
+async fn next_batch(open: Option<Open>) -> Option<(Vec<Event>, Option<Open>)> {
+    let mut open = open?;
+    if let Some(events) = open.first.take() {
+        let batch: Vec<Event> = events.iter().map(sse_event).collect();
+        return Some((batch, Some(open)));
+    }
+    let step = match next_of(&mut open.follower, &mut open.place).await {
+        Next::Step(step) => step,
+        Next::Place(now) => {
+            let event = Event::default().event("queued").data(queued_event(now));
+            return Some((vec![event], Some(open)));
+        }
+    };
+    match step {
+        Step::Events(events) => {
+            let batch: Vec<Event> = events.iter().map(sse_event).collect();
+            Some((batch, Some(open)))
+        }
+        Step::Ended | Step::Shutdown => None,
+        Step::Gone => Some((
+            vec![sse_error("the job no longer exists (it expired)")],
+            None,
+        )),
+        Step::Failed(error) => {
+            tracing::warn!(job.id = %open.follower.id(), error = %error, "following a job's events failed");
+            Some((
+                vec![sse_error(
+                    "the job store is unavailable; reconnect with Last-Event-ID",
+                )],
+                None,
+            ))
+        }
+    }
 }
