@@ -303,38 +303,9 @@ async fn handle_frame(
     text: &str,
     budgets: InputBudgets,
 ) -> Option<String> {
-    if text.len() > MAX_CLIENT_FRAME_BYTES {
-        return Some(format!(
-            "the frame is {} bytes, over the limit of {MAX_CLIENT_FRAME_BYTES}; \
-             send stdin in smaller frames (nothing of this frame was delivered)",
-            text.len()
-        ));
-    }
-    let value: serde_json::Value = match serde_json::from_str(text) {
-        Ok(value) => value,
-        Err(error) => return Some(format!("the frame is not JSON: {error}")),
-    };
-    let frame: ClientFrame = match serde_json::from_value(value) {
-        Ok(frame) => frame,
-        Err(error) => return Some(format!("not a valid frame: {error}")),
-    };
-    let control = match frame {
-        ClientFrame::Stdin { data, encoding } => {
-            let bytes = match encoding {
-                Encoding::Utf8 => data.into_bytes(),
-                Encoding::Base64 => {
-                    match base64::engine::general_purpose::STANDARD.decode(data.as_bytes()) {
-                        Ok(bytes) => bytes,
-                        Err(error) => {
-                            return Some(format!("stdin data is not valid base64: {error}"));
-                        }
-                    }
-                }
-            };
-            Control::Stdin(bytes)
-        }
-        ClientFrame::StdinClose => Control::StdinClose,
-        ClientFrame::Signal { signal } => Control::Signal(signal),
+    let control = match control_of(text) {
+        Ok(control) => control,
+        Err(message) => return Some(message),
     };
     let bytes = match &control {
         Control::Stdin(data) => data.len(),
@@ -366,4 +337,29 @@ async fn handle_frame(
             Some("the job store is unavailable; the frame was not delivered, send it again".into())
         }
     }
+}
+
+/// The control message a client frame asks for, or why there is none.
+fn control_of(text: &str) -> Result<Control, String> {
+    if text.len() > MAX_CLIENT_FRAME_BYTES {
+        return Err(format!(
+            "the frame is {} bytes, over the limit of {MAX_CLIENT_FRAME_BYTES}; \
+             send stdin in smaller frames (nothing of this frame was delivered)",
+            text.len()
+        ));
+    }
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| format!("the frame is not JSON: {error}"))?;
+    let frame: ClientFrame =
+        serde_json::from_value(value).map_err(|error| format!("not a valid frame: {error}"))?;
+    Ok(match frame {
+        ClientFrame::Stdin { data, encoding } => Control::Stdin(match encoding {
+            Encoding::Utf8 => data.into_bytes(),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(data.as_bytes())
+                .map_err(|error| format!("stdin data is not valid base64: {error}"))?,
+        }),
+        ClientFrame::StdinClose => Control::StdinClose,
+        ClientFrame::Signal { signal } => Control::Signal(signal),
+    })
 }
