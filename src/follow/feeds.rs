@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use deadpool_redis::redis::aio::MultiplexedConnection;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -71,6 +72,15 @@ struct Feed {
 struct State {
     feeds: HashMap<String, Feed>,
     reader_started: bool,
+}
+
+/// What the reader keeps between its rounds.
+struct Reader {
+    /// Its dedicated connection; `None` until made, and after a failure.
+    conn: Option<MultiplexedConnection>,
+    /// The doorbell's last entry read.
+    doorbell: String,
+    last_sweep: tokio::time::Instant,
 }
 
 struct Inner {
@@ -190,11 +200,12 @@ impl Feeds {
     /// The reader: one dedicated connection, one blocking read over every
     /// followed job, until shutdown.
     async fn read(self) {
-        let store = self.inner.store.clone();
         let shutdown = self.inner.shutdown.clone();
-        let mut conn = None;
-        let mut doorbell = "0-0".to_string();
-        let mut last_sweep = tokio::time::Instant::now();
+        let mut reader = Reader {
+            conn: None,
+            doorbell: "0-0".to_string(),
+            last_sweep: tokio::time::Instant::now(),
+        };
         let mut backoff = Duration::from_millis(100);
         loop {
             if shutdown.is_cancelled() {
@@ -207,57 +218,15 @@ impl Feeds {
                     () = self.inner.changed.notified() => continue,
                 }
             }
-            let step = async {
-                if last_sweep.elapsed() >= SWEEP_INTERVAL {
-                    last_sweep = tokio::time::Instant::now();
-                    let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
-                    let positions = store.events().positions(&ids).await?;
-                    for (id, position) in ids.iter().zip(positions) {
-                        if position.is_none() {
-                            self.publish(id, Update::Gone, None);
-                        }
-                    }
-                }
-                if conn.is_none() {
-                    conn = Some(store.dedicated().await?);
-                }
-                let Some(connection) = conn.as_mut() else {
-                    return Ok(());
-                };
-                let read = store
-                    .events()
-                    .read_feeds(
-                        connection,
-                        &self.inner.instance,
-                        &doorbell,
-                        &known,
-                        BLOCK_TIMEOUT,
-                    )
-                    .await?;
-                if let Some(rung) = read.doorbell {
-                    doorbell = rung;
-                }
-                for (id, events) in read.events {
-                    let Some(last) = events.last().map(|e| e.seq) else {
-                        continue;
-                    };
-                    let ended = events.iter().any(StoredEvent::is_exit);
-                    self.publish(&id, Update::Events(Arc::new(events)), Some(last));
-                    if ended {
-                        self.publish(&id, Update::Ended, None);
-                    }
-                }
-                Ok::<(), StoreError>(())
-            };
             let outcome = tokio::select! {
                 () = shutdown.cancelled() => return,
-                outcome = step => outcome,
+                outcome = self.read_round(&mut reader, &known) => outcome,
             };
             match outcome {
                 Ok(()) => backoff = Duration::from_millis(100),
                 Err(error) => {
                     tracing::warn!(error = %error, "reading the followed jobs' events failed; their streams close");
-                    conn = None;
+                    reader.conn = None;
                     self.publish_all(Update::Failed);
                     tokio::select! {
                         () = shutdown.cancelled() => return,
@@ -267,6 +236,57 @@ impl Feeds {
                 }
             }
         }
+    }
+
+    /// One round of the reader: the jobs that expired are told so (every
+    /// [`SWEEP_INTERVAL`]), then one blocking read of the `known` jobs'
+    /// events and the doorbell, published to each job's followers.
+    async fn read_round(
+        &self,
+        reader: &mut Reader,
+        known: &[(String, u64)],
+    ) -> Result<(), StoreError> {
+        let store = &self.inner.store;
+        if reader.last_sweep.elapsed() >= SWEEP_INTERVAL {
+            reader.last_sweep = tokio::time::Instant::now();
+            let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
+            let positions = store.events().positions(&ids).await?;
+            for (id, position) in ids.iter().zip(positions) {
+                if position.is_none() {
+                    self.publish(id, Update::Gone, None);
+                }
+            }
+        }
+        if reader.conn.is_none() {
+            reader.conn = Some(store.dedicated().await?);
+        }
+        let Some(connection) = reader.conn.as_mut() else {
+            return Ok(());
+        };
+        let read = store
+            .events()
+            .read_feeds(
+                connection,
+                &self.inner.instance,
+                &reader.doorbell,
+                known,
+                BLOCK_TIMEOUT,
+            )
+            .await?;
+        if let Some(rung) = read.doorbell {
+            reader.doorbell = rung;
+        }
+        for (id, events) in read.events {
+            let Some(last) = events.last().map(|e| e.seq) else {
+                continue;
+            };
+            let ended = events.iter().any(StoredEvent::is_exit);
+            self.publish(&id, Update::Events(Arc::new(events)), Some(last));
+            if ended {
+                self.publish(&id, Update::Ended, None);
+            }
+        }
+        Ok(())
     }
 
     /// Waits until job `id` is terminal (woken by its `exit` event), at
