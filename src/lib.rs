@@ -19,12 +19,15 @@
 //! - [`reaper`]: removes the containers and reaps the jobs of workers
 //!   that died; runs in every worker process and as `code-runner reaper`.
 //! - [`api`]: the HTTP API (axum). Knows HTTP, not bollard or Redis keys.
+//! - [`follow`]: what an API process follows in the store for its clients
+//!   (jobs' events, queued jobs' places). Knows the store, not HTTP.
 //! - [`app`]: wires the roles (`serve`, `api`, `worker`, `reaper`), owns the root
 //!   cancellation token; [`metrics`]: every Prometheus metric.
 //! - [`client`]: the `run` command, a client of a running API.
 //! - [`bench`](mod@bench): the `bench` command, a load generator for a running API or
 //!   the sandbox engine alone.
-//! - [`config`]: settings shared by every role, validated before use.
+//! - [`config`]: settings shared by every role, validated before use;
+//!   [`host`]: the machine the process runs on, from `/proc`.
 //! - [`cli`]: the command line; [`exit`]: how outcomes become exit codes.
 #![deny(unsafe_code)]
 // The module documentation describes the code as it is put together, private
@@ -40,6 +43,8 @@ pub mod client;
 pub mod config;
 pub mod egress;
 pub mod exit;
+pub mod follow;
+pub mod host;
 pub mod job;
 pub mod languages;
 pub mod metrics;

@@ -437,6 +437,15 @@ async fn piston_connections_count_against_the_keys_stream_cap() {
         }
         other => panic!("a second Piston connection of the key was not refused: {other:?}"),
     }
+    // Counted like the streams of /v1: one open, one refused at the key's cap.
+    let metrics = api.metrics().await;
+    for (name, value) in [
+        ("code_runner_streams_open", 1.0),
+        ("code_runner_streams_refused_total{cap=\"key\"}", 1.0),
+        ("code_runner_streams_refused_total{cap=\"job\"}", 0.0),
+    ] {
+        assert_eq!(metric(&metrics, name), Some(value), "{name}: {metrics}");
+    }
     // Another key has its own count.
     let _other = open(KEY_B).await.expect("another key's stream opens");
     // A closed connection gives its place back.

@@ -1,5 +1,6 @@
-//! The operator endpoints (`/healthz`, `/readyz`, `/metrics`) and the public
-//! language catalog (`/v1/languages`).
+//! The operator endpoints, `/healthz`, `/readyz` and `/metrics`: served by
+//! the API and, alone ([`super::serve_ops`]), by a worker or a reaper
+//! process.
 //!
 //! `/readyz` in a process with a worker or a reaper pings Docker, and with a
 //! worker looks up each image of the languages it offers, through the
@@ -14,9 +15,6 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use super::ApiState;
-use super::error::ApiError;
-use crate::job::limits::{CompileLimits, Limits};
 use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -178,70 +176,4 @@ async fn metrics(State(ops): State<OpsState>) -> Response {
         ops.metrics.render(),
     )
         .into_response()
-}
-
-#[derive(Debug, Serialize)]
-struct LanguageView<'a> {
-    id: &'a str,
-    name: &'a str,
-    version: &'a str,
-    aliases: &'a [String],
-    extensions: &'a [String],
-    compiled: bool,
-    /// The limits a job of this language gets unless it asks otherwise.
-    limits: Limits,
-    /// The same for the compile stage, for compiled languages.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    compile_limits: Option<CompileLimits>,
-    /// The libraries the image carries (`[]`: none beyond the standard
-    /// library).
-    libraries: &'a [crate::languages::Library],
-}
-
-#[derive(Debug, Serialize)]
-struct CatalogView<'a> {
-    languages: Vec<LanguageView<'a>>,
-    /// The most a job may ask for.
-    maximum_limits: Limits,
-    maximum_compile_limits: CompileLimits,
-}
-
-/// `GET /v1/languages`: the languages on offer (those the workers have
-/// images of) with each one's default limits.
-pub(super) async fn languages(State(state): State<ApiState>) -> Response {
-    let policy = &state.inner.policy;
-    let catalog = state.offered_catalog().await;
-    let languages = catalog
-        .all()
-        .iter()
-        .map(|language| LanguageView {
-            id: &language.id,
-            name: &language.name,
-            version: &language.version,
-            aliases: &language.aliases,
-            extensions: &language.extensions,
-            compiled: language.compile.is_some(),
-            limits: language.limits.with_defaults(policy.defaults),
-            compile_limits: language.compile.as_ref().map(|_| {
-                language
-                    .compile_limits
-                    .with_defaults(policy.compile_defaults)
-            }),
-            libraries: &language.libraries,
-        })
-        .collect();
-    Json(CatalogView {
-        languages,
-        maximum_limits: policy.maximum,
-        maximum_compile_limits: policy.compile_maximum,
-    })
-    .into_response()
-}
-
-pub(super) async fn no_route() -> ApiError {
-    ApiError::NotFound("no such route")
-}
-
-pub(super) async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
 }

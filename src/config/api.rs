@@ -3,8 +3,7 @@
 use clap::Args;
 
 use super::{CompatSettings, ConfigError, WebSettings};
-use crate::api::ApiKeys;
-use crate::api::tokens::MIN_SECRET_BYTES;
+use crate::api::{ApiKeys, MIN_SECRET_BYTES};
 
 /// The API role.
 #[derive(Debug, Clone, Args)]

@@ -140,7 +140,7 @@ pub use keys::Keys;
 pub use overview::{JobSummary, LiveWorker, Overview, RECENT_JOBS_KEPT};
 pub use tokens::Tokens;
 pub use usage::{Day, DayUsage, Figures, Quota, Quotas, Usage};
-pub use workers::{Fleet, ForgetOutcome, Workers};
+pub use workers::{Fleet, ForgetOutcome, Heartbeat, WarmFigures, Workers};
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

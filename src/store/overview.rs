@@ -1,11 +1,12 @@
 //! Read-only views of the fleet for the operator dashboard: the live
-//! workers with their heartbeat values, and the newest jobs. Nothing here
+//! workers with their heartbeats, and the newest jobs. Nothing here
 //! changes state; every read is bounded (the `workers` set is pruned by the
 //! reaper, the recent list is capped at submit).
 
 use deadpool_redis::redis::{self, AsyncCommands};
 
 use super::redis::Redis;
+use super::workers::Heartbeat;
 use super::{StoreError, parse_status};
 use crate::job::Status;
 
@@ -13,12 +14,11 @@ use crate::job::Status;
 /// trims it to this length in the same step that adds one).
 pub const RECENT_JOBS_KEPT: u64 = 200;
 
-/// A worker whose heartbeat lives, with the heartbeat's value as the worker
-/// wrote it (JSON: slots, version, and whatever newer workers add).
+/// A worker whose heartbeat lives, with what its heartbeat says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveWorker {
     pub id: String,
-    pub heartbeat: String,
+    pub heartbeat: Heartbeat,
 }
 
 /// What the dashboard shows of one job: the small fields of its hash, never
@@ -47,7 +47,7 @@ impl Overview {
     }
 
     /// Every worker of the `workers` set whose heartbeat lives, by id, with
-    /// its heartbeat value.
+    /// what its heartbeat says.
     pub async fn live_workers(&self) -> Result<Vec<LiveWorker>, StoreError> {
         let mut conn = self.redis.conn().await?;
         let mut ids: Vec<String> = conn.smembers(self.redis.keys.workers()).await?;
@@ -64,7 +64,7 @@ impl Overview {
             .filter_map(|(id, heartbeat)| {
                 Some(LiveWorker {
                     id,
-                    heartbeat: heartbeat?,
+                    heartbeat: Heartbeat::parse(&heartbeat?),
                 })
             })
             .collect())
@@ -155,10 +155,8 @@ impl Overview {
             let lists: Vec<Option<String>> =
                 redis::cmd("MGET").arg(&keys).query_async(&mut conn).await?;
             for (worker, list) in workers.iter().zip(lists) {
-                let value: serde_json::Value =
-                    serde_json::from_str(&worker.heartbeat).unwrap_or_default();
-                let max = value["slots_max"].as_u64().unwrap_or(0);
-                let used = value["slots_used"].as_u64().unwrap_or(0);
+                let max = worker.heartbeat.slots_max.unwrap_or(0);
+                let used = worker.heartbeat.slots_used.unwrap_or(0);
                 for language in list.iter().flat_map(|l| l.split(',')) {
                     if language.is_empty() {
                         continue;

@@ -1,17 +1,106 @@
-//! Workers' presence: heartbeats (`worker:<wid>:hb`, with an expiry), the
+//! Workers' presence: heartbeats (`worker:<wid>:hb`, with an expiry; its
+//! value is a [`Heartbeat`], written and read through that one type), the
 //! `workers` set of every id ever seen, the languages each live worker
 //! can run, and forgetting a dead worker whose list is empty. A worker's
 //! processing list holds its claims and belongs to the job's life
 //! ([`super::Jobs::claimed_by`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::{self, AsyncCommands, Script};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use super::redis::Redis;
 use super::{StoreError, unexpected};
+
+/// A worker's heartbeat value (JSON): what the worker says of itself at
+/// every beat, for operators and autoscalers, the dashboard, the capacity
+/// API and Judge0's `/workers`. The worker writes every field it has
+/// ([`Heartbeat::to_json`]); a reader gets `None` for a field a heartbeat
+/// lacks or holds in another shape ([`Heartbeat::parse`]: one field's
+/// garbage spoils no other, and fields newer workers add are ignored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slots_used: Option<u64>,
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub slots_max: Option<u64>,
+    /// The worker's `code-runner` version.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub version: Option<String>,
+    /// When the worker started, Unix ms.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub started_ms: Option<u64>,
+    /// With a warm pool: its sandboxes per language.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub warm: Option<BTreeMap<String, WarmFigures>>,
+    /// With a warm pool: whether it starts none for want of memory.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub warm_memory_held: Option<bool>,
+}
+
+/// One language's warm sandboxes on a worker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmFigures {
+    /// Ready now (0 when the heartbeat does not say).
+    #[serde(default, deserialize_with = "lenient_count")]
+    pub ready: u64,
+    /// What the worker aims to keep ready (0 when it does not say).
+    #[serde(default, deserialize_with = "lenient_count")]
+    pub target: u64,
+}
+
+impl Heartbeat {
+    /// The heartbeat in `text`; every field `None` when it is not JSON.
+    pub fn parse(text: &str) -> Self {
+        serde_json::from_str(text).unwrap_or_default()
+    }
+
+    /// The value the worker writes.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+/// A field of the shape asked, else `None` (never an error for the rest).
+fn lenient<'de, D: Deserializer<'de>, T: DeserializeOwned>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(serde_json::from_value(value).ok())
+}
+
+/// A count, else 0.
+fn lenient_count<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    Ok(lenient(deserializer)?.unwrap_or(0))
+}
 
 /// The workers of the fleet (the `workers` set), by whether their
 /// heartbeat lives.
@@ -49,7 +138,8 @@ impl Workers {
         }
     }
 
-    /// Refreshes a worker's heartbeat (and records the worker id).
+    /// Refreshes a worker's heartbeat (and records the worker id); `value`
+    /// is a [`Heartbeat::to_json`].
     pub async fn heartbeat(
         &self,
         worker: &str,
@@ -171,5 +261,62 @@ impl Workers {
             "absent" => ForgetOutcome::Absent,
             other => return Err(unexpected("forget_worker", other)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_reads_back_what_the_worker_wrote() {
+        let heartbeat = Heartbeat {
+            slots_used: Some(1),
+            slots_max: Some(4),
+            version: Some("0.1.0".into()),
+            started_ms: Some(0),
+            warm: Some(BTreeMap::from([(
+                "python".to_string(),
+                WarmFigures {
+                    ready: 3,
+                    target: 4,
+                },
+            )])),
+            warm_memory_held: Some(false),
+        };
+        assert_eq!(Heartbeat::parse(&heartbeat.to_json()), heartbeat);
+        // Without a pool, its fields are not written at all.
+        let plain = Heartbeat {
+            warm: None,
+            warm_memory_held: None,
+            ..heartbeat
+        };
+        let value: serde_json::Value = serde_json::from_str(&plain.to_json()).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({"slots_used": 1, "slots_max": 4, "version": "0.1.0", "started_ms": 0})
+        );
+    }
+
+    #[test]
+    fn a_field_of_another_shape_is_none_and_spoils_no_other() {
+        let read = Heartbeat::parse(
+            r#"{"slots_used":"x","slots_max":4,"version":7,"warm":{"c":{"ready":-1,"target":2}},"extra":true}"#,
+        );
+        assert_eq!(read.slots_used, None);
+        assert_eq!(read.slots_max, Some(4));
+        assert_eq!(read.version, None);
+        assert_eq!(
+            read.warm,
+            Some(BTreeMap::from([(
+                "c".to_string(),
+                WarmFigures {
+                    ready: 0,
+                    target: 2
+                }
+            )]))
+        );
+        assert_eq!(Heartbeat::parse("not json"), Heartbeat::default());
+        assert_eq!(Heartbeat::parse("{}"), Heartbeat::default());
     }
 }

@@ -1,6 +1,8 @@
-//! The worker's heartbeat (`worker:<wid>:hb`; the store's keys: `store/mod.rs`): refreshed every
-//! `heartbeat_interval` with the worker's load, so autoscalers and the
-//! reaper see it alive; retried quickly after a Redis failure.
+//! The worker's heartbeat (`worker:<wid>:hb`, with an expiry of
+//! `heartbeat_ttl`): refreshed every `heartbeat_interval` with the worker's
+//! load, so autoscalers and the reaper see it alive; retried quickly after
+//! a Redis failure. Its value is a [`Heartbeat`], the type its readers
+//! parse it with.
 
 use std::time::Duration;
 
@@ -9,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Shared;
 use super::backoff::{Backoff, INITIAL, sleep_unless_cancelled};
 use crate::sandbox::WarmStatus;
+use crate::store::{Heartbeat, WarmFigures};
 
 /// The heartbeat's value: what an operator, an autoscaler or the capacity
 /// API reads about this worker. `warm` (with a warm pool) has, per
@@ -20,27 +23,26 @@ pub(super) fn heartbeat_value(
     started_ms: u64,
     warm: Option<&WarmStatus>,
 ) -> String {
-    let mut value = serde_json::json!({
-        "slots_used": slots_used,
-        "slots_max": slots_max,
-        "version": env!("CARGO_PKG_VERSION"),
-        "started_ms": started_ms,
-    });
-    if let Some(warm) = warm {
-        let languages: serde_json::Map<String, serde_json::Value> = warm
-            .languages
-            .iter()
-            .map(|(language, figures)| {
-                (
-                    language.clone(),
-                    serde_json::json!({"ready": figures.ready, "target": figures.target}),
-                )
-            })
-            .collect();
-        value["warm"] = serde_json::Value::Object(languages);
-        value["warm_memory_held"] = serde_json::Value::Bool(warm.memory_held);
+    Heartbeat {
+        slots_used: Some(slots_used as u64),
+        slots_max: Some(slots_max as u64),
+        version: Some(env!("CARGO_PKG_VERSION").to_string()),
+        started_ms: Some(started_ms),
+        warm: warm.map(|warm| {
+            warm.languages
+                .iter()
+                .map(|(language, figures)| {
+                    let figures = WarmFigures {
+                        ready: figures.ready as u64,
+                        target: figures.target as u64,
+                    };
+                    (language.clone(), figures)
+                })
+                .collect()
+        }),
+        warm_memory_held: warm.map(|warm| warm.memory_held),
     }
-    value.to_string()
+    .to_json()
 }
 
 impl Shared {

@@ -1,12 +1,12 @@
 //! APIs compatible with Piston v2 ([`piston`]) and Judge0 CE ([`judge0`]):
 //! thin adapters that turn the other product's request into an ordinary
 //! [`JobSpec`], submit it through the same path as `POST /v1/jobs`
-//! (`prepare`, then the one submit path, `api::submit`: an atomic
-//! `Store::submit` with the queue-depth and per-key admission checks), wait
-//! with the same `wait_for_end`, and turn the job's result into the other
-//! product's answer. Jobs submitted here are ordinary jobs: queued,
-//! limited, metered (`code_runner_jobs_total`, the rejection counter) and
-//! visible in `GET /v1/jobs/{id}` to the same key.
+//! (`prepare`, then the one submit path, [`crate::api::v1::submit`]: an
+//! atomic `Store::submit` with the queue-depth and per-key admission
+//! checks), wait with the same `wait_for_end`, and turn the job's result
+//! into the other product's answer. Jobs submitted here are ordinary jobs:
+//! queued, limited, metered (`code_runner_jobs_total`, the rejection
+//! counter) and visible in `GET /v1/jobs/{id}` to the same key.
 //!
 //! Each adapter answers in its original's shapes, errors included; what
 //! differs from the original is written in `docs/migrating.md`.
@@ -21,10 +21,11 @@ use axum::extract::{ConnectInfo, Query};
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
-use super::submit::{Admitted, Submission, count_refusal, count_rejection, refuse_while_draining};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::refusals::{count_refusal, count_rejection};
+use crate::api::v1::submit::{Admitted, Submission, refuse_while_draining};
 use crate::job::{JobSpec, prepare};
 use crate::languages::LanguageCatalog;
 
@@ -226,7 +227,7 @@ async fn submit_uncounted(
         .get("via")
         .and_then(|v| v.as_str())
         .unwrap_or("");
-    super::submit::submit(
+    crate::api::v1::submit::submit(
         state,
         Submission {
             caller,

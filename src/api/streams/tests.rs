@@ -1,4 +1,12 @@
+use axum::http::HeaderValue;
+
+use super::place::queued_event;
+use super::sse::event_type;
+use super::ws::{ClientFrame, subprotocol_token};
 use super::*;
+use crate::follow::places::Place;
+use crate::job::Encoding;
+use crate::protocol::SignalKind;
 
 #[test]
 fn after_is_a_seq() {
@@ -53,4 +61,17 @@ fn client_frames() {
         }
     ));
     assert!(serde_json::from_str::<ClientFrame>(r#"{"type":"nope"}"#).is_err());
+}
+
+#[test]
+fn the_event_is_queued_with_position_and_eta() {
+    let event: serde_json::Value = serde_json::from_str(&queued_event(Place {
+        position: 2,
+        eta_ms: None,
+    }))
+    .unwrap();
+    assert_eq!(
+        event,
+        serde_json::json!({"type": "queued", "position": 2, "eta_ms": null})
+    );
 }

@@ -14,28 +14,7 @@ use super::state::State;
 /// How often a refill waiting for memory looks again.
 pub(super) const RECHECK: Duration = Duration::from_secs(1);
 
-/// A field of `/proc/meminfo` (such as `MemAvailable`), in bytes.
-pub fn meminfo_bytes(meminfo: &str, name: &str) -> Option<u64> {
-    meminfo.lines().find_map(|line| {
-        let (key, rest) = line.split_once(':')?;
-        if key.trim() != name {
-            return None;
-        }
-        let mut words = rest.split_whitespace();
-        let value: u64 = words.next()?.parse().ok()?;
-        match words.next() {
-            Some("kB") => value.checked_mul(1024),
-            None => Some(value),
-            Some(_) => None,
-        }
-    })
-}
-
-/// This machine's `/proc/meminfo` field `name`, in bytes; `None` when it
-/// cannot be read.
-pub fn machine_bytes(name: &str) -> Option<u64> {
-    meminfo_bytes(&std::fs::read_to_string("/proc/meminfo").ok()?, name)
-}
+pub use crate::host::machine_bytes;
 
 /// The reserve when none is configured: a tenth of the machine's memory
 /// (`MemTotal`); 0 (no reserve) when that cannot be read.
@@ -78,31 +57,6 @@ fn allows_with(reserve: u64, available: Option<u64>, state: &mut State) -> bool 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const MEMINFO: &str = "MemTotal:       24683784 kB\nMemFree:        15319132 kB\nMemAvailable:   23578092 kB\nHugePages_Total:       0\n";
-
-    #[test]
-    fn reads_a_field_in_bytes() {
-        assert_eq!(
-            meminfo_bytes(MEMINFO, "MemAvailable"),
-            Some(23_578_092 * 1024)
-        );
-        assert_eq!(meminfo_bytes(MEMINFO, "MemTotal"), Some(24_683_784 * 1024));
-        // A count without a unit is taken as it is.
-        assert_eq!(meminfo_bytes(MEMINFO, "HugePages_Total"), Some(0));
-    }
-
-    #[test]
-    fn a_missing_or_malformed_field_is_none() {
-        assert_eq!(meminfo_bytes(MEMINFO, "SwapTotal"), None);
-        assert_eq!(meminfo_bytes(MEMINFO, "Mem"), None);
-        assert_eq!(
-            meminfo_bytes("MemAvailable: lots kB\n", "MemAvailable"),
-            None
-        );
-        assert_eq!(meminfo_bytes("MemAvailable: 12 MB\n", "MemAvailable"), None);
-        assert_eq!(meminfo_bytes("", "MemAvailable"), None);
-    }
 
     #[test]
     fn starts_wait_while_less_than_the_reserve_is_available_and_look_again() {

@@ -442,6 +442,15 @@ impl EventStream {
     }
 }
 
+/// The write in flight's end; never resolves when none is (the loop's
+/// `select!` polls it only when one is).
+async fn in_flight_write<F: Future + Unpin>(in_flight: &mut Option<F>) -> F::Output {
+    match in_flight {
+        Some(write) => write.await,
+        None => std::future::pending().await,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -504,14 +513,5 @@ mod tests {
             ],
             "after its hold, the end goes"
         );
-    }
-}
-
-/// The write in flight's end; never resolves when none is (the loop's
-/// `select!` polls it only when one is).
-async fn in_flight_write<F: Future + Unpin>(in_flight: &mut Option<F>) -> F::Output {
-    match in_flight {
-        Some(write) => write.await,
-        None => std::future::pending().await,
     }
 }

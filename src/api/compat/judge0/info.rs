@@ -28,18 +28,18 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::super::super::ApiState;
-use super::super::super::error::ApiError;
-use super::super::super::jobs::rfc3339;
 use super::super::named_credential;
 use super::languages::{JUDGE0_IDS, judge0_name};
 use super::view::STATUSES;
 use super::{caller, from_api_error};
+use crate::api::ApiState;
+use crate::api::http::error::ApiError;
+use crate::api::v1::jobs::rfc3339;
+use crate::host::MemoryTotals;
 use crate::job::Status;
-use crate::sandbox::pool::memory::meminfo_bytes;
 use crate::store::history::{HistoryPosition, HistoryQuery};
-use crate::store::now_ms;
 use crate::store::usage::Day;
+use crate::store::{Store, StoreError, now_ms};
 
 /// Judge0's authorization header (`AUTHZ_HEADER`'s default).
 pub(super) const AUTHZ_HEADER: &str = "x-auth-user";
@@ -84,19 +84,18 @@ pub(super) async fn system_info(State(state): State<ApiState>, request: Request)
         return refusal.into_response();
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
     Json(machine_info(
         std::env::consts::ARCH,
         &cpuinfo,
-        &meminfo,
+        MemoryTotals::read(),
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     ))
     .into_response()
 }
 
 /// `lscpu`-like labels from `/proc/cpuinfo`, and `Mem`/`Swap` as `free -h`
-/// prints their totals, from `/proc/meminfo`.
-fn machine_info(arch: &str, cpuinfo: &str, meminfo: &str, usable_cpus: usize) -> Value {
+/// prints their totals.
+fn machine_info(arch: &str, cpuinfo: &str, memory: MemoryTotals, usable_cpus: usize) -> Value {
     let first_cpu: BTreeMap<&str, &str> = cpuinfo
         .split("\n\n")
         .next()
@@ -130,10 +129,9 @@ fn machine_info(arch: &str, cpuinfo: &str, meminfo: &str, usable_cpus: usize) ->
             info.insert(label.into(), json!(value));
         }
     }
-    let kib = |name: &str| meminfo_bytes(meminfo, name).map(|bytes| bytes / 1024);
-    for (label, key) in [("Mem", "MemTotal"), ("Swap", "SwapTotal")] {
-        if let Some(kib) = kib(key) {
-            info.insert(label.into(), json!(human_size(kib)));
+    for (label, bytes) in [("Mem", memory.memory_bytes), ("Swap", memory.swap_bytes)] {
+        if let Some(bytes) = bytes {
+            info.insert(label.into(), json!(human_size(bytes / 1024)));
         }
     }
     Value::Object(info)
@@ -241,27 +239,75 @@ pub(super) async fn statistics(State(state): State<ApiState>, request: Request) 
     let now = now_ms();
     let today = Day::from_ms(now);
     let usage = store.usage();
-    let days = match usage.days(&caller.name, usage.earliest(today), today).await {
-        Ok(days) => days,
+    let read = async {
+        let days = usage
+            .days(&caller.name, usage.earliest(today), today)
+            .await?;
+        let counts = history_counts(store, &caller.name).await?;
+        let stored = store.jobs().stored_bytes(&caller.name).await?;
+        Ok::<_, StoreError>((days, counts, stored))
+    };
+    let (days, (by_language, by_status), stored) = match read.await {
+        Ok(read) => read,
         Err(error) => return from_api_error(ApiError::Unavailable(error)),
     };
     let submitted: BTreeMap<Day, u64> = days.iter().map(|d| (d.day, d.total.submitted)).collect();
-    let mut last_30_days = serde_json::Map::new();
-    for back in 1..=30 {
-        let day = today.plus(-back);
-        last_30_days.insert(
-            day.to_string(),
-            json!(submitted.get(&day).copied().unwrap_or(0)),
-        );
-    }
+    let last_30_days: serde_json::Map<String, Value> = (1..=30)
+        .map(|back| {
+            let day = today.plus(-back);
+            (
+                day.to_string(),
+                json!(submitted.get(&day).copied().unwrap_or(0)),
+            )
+        })
+        .collect();
+    let catalog = &state.inner.catalog;
+    let languages = by_count(by_language.into_iter().filter_map(|(ours, count)| {
+        let language = catalog.find(&ours)?;
+        let id = judge0_id(&language.id)?;
+        Some((
+            count,
+            json!({"language": {"id": id, "name": judge0_name(language)}, "count": count}),
+        ))
+    }));
+    let statuses = by_count(by_status.into_iter().map(|((id, name), count)| {
+        (
+            count,
+            json!({"status": {"id": id, "name": name}, "count": count}),
+        )
+    }));
+    let created = rfc3339(now);
+    Json(json!({
+        "created_at": created,
+        "cached_until": created,
+        "submissions": {
+            "total": submitted.values().sum::<u64>(),
+            "today": submitted.get(&today).copied().unwrap_or(0),
+            "last_30_days": last_30_days,
+        },
+        "languages": languages,
+        "statuses": statuses,
+        "database": {
+            "size_pretty": pg_size_pretty(stored),
+            "size_in_bytes": stored,
+        },
+    }))
+    .into_response()
+}
 
+/// Jobs of `key`'s run history by language and by Judge0 status, over its
+/// newest [`STATISTICS_MAX_JOBS`].
+type HistoryCounts = (BTreeMap<String, u64>, BTreeMap<(u32, &'static str), u64>);
+
+/// Counts `key`'s run history, a page at a time.
+async fn history_counts(store: &Store, key: &str) -> Result<HistoryCounts, StoreError> {
     let mut by_language: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_status: BTreeMap<(u32, &'static str), u64> = BTreeMap::new();
     let mut after: Option<HistoryPosition> = None;
     let mut read = 0;
     while read < STATISTICS_MAX_JOBS {
         let query = HistoryQuery {
-            api_key: &caller.name,
+            api_key: key,
             user: None,
             status: None,
             language: None,
@@ -269,10 +315,7 @@ pub(super) async fn statistics(State(state): State<ApiState>, request: Request) 
             limit: 1000,
             after: after.take(),
         };
-        let page = match store.history().list(&query).await {
-            Ok(page) => page,
-            Err(error) => return from_api_error(ApiError::Unavailable(error)),
-        };
+        let page = store.history().list(&query).await?;
         read += page.jobs.len().max(1);
         for job in &page.jobs {
             *by_language.entry(job.language.clone()).or_default() += 1;
@@ -285,50 +328,14 @@ pub(super) async fn statistics(State(state): State<ApiState>, request: Request) 
             None => break,
         }
     }
-    let catalog = &state.inner.catalog;
-    let mut languages: Vec<(u64, Value)> = by_language
-        .into_iter()
-        .filter_map(|(ours, count)| {
-            let language = catalog.find(&ours)?;
-            let id = judge0_id(&language.id)?;
-            Some((
-                count,
-                json!({"language": {"id": id, "name": judge0_name(language)}, "count": count}),
-            ))
-        })
-        .collect();
-    languages.sort_by_key(|(count, _)| std::cmp::Reverse(*count));
-    let mut statuses: Vec<(u64, Value)> = by_status
-        .into_iter()
-        .map(|((id, name), count)| {
-            (
-                count,
-                json!({"status": {"id": id, "name": name}, "count": count}),
-            )
-        })
-        .collect();
-    statuses.sort_by_key(|(count, _)| std::cmp::Reverse(*count));
-    let stored = match store.jobs().stored_bytes(&caller.name).await {
-        Ok(bytes) => bytes,
-        Err(error) => return from_api_error(ApiError::Unavailable(error)),
-    };
-    let created = rfc3339(now);
-    Json(json!({
-        "created_at": created,
-        "cached_until": created,
-        "submissions": {
-            "total": submitted.values().sum::<u64>(),
-            "today": submitted.get(&today).copied().unwrap_or(0),
-            "last_30_days": last_30_days,
-        },
-        "languages": languages.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-        "statuses": statuses.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-        "database": {
-            "size_pretty": pg_size_pretty(stored),
-            "size_in_bytes": stored,
-        },
-    }))
-    .into_response()
+    Ok((by_language, by_status))
+}
+
+/// The values, most counted first (ties in the order given).
+fn by_count(counted: impl Iterator<Item = (u64, Value)>) -> Vec<Value> {
+    let mut counted: Vec<(u64, Value)> = counted.collect();
+    counted.sort_by_key(|(count, _)| std::cmp::Reverse(*count));
+    counted.into_iter().map(|(_, value)| value).collect()
 }
 
 /// `GET /languages/all`: by name, as Judge0 orders them.
@@ -384,7 +391,7 @@ mod tests {
                        cpu MHz\t\t: 2200.000\n\nprocessor\t: 1\nvendor_id\t: GenuineIntel\n";
         let meminfo = "MemTotal:       8074472 kB\nMemFree:  1 kB\nSwapTotal:             0 kB\n";
         assert_eq!(
-            machine_info("x86_64", cpuinfo, meminfo, 1),
+            machine_info("x86_64", cpuinfo, MemoryTotals::parse(meminfo), 1),
             json!({
                 "Architecture": "x86_64",
                 "CPU(s)": "2",

@@ -35,12 +35,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Map, Value, json};
 
-use super::super::ApiState;
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::jobs::{job_id, owned_job};
-use super::super::submit::{Admitted, count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, submit};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::refusals::count_refusal;
+use crate::api::v1::jobs::{job_id, owned_job};
+use crate::api::v1::submit::{Admitted, wait_for_end};
 use crate::store::job::delete::DeleteOutcome;
 use languages::{judge0_name, language_for, offered};
 use request::{FieldErrors, Judge0Record, submission_job};

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::languages::language_for;
-use crate::job::limits::{LimitPolicy, LimitsRequest};
+use crate::job::limits::{LimitPolicy, Limits, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobSpec};
-use crate::languages::LanguageCatalog;
+use crate::languages::{Language, LanguageCatalog};
 
 /// Longest `command_line_arguments` (Judge0: 512).
 const MAX_ARGUMENTS_CHARS: usize = 512;
@@ -189,7 +189,7 @@ fn encode(bytes: Vec<u8>) -> (String, Encoding) {
 }
 
 /// A submission as a job and the record kept beside it, or Judge0's
-/// validation errors.
+/// validation errors (every field's, as Judge0 answers them all at once).
 pub(super) fn submission_job(
     body: &Map<String, Value>,
     base64: bool,
@@ -203,110 +203,99 @@ pub(super) fn submission_job(
     if source.as_ref().is_none_or(|s| s.is_empty()) && !errors.contains_key("source_code") {
         add(&mut errors, "source_code", "can't be blank");
     }
-    let language_id = match body.get("language_id") {
+    let language_id = language_id(body, catalog, &mut errors);
+    let asked = asked_limits(body, &policy.maximum, &mut errors);
+    refuse_unsupported(body, &mut errors);
+    let arguments = arguments(body, &mut errors);
+    let (Some(language_id), Some(source), true) = (language_id, source, errors.is_empty()) else {
+        return Err(errors);
+    };
+    let language = language_for(language_id, catalog).ok_or_else(FieldErrors::new)?;
+    let (limits, record) = job_limits(&asked, language, policy);
+    let record = Judge0Record {
+        language_id,
+        expected_output: expected.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
+        command_line_arguments: arguments.clone(),
+        ..record
+    };
+    let spec = job_spec(language, source, stdin, arguments.as_deref(), limits);
+    Ok((spec, record))
+}
+
+/// `language_id`: the Judge0 id (a number, or a string of one) of a
+/// language this server has.
+fn language_id(
+    body: &Map<String, Value>,
+    catalog: &LanguageCatalog,
+    errors: &mut FieldErrors,
+) -> Option<u32> {
+    let value = match body.get("language_id") {
         None | Some(Value::Null) => {
-            add(&mut errors, "language_id", "can't be blank");
+            add(errors, "language_id", "can't be blank");
+            return None;
+        }
+        Some(value) => value,
+    };
+    let id = value
+        .as_u64()
+        .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()));
+    match id.and_then(|id| u32::try_from(id).ok()) {
+        Some(id) if language_for(id, catalog).is_some() => Some(id),
+        _ => {
+            let shown = value
+                .as_str()
+                .map_or_else(|| value.to_string(), String::from);
+            add(
+                errors,
+                "language_id",
+                format!("language with id {shown} doesn't exist"),
+            );
             None
         }
-        Some(value) => {
-            let id = value
-                .as_u64()
-                .or_else(|| value.as_str().and_then(|s| s.trim().parse().ok()));
-            match id.and_then(|id| u32::try_from(id).ok()) {
-                Some(id) if language_for(id, catalog).is_some() => Some(id),
-                _ => {
-                    let shown = value
-                        .as_str()
-                        .map_or_else(|| value.to_string(), String::from);
-                    add(
-                        &mut errors,
-                        "language_id",
-                        format!("language with id {shown} doesn't exist"),
-                    );
-                    None
-                }
-            }
-        }
-    };
+    }
+}
 
-    // Limits, in Judge0's units (seconds, KB), within this server's maximum.
-    let max = policy.maximum;
+/// The limits a submission asks for, in Judge0's units (seconds, KB).
+#[derive(Debug, Clone, Copy, Default)]
+struct AskedLimits {
+    cpu: Option<f64>,
+    extra: Option<f64>,
+    wall: Option<f64>,
+    memory: Option<f64>,
+    stack: Option<f64>,
+    pids: Option<f64>,
+    file_size: Option<f64>,
+}
+
+/// The limit fields, each a number within Judge0's bounds and this
+/// server's `max` (`number_of_runs` is checked and has no other use: a job
+/// runs once).
+fn asked_limits(body: &Map<String, Value>, max: &Limits, errors: &mut FieldErrors) -> AskedLimits {
     let seconds = |ms: u64| ms as f64 / 1000.0;
-    let runs = number(body, "number_of_runs", &mut errors);
-    if let Some(runs) = runs {
-        within(&mut errors, "number_of_runs", runs, 0.0, true, 1.0);
+    let max_kb = |mb: u64| (mb * 1024) as f64;
+    let mut field = |name: &str, min: f64, min_exclusive: bool, max: f64| {
+        let value = number(body, name, errors);
+        if let Some(value) = value {
+            within(errors, name, value, min, min_exclusive, max);
+        }
+        value
+    };
+    field("number_of_runs", 0.0, true, 1.0);
+    AskedLimits {
+        cpu: field("cpu_time_limit", 0.0, false, seconds(max.cpu_ms)),
+        extra: field("cpu_extra_time", 0.0, false, 5.0),
+        wall: field("wall_time_limit", 1.0, false, seconds(max.wall_ms)),
+        memory: field("memory_limit", 2048.0, false, max_kb(max.memory_mb)),
+        stack: field("stack_limit", 0.0, false, max_kb(max.memory_mb)),
+        pids: field("max_processes_and_or_threads", 0.0, true, max.pids as f64),
+        file_size: field("max_file_size", 0.0, false, max_kb(max.disk_mb)),
     }
-    let cpu = number(body, "cpu_time_limit", &mut errors);
-    let extra = number(body, "cpu_extra_time", &mut errors);
-    if let Some(cpu) = cpu {
-        within(
-            &mut errors,
-            "cpu_time_limit",
-            cpu,
-            0.0,
-            false,
-            seconds(max.cpu_ms),
-        );
-    }
-    if let Some(extra) = extra {
-        within(&mut errors, "cpu_extra_time", extra, 0.0, false, 5.0);
-    }
-    let wall = number(body, "wall_time_limit", &mut errors);
-    if let Some(wall) = wall {
-        within(
-            &mut errors,
-            "wall_time_limit",
-            wall,
-            1.0,
-            false,
-            seconds(max.wall_ms),
-        );
-    }
-    let memory = number(body, "memory_limit", &mut errors);
-    if let Some(memory) = memory {
-        within(
-            &mut errors,
-            "memory_limit",
-            memory,
-            2048.0,
-            false,
-            (max.memory_mb * 1024) as f64,
-        );
-    }
-    let stack = number(body, "stack_limit", &mut errors);
-    if let Some(stack) = stack {
-        within(
-            &mut errors,
-            "stack_limit",
-            stack,
-            0.0,
-            false,
-            (max.memory_mb * 1024) as f64,
-        );
-    }
-    let pids = number(body, "max_processes_and_or_threads", &mut errors);
-    if let Some(pids) = pids {
-        within(
-            &mut errors,
-            "max_processes_and_or_threads",
-            pids,
-            0.0,
-            true,
-            max.pids as f64,
-        );
-    }
-    let file_size = number(body, "max_file_size", &mut errors);
-    if let Some(size) = file_size {
-        within(
-            &mut errors,
-            "max_file_size",
-            size,
-            0.0,
-            false,
-            (max.disk_mb * 1024) as f64,
-        );
-    }
-    for (field, message) in [
+}
+
+/// Judge0's options this server does not offer, refused in Judge0's words
+/// when a submission turns them on or sets them.
+fn refuse_unsupported(body: &Map<String, Value>, errors: &mut FieldErrors) {
+    const ENABLED: [(&str, &str); 4] = [
         (
             "enable_per_process_and_thread_time_limit",
             "this option cannot be enabled",
@@ -320,12 +309,8 @@ pub(super) fn submission_job(
             "redirect_stderr_to_stdout",
             "redirecting stderr to stdout is not supported",
         ),
-    ] {
-        if flag(body, field) {
-            add(&mut errors, field, message);
-        }
-    }
-    for (field, message) in [
+    ];
+    const SET: [(&str, &str); 3] = [
         (
             "compiler_options",
             "setting compiler options is not allowed",
@@ -335,17 +320,27 @@ pub(super) fn submission_job(
             "additional_files",
             "setting additional files is not allowed",
         ),
-    ] {
-        if present(body, field) {
-            add(&mut errors, field, message);
+    ];
+    for (field, message) in ENABLED {
+        if flag(body, field) {
+            add(errors, field, message);
         }
     }
-    let arguments = match body.get("command_line_arguments") {
+    for (field, message) in SET {
+        if present(body, field) {
+            add(errors, field, message);
+        }
+    }
+}
+
+/// `command_line_arguments`: a string of at most [`MAX_ARGUMENTS_CHARS`].
+fn arguments(body: &Map<String, Value>, errors: &mut FieldErrors) -> Option<String> {
+    match body.get("command_line_arguments") {
         None | Some(Value::Null) => None,
         Some(Value::String(text)) => {
             if text.chars().count() > MAX_ARGUMENTS_CHARS {
                 add(
-                    &mut errors,
+                    errors,
                     "command_line_arguments",
                     format!("is too long (maximum is {MAX_ARGUMENTS_CHARS} characters)"),
                 );
@@ -353,48 +348,63 @@ pub(super) fn submission_job(
             Some(text.clone())
         }
         Some(_) => {
-            add(&mut errors, "command_line_arguments", "is not a string");
+            add(errors, "command_line_arguments", "is not a string");
             None
         }
-    };
-    let (Some(language_id), Some(source), true) = (language_id, source, errors.is_empty()) else {
-        return Err(errors);
-    };
-    let language = language_for(language_id, catalog).ok_or_else(FieldErrors::new)?;
+    }
+}
 
-    // Judge0's CPU extra time is a grace before the kill; the verdict still
-    // compares with cpu_time_limit (see the view).
-    let defaults = language.limits.with_defaults(policy.defaults);
-    let cpu_limit = cpu.unwrap_or(seconds(defaults.cpu_ms));
-    let extra = extra.unwrap_or(0.0);
+/// The job's limits for what was asked, and Judge0's record of them (its
+/// other fields left to the caller). Judge0's CPU extra time is a grace
+/// before the kill, so the job's CPU limit is both; the verdict still
+/// compares with `cpu_time_limit` (see the view).
+fn job_limits(
+    asked: &AskedLimits,
+    language: &Language,
+    policy: &LimitPolicy,
+) -> (LimitsRequest, Judge0Record) {
+    let seconds = |ms: u64| ms as f64 / 1000.0;
     let ms = |s: f64| (s * 1000.0).ceil() as u64;
-    let cpu_with_extra = ms(cpu_limit + extra).min(max.cpu_ms).max(1);
+    let defaults = language.limits.with_defaults(policy.defaults);
+    let cpu_limit = asked.cpu.unwrap_or(seconds(defaults.cpu_ms));
+    let extra = asked.extra.unwrap_or(0.0);
+    let cpu_with_extra = ms(cpu_limit + extra).min(policy.maximum.cpu_ms).max(1);
     let limits = LimitsRequest {
         cpu_ms: Some(cpu_with_extra),
-        wall_ms: wall.map(ms),
-        memory_mb: memory.map(|kb| (kb as u64).div_ceil(1024)),
-        pids: pids.map(|p| p as u64),
-        disk_mb: file_size.map(|kb| (kb as u64).div_ceil(1024).max(1)),
+        wall_ms: asked.wall.map(ms),
+        memory_mb: asked.memory.map(|kb| (kb as u64).div_ceil(1024)),
+        pids: asked.pids.map(|p| p as u64),
+        disk_mb: asked.file_size.map(|kb| (kb as u64).div_ceil(1024).max(1)),
         ..Default::default()
     };
     let resolved = limits.with_defaults(defaults);
     let record = Judge0Record {
-        language_id,
-        expected_output: expected.map(|bytes| String::from_utf8_lossy(&bytes).into_owned()),
         cpu_time_limit: cpu_limit,
         cpu_extra_time: extra,
         wall_time_limit: seconds(resolved.wall_ms),
         memory_limit: resolved.memory_mb * 1024,
-        stack_limit: stack.map_or(0, |s| s as u64),
+        stack_limit: asked.stack.map_or(0, |s| s as u64),
         max_processes_and_or_threads: resolved.pids,
         max_file_size: resolved.disk_mb * 1024,
-        command_line_arguments: arguments.clone(),
+        ..Judge0Record::default()
     };
+    (limits, record)
+}
+
+/// The job: the source as the language's one file, stdin, the arguments
+/// split as Judge0's shell splits them, and `via: judge0` in its metadata.
+fn job_spec(
+    language: &Language,
+    source: Vec<u8>,
+    stdin: Option<Vec<u8>>,
+    arguments: Option<&str>,
+    limits: LimitsRequest,
+) -> JobSpec {
     let (content, encoding) = encode(source);
     let (stdin, stdin_encoding) = encode(stdin.unwrap_or_default());
     let mut metadata = Map::new();
     metadata.insert("via".into(), "judge0".into());
-    let spec = JobSpec {
+    JobSpec {
         language: language.id.clone(),
         files: vec![FileSpec {
             name: language.source_file.clone(),
@@ -403,15 +413,11 @@ pub(super) fn submission_job(
         }],
         stdin,
         stdin_encoding,
-        args: arguments
-            .as_deref()
-            .map(split_arguments)
-            .unwrap_or_default(),
+        args: arguments.map(split_arguments).unwrap_or_default(),
         limits,
         metadata,
         ..Default::default()
-    };
-    Ok((spec, record))
+    }
 }
 
 #[cfg(test)]

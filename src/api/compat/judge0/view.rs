@@ -9,14 +9,14 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value, json};
 
-use super::super::super::jobs::rfc3339;
 use super::languages::judge0_name;
 use super::request::Judge0Record;
+use crate::api::v1::jobs::rfc3339;
 use crate::job::grading::verdict::run_failure;
 use crate::job::grading::{Check, TimeLimit, Verdict as TestVerdict};
 use crate::job::result::signal_number;
-use crate::job::{JobResult, Status};
-use crate::languages::LanguageCatalog;
+use crate::job::{JobResult, StageResult, Status};
+use crate::languages::{Language, LanguageCatalog};
 use crate::protocol::Reason;
 use crate::store::JobRecord;
 
@@ -252,81 +252,126 @@ pub(super) fn submission_view(
     fields: &[&str],
     base64: bool,
 ) -> Result<Value, ()> {
-    let spec: Option<crate::job::JobSpec> = job
-        .spec
-        .as_deref()
-        .and_then(|s| serde_json::from_str(s).ok());
-    let decode = |text: &str, encoding: crate::job::Encoding| match encoding {
-        crate::job::Encoding::Utf8 => text.as_bytes().to_vec(),
-        crate::job::Encoding::Base64 => STANDARD.decode(text).unwrap_or_default(),
-    };
-    let source = spec
-        .as_ref()
-        .and_then(|s| s.files.first())
-        .map(|f| decode(&f.content, f.encoding));
-    let stdin = spec.as_ref().map(|s| decode(&s.stdin, s.stdin_encoding));
-    let result = job.result.as_ref().filter(|_| job.status.is_terminal());
-    // A job cancelled while running keeps its killed run stage; Judge0 has
-    // no cancellation, so it is shown as our own end (13).
-    let cancelled = result
-        .filter(|_| job.status == Status::Cancelled)
-        .map(|r| JobResult {
-            status: Status::Cancelled,
-            ..r.clone()
-        });
-    let verdict = cancelled.as_ref().or(result).map(|r| verdict(r, record));
-    let run = result
-        .and_then(|r| r.run.as_ref())
-        .filter(|_| verdict.as_ref().is_some_and(|v| !v.compile_failed));
-    let compile_output = result.and_then(|r| r.compile.as_ref()).map(|c| {
-        if matches!(c.reason, Reason::WallTimeout | Reason::CpuTimeout) {
-            b"Compilation time limit exceeded.".to_vec()
-        } else {
-            [c.stdout.as_bytes(), c.stderr.as_bytes()].concat()
-        }
-    });
-    let status_id = verdict
-        .as_ref()
-        .map_or(if job.status == Status::Running { 2 } else { 1 }, |v| {
-            v.status
-        });
-    let description = STATUSES
-        .iter()
-        .find(|(id, _)| *id == status_id)
-        .map_or("", |(_, d)| d);
-    let language = catalog.find(&job.language);
-    let message = verdict.as_ref().and_then(|v| v.message.clone());
-
+    let shown = Shown::new(job, record, catalog);
     let mut view = Map::new();
     for field in fields {
-        let value = match *field {
+        view.insert((*field).to_string(), shown.field(field, base64)?);
+    }
+    Ok(Value::Object(view))
+}
+
+/// What a submission shows of a job, read once for all its fields.
+struct Shown<'a> {
+    job: &'a JobRecord,
+    record: &'a Judge0Record,
+    source: Option<Vec<u8>>,
+    stdin: Option<Vec<u8>>,
+    /// The job's result, once it is terminal.
+    result: Option<&'a JobResult>,
+    verdict: Option<Verdict>,
+    /// The run stage, unless compilation failed.
+    run: Option<&'a StageResult>,
+    compile_output: Option<Vec<u8>>,
+    status_id: u32,
+    description: &'static str,
+    language: Option<&'a Language>,
+}
+
+impl<'a> Shown<'a> {
+    fn new(job: &'a JobRecord, record: &'a Judge0Record, catalog: &'a LanguageCatalog) -> Self {
+        let spec: Option<crate::job::JobSpec> = job
+            .spec
+            .as_deref()
+            .and_then(|s| serde_json::from_str(s).ok());
+        let decode = |text: &str, encoding: crate::job::Encoding| match encoding {
+            crate::job::Encoding::Utf8 => text.as_bytes().to_vec(),
+            crate::job::Encoding::Base64 => STANDARD.decode(text).unwrap_or_default(),
+        };
+        let source = spec
+            .as_ref()
+            .and_then(|s| s.files.first())
+            .map(|f| decode(&f.content, f.encoding));
+        let stdin = spec.as_ref().map(|s| decode(&s.stdin, s.stdin_encoding));
+        let result = job.result.as_ref().filter(|_| job.status.is_terminal());
+        // A job cancelled while running keeps its killed run stage; Judge0
+        // has no cancellation, so it is shown as our own end (13).
+        let cancelled = result
+            .filter(|_| job.status == Status::Cancelled)
+            .map(|r| JobResult {
+                status: Status::Cancelled,
+                ..r.clone()
+            });
+        let verdict = cancelled.as_ref().or(result).map(|r| verdict(r, record));
+        let run = result
+            .and_then(|r| r.run.as_ref())
+            .filter(|_| verdict.as_ref().is_some_and(|v| !v.compile_failed));
+        let compile_output = result.and_then(|r| r.compile.as_ref()).map(|c| {
+            if matches!(c.reason, Reason::WallTimeout | Reason::CpuTimeout) {
+                b"Compilation time limit exceeded.".to_vec()
+            } else {
+                [c.stdout.as_bytes(), c.stderr.as_bytes()].concat()
+            }
+        });
+        let status_id = verdict
+            .as_ref()
+            .map_or(if job.status == Status::Running { 2 } else { 1 }, |v| {
+                v.status
+            });
+        let description = STATUSES
+            .iter()
+            .find(|(id, _)| *id == status_id)
+            .map_or("", |(_, d)| d);
+        Self {
+            job,
+            record,
+            source,
+            stdin,
+            result,
+            verdict,
+            run,
+            compile_output,
+            status_id,
+            description,
+            language: catalog.find(&job.language),
+        }
+    }
+
+    /// The value of one field (`null` for a name Judge0 does not have).
+    fn field(&self, name: &str, base64: bool) -> Result<Value, ()> {
+        let (job, record, run) = (self.job, self.record, self.run);
+        let verdict = self.verdict.as_ref();
+        Ok(match name {
             "token" => json!(job.id),
-            "source_code" => text_value(source.as_deref(), base64)?,
-            "stdin" => text_value(stdin.as_deref(), base64)?,
+            "source_code" => text_value(self.source.as_deref(), base64)?,
+            "stdin" => text_value(self.stdin.as_deref(), base64)?,
             "expected_output" => {
                 text_value(record.expected_output.as_deref().map(str::as_bytes), base64)?
             }
             "stdout" => text_value(run.map(|r| r.stdout.as_bytes()), base64)?,
             "stderr" => text_value(run.map(|r| r.stderr.as_bytes()), base64)?,
-            "compile_output" => text_value(compile_output.as_deref(), base64)?,
-            "message" => match &message {
+            "compile_output" => text_value(self.compile_output.as_deref(), base64)?,
+            "message" => match verdict.and_then(|v| v.message.as_ref()) {
                 Some(text) if base64 => json!(encode64(text.as_bytes())),
                 other => json!(other),
             },
             "language_id" => json!(record.language_id),
-            "status_id" => json!(status_id),
-            "status" => json!({"id": status_id, "description": description}),
+            "status_id" => json!(self.status_id),
+            "status" => json!({"id": self.status_id, "description": self.description}),
             "language" => json!({
                 "id": record.language_id,
-                "name": language.map(judge0_name),
+                "name": self.language.map(judge0_name),
             }),
             "created_at" => json!(rfc3339(job.created_ms)),
-            "finished_at" => json!(job.finished_ms.filter(|_| result.is_some()).map(rfc3339)),
+            "finished_at" => json!(
+                job.finished_ms
+                    .filter(|_| self.result.is_some())
+                    .map(rfc3339)
+            ),
             "time" => run.map_or(Value::Null, |r| seconds(r.cpu_ms)),
             "wall_time" => run.map_or(Value::Null, |r| seconds(r.wall_ms)),
             "memory" => run.map_or(Value::Null, |r| json!(r.memory_peak_bytes / 1024)),
-            "exit_code" => json!(verdict.as_ref().and_then(|v| v.exit_code)),
-            "exit_signal" => json!(verdict.as_ref().and_then(|v| v.exit_signal)),
+            "exit_code" => json!(verdict.and_then(|v| v.exit_code)),
+            "exit_signal" => json!(verdict.and_then(|v| v.exit_signal)),
             "number_of_runs" => json!(1),
             "cpu_time_limit" => decimal(record.cpu_time_limit),
             "cpu_extra_time" => decimal(record.cpu_extra_time),
@@ -341,10 +386,8 @@ pub(super) fn submission_view(
             | "redirect_stderr_to_stdout"
             | "enable_network" => json!(false),
             _ => Value::Null,
-        };
-        view.insert((*field).to_string(), value);
+        })
     }
-    Ok(Value::Object(view))
 }
 
 #[cfg(test)]

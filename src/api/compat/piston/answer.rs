@@ -10,9 +10,9 @@ use base64::engine::general_purpose::STANDARD;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::super::super::ApiState;
 use super::super::semver3;
 use super::{SIGNALS, piston_error, piston_name};
+use crate::api::ApiState;
 use crate::job::events::{JobEvent, StageState};
 use crate::job::{Encoding, JobResult, StageResult, Status};
 use crate::languages::Language;

@@ -13,14 +13,14 @@ use futures_util::{SinkExt, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::mpsc;
 
-use super::super::super::ApiState;
-use super::super::super::auth::Caller;
-use super::super::super::feeds::Step;
-use super::super::super::stream_caps::StreamPermit;
 use super::super::{new_job_id, semver3, submit};
 use super::answer::text;
 use super::request::piston_job;
 use super::{SIGNALS, from_api_error, piston_caller, piston_error, piston_name};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::streams::caps::StreamPermit;
+use crate::follow::feeds::Step;
 use crate::job::events::{JobEvent, StageState, WS_READ_BUFFER_BYTES};
 use crate::job::{Encoding, Status};
 use crate::protocol::SignalKind;

@@ -36,11 +36,12 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use super::super::ApiState;
-use super::super::auth::Caller;
-use super::super::error::ApiError;
-use super::super::submit::{count_refusal, wait_for_end};
 use super::{CallerRefusal, Refusal, compat_caller, new_job_id, semver3, submit};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::refusals::count_refusal;
+use crate::api::v1::submit::wait_for_end;
 use crate::languages::Language;
 use answer::piston_answer;
 use request::piston_job;

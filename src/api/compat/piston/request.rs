@@ -5,10 +5,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde_json::{Map, Value};
 
-use super::super::super::ApiState;
 use super::super::semver3;
 use super::PISTON_NAMES;
-use crate::job::limits::{CompileLimitsRequest, LimitsRequest};
+use crate::api::ApiState;
+use crate::job::limits::{CompileLimitsRequest, LimitPolicy, LimitsRequest};
 use crate::job::{Encoding, FileSpec, JobSpec};
 use crate::languages::{Language, LanguageCatalog};
 
@@ -46,13 +46,63 @@ fn version_matches(selector: &str, version: &str) -> bool {
 }
 
 /// A request of `/execute` or `/connect`'s `init`, checked the way Piston's
-/// `get_job` checks it, as a job.
+/// `get_job` checks it, as a job. The first problem found is the answer, in
+/// Piston's order: the runtime and the files, the limits, the files'
+/// contents, the arguments, stdin.
 pub(super) fn piston_job(
     body: &Map<String, Value>,
     catalog: &LanguageCatalog,
     state: &ApiState,
     interactive: bool,
 ) -> Result<(JobSpec, Language), String> {
+    let (found, files) = runtime(body, catalog)?;
+    let (limits, compile_limits) =
+        piston_limits(body, &state.inner.policy, found.compile.is_some())?;
+    let (spec_files, entry) = spec_files(files, &found)?;
+    let args = match body.get("args") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(args)) => args
+            .iter()
+            .map(|a| match a {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .collect(),
+        Some(_) => return Err("args must be an array".into()),
+    };
+    let mut stdin = match body.get("stdin") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(_) => return Err("stdin must be a string".into()),
+    };
+    // Piston ends stdin with a newline when it has none.
+    if !interactive && !stdin.ends_with('\n') {
+        stdin.push('\n');
+    }
+    let mut metadata = Map::new();
+    metadata.insert("via".into(), "piston".into());
+    let spec = JobSpec {
+        language: found.id.clone(),
+        files: spec_files,
+        entry,
+        stdin,
+        args,
+        interactive,
+        limits,
+        compile_limits,
+        metadata,
+        ..Default::default()
+    };
+    Ok((spec, found))
+}
+
+/// The language and version asked for, as one of ours (by id or by
+/// Piston's name, of a version the selector accepts), and the files, each
+/// with a string `content` and at least one of them UTF-8.
+fn runtime<'a>(
+    body: &'a Map<String, Value>,
+    catalog: &LanguageCatalog,
+) -> Result<(Language, &'a Vec<Value>), String> {
     let language = body
         .get("language")
         .and_then(Value::as_str)
@@ -89,26 +139,24 @@ pub(super) fn piston_job(
     {
         return Err("files must include at least one utf8 encoded file".into());
     }
+    Ok((found, files))
+}
 
-    // Limits: Piston's names, checked against this server's maximum.
-    let policy = &state.inner.policy;
-    let compiled = found.compile.is_some();
+/// Piston's limits (`{compile,run}_{timeout,cpu_time,memory_limit}`, in ms
+/// and bytes), each checked against this server's maximum, as the job's.
+/// A language without a compile stage ignores the compile limits, as
+/// Piston does; one container holds both stages, so it gets the larger
+/// memory limit.
+fn piston_limits(
+    body: &Map<String, Value>,
+    policy: &LimitPolicy,
+    compiled: bool,
+) -> Result<(LimitsRequest, CompileLimitsRequest), String> {
     let mut limits = LimitsRequest::default();
     let mut compile_limits = CompileLimitsRequest::default();
     let mut memory_bytes: Option<u64> = None;
     for stage in ["compile", "run"] {
         for constraint in ["timeout", "cpu_time", "memory_limit"] {
-            let name = format!("{stage}_{constraint}");
-            let Some(value) = body.get(&name).filter(|v| !v.is_null()) else {
-                continue;
-            };
-            let Some(number) = value.as_f64() else {
-                return Err(format!("If specified, {name} must be a number"));
-            };
-            // 0 is Piston's "not given"; -1 its "no limit": ours is the default.
-            if number == 0.0 || number == -1.0 {
-                continue;
-            }
             let maximum = match (stage, constraint) {
                 ("compile", "timeout") => policy.compile_maximum.wall_ms,
                 ("compile", "cpu_time") => policy.compile_maximum.cpu_ms,
@@ -116,23 +164,15 @@ pub(super) fn piston_job(
                 ("run", "cpu_time") => policy.maximum.cpu_ms,
                 _ => policy.maximum.memory_mb * 1024 * 1024,
             };
-            if number > maximum as f64 {
-                return Err(format!(
-                    "{name} cannot exceed the configured limit of {maximum}"
-                ));
-            }
-            if number < 0.0 {
-                return Err(format!("{name} must be non-negative"));
-            }
-            let value = number.ceil() as u64;
+            let name = format!("{stage}_{constraint}");
+            let Some(value) = limit_value(body, &name, maximum)? else {
+                continue;
+            };
             match (stage, constraint) {
-                // Interpreted languages have no compile stage: Piston ignores
-                // its limits, and so do we.
                 ("compile", "timeout") if compiled => compile_limits.wall_ms = Some(value),
                 ("compile", "cpu_time") if compiled => compile_limits.cpu_ms = Some(value),
                 ("run", "timeout") => limits.wall_ms = Some(value),
                 ("run", "cpu_time") => limits.cpu_ms = Some(value),
-                // One container holds both stages: it gets the larger.
                 (_, "memory_limit") => {
                     memory_bytes = Some(memory_bytes.map_or(value, |m| m.max(value)));
                 }
@@ -141,7 +181,40 @@ pub(super) fn piston_job(
         }
     }
     limits.memory_mb = memory_bytes.map(|bytes| bytes.div_ceil(1024 * 1024).max(1));
+    Ok((limits, compile_limits))
+}
 
+/// The limit `name` of the request, within `maximum`; `None` when it is
+/// not given (absent, null, or Piston's 0 "not given" and -1 "no limit":
+/// ours is then the default).
+fn limit_value(body: &Map<String, Value>, name: &str, maximum: u64) -> Result<Option<u64>, String> {
+    let Some(value) = body.get(name).filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Some(number) = value.as_f64() else {
+        return Err(format!("If specified, {name} must be a number"));
+    };
+    if number == 0.0 || number == -1.0 {
+        return Ok(None);
+    }
+    if number > maximum as f64 {
+        return Err(format!(
+            "{name} cannot exceed the configured limit of {maximum}"
+        ));
+    }
+    if number < 0.0 {
+        return Err(format!("{name} must be non-negative"));
+    }
+    Ok(Some(number.ceil() as u64))
+}
+
+/// The job's files (hex contents as base64; a nameless first file named
+/// for the language, others `file<n>.code`) and its entry: Piston runs the
+/// first UTF-8 file.
+fn spec_files(
+    files: &[Value],
+    language: &Language,
+) -> Result<(Vec<FileSpec>, Option<String>), String> {
     let mut spec_files = Vec::with_capacity(files.len());
     for (index, file) in files.iter().enumerate() {
         let content = file.get("content").and_then(Value::as_str).unwrap_or("");
@@ -156,7 +229,7 @@ pub(super) fn piston_job(
         };
         let name = match file.get("name").and_then(Value::as_str) {
             Some(name) if !name.is_empty() => name.to_string(),
-            _ if index == 0 => default_entry_name(&found, &content),
+            _ if index == 0 => default_entry_name(language, &content),
             _ => format!("file{index}.code"),
         };
         spec_files.push(FileSpec {
@@ -165,48 +238,11 @@ pub(super) fn piston_job(
             encoding,
         });
     }
-    // Piston runs the first UTF-8 file.
     let entry = files
         .iter()
         .position(|f| matches!(encoding_of(f), None | Some("utf8")))
         .map(|i| spec_files[i].name.clone());
-    let args = match body.get("args") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(args)) => args
-            .iter()
-            .map(|a| match a {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .collect(),
-        Some(_) => return Err("args must be an array".into()),
-    };
-    let mut stdin = match body.get("stdin") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err("stdin must be a string".into()),
-    };
-    // Piston ends stdin with a newline when it has none.
-    if !interactive && !stdin.ends_with('\n') {
-        stdin.push('\n');
-    }
-    let mut metadata = Map::new();
-    metadata.insert("via".into(), "piston".into());
-    Ok((
-        JobSpec {
-            language: found.id.clone(),
-            files: spec_files,
-            entry,
-            stdin,
-            args,
-            interactive,
-            limits,
-            compile_limits,
-            metadata,
-            ..Default::default()
-        },
-        found,
-    ))
+    Ok((spec_files, entry))
 }
 
 /// A Piston file's `encoding` (absent: utf8).

@@ -16,11 +16,12 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
-use super::submit::{Admitted, Submission, count_rejection, refuse_while_draining, wait_for_end};
-use super::tokens::AttachTokens;
+use super::submit::{Admitted, Submission, refuse_while_draining, wait_for_end};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::api::http::refusals::count_rejection;
+use crate::api::http::tokens::AttachTokens;
 use crate::job::{JobResult, JobSpec, Status, prepare};
 use crate::languages::LanguageCatalog;
 use crate::store::{CancelOutcome, JobRecord};
@@ -30,7 +31,7 @@ const MAX_IDEMPOTENCY_KEY_CHARS: usize = 200;
 
 /// Where a job and its streams are.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct JobUrls {
+pub(crate) struct JobUrls {
     #[serde(rename = "self")]
     this: String,
     ws: String,
@@ -50,7 +51,7 @@ impl JobUrls {
 /// A job as the API shows it. Every field is always present (`null` when
 /// unknown yet); `result` is set once the job is terminal.
 #[derive(Debug, Clone, Serialize)]
-pub(super) struct JobView {
+pub(crate) struct JobView {
     id: String,
     status: Status,
     language: String,
@@ -69,7 +70,7 @@ pub(super) struct JobView {
     cancel_requested: bool,
     /// A queued job's place in the queue (`GET /v1/jobs/{id}` only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    queue: Option<super::places::Place>,
+    queue: Option<crate::follow::places::Place>,
     urls: JobUrls,
     /// The attach tokens, in answers to a submit: `token` is the control
     /// token (the only one answers carried at first).
@@ -124,7 +125,7 @@ struct Accepted {
 }
 
 /// Milliseconds since the epoch as RFC 3339 UTC with milliseconds.
-pub(super) fn rfc3339(ms: u64) -> String {
+pub(crate) fn rfc3339(ms: u64) -> String {
     let seconds = ms / 1000;
     let (days, of_day) = (seconds / 86_400, seconds % 86_400);
     // Days to a civil date (H. Hinnant, "chrono-compatible low-level date
@@ -154,7 +155,7 @@ pub(super) fn rfc3339(ms: u64) -> String {
 
 /// A job id from a path: a UUID, in its canonical form. Anything else is a
 /// job that does not exist.
-pub(super) fn job_id(text: &str) -> Result<String, ApiError> {
+pub(crate) fn job_id(text: &str) -> Result<String, ApiError> {
     uuid::Uuid::parse_str(text)
         .map(|id| id.hyphenated().to_string())
         .map_err(|_| ApiError::NotFound("job not found"))
@@ -231,7 +232,7 @@ fn parse_spec(body: &[u8]) -> Result<JobSpec, ApiError> {
 }
 
 /// The job of `id` if it exists and belongs to `caller`.
-pub(super) async fn owned_job(
+pub(crate) async fn owned_job(
     state: &ApiState,
     caller: &Caller,
     id: &str,
@@ -243,7 +244,7 @@ pub(super) async fn owned_job(
 }
 
 /// `POST /v1/jobs`. Counts every refusal by reason.
-pub(super) async fn submit(State(state): State<ApiState>, request: Request) -> Response {
+pub(crate) async fn submit(State(state): State<ApiState>, request: Request) -> Response {
     match submit_job(&state, request).await {
         Ok(response) => response,
         Err(error) => {
@@ -262,19 +263,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     refuse_while_draining(state)?;
     let idempotency = idempotency_key(&parts.headers)?;
     let wait = wait_requested(&parts.uri)?;
-    let body = Bytes::from_request(Request::from_parts(parts, body), &())
-        .await
-        .map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::TooLarge {
-                    limit: config.max_body_bytes,
-                }
-            } else {
-                ApiError::MalformedBody {
-                    message: format!("cannot read the request body: {rejection}").to_lowercase(),
-                }
-            }
-        })?;
+    let body = read_body(state, Request::from_parts(parts, body)).await?;
     let spec = parse_spec(&body)?;
     let prepared = prepare(&spec, &config.catalog, &config.policy)?;
 
@@ -282,11 +271,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let body_hash = idempotency
         .as_ref()
         .map(|_| hex::encode(Sha256::digest(&body)));
-    let Admitted {
-        id,
-        existing,
-        wait_budget,
-    } = super::submit::submit(
+    let admitted = super::submit::submit(
         state,
         Submission {
             caller: &caller,
@@ -299,20 +284,50 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         },
     )
     .await?;
-    let tokens = config.tokens.sign_both(&id);
+    answer_submit(state, admitted, wait, spec.user.clone()).await
+}
 
+/// The request's body, within the configured size (413 above it).
+async fn read_body(state: &ApiState, request: Request) -> Result<Bytes, ApiError> {
+    Bytes::from_request(request, &())
+        .await
+        .map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::TooLarge {
+                    limit: state.inner.max_body_bytes,
+                }
+            } else {
+                ApiError::MalformedBody {
+                    message: format!("cannot read the request body: {rejection}").to_lowercase(),
+                }
+            }
+        })
+}
+
+/// The answer to a submit the store took: 202 with where the job is; with
+/// `?wait=true`, the job once it ended (200) or as it is when the wait
+/// ran out (202); an idempotent replay answers with the job as it is (200).
+async fn answer_submit(
+    state: &ApiState,
+    admitted: Admitted,
+    wait: bool,
+    user: Option<String>,
+) -> Result<Response, ApiError> {
+    let Admitted {
+        id,
+        existing,
+        wait_budget,
+    } = admitted;
+    let tokens = state.inner.tokens.sign_both(&id);
     if existing {
         let record = if wait {
             wait_for_end(state, &id, wait_budget).await?
         } else {
-            config.store.jobs().get(&id).await?
+            state.inner.store.jobs().get(&id).await?
         };
         let record = record.ok_or(ApiError::IdempotencyExpired)?;
-        return Ok((
-            StatusCode::OK,
-            Json(JobView::new(record).with_tokens(tokens)),
-        )
-            .into_response());
+        let view = JobView::new(record).with_tokens(tokens);
+        return Ok((StatusCode::OK, Json(view)).into_response());
     }
     if wait {
         match wait_for_end(state, &id, wait_budget).await {
@@ -333,23 +348,24 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
         }
     }
     let location = format!("/v1/jobs/{id}");
+    let accepted = Accepted {
+        urls: JobUrls::new(&id),
+        id,
+        status: Status::Queued,
+        token: tokens.control.clone(),
+        tokens,
+        user,
+    };
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
-        Json(Accepted {
-            urls: JobUrls::new(&id),
-            id,
-            status: Status::Queued,
-            token: tokens.control.clone(),
-            tokens,
-            user: spec.user.clone(),
-        }),
+        Json(accepted),
     )
         .into_response())
 }
 
 /// `GET /v1/jobs/{id}`.
-pub(super) async fn show(
+pub(crate) async fn show(
     State(state): State<ApiState>,
     caller: Caller,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
@@ -381,7 +397,7 @@ fn cancelled_result(catalog: &LanguageCatalog, language: &str) -> JobResult {
 
 /// `DELETE /v1/jobs/{id}`: a queued job never starts (200, `cancelled`); a
 /// running one is killed by its worker (202, `cancel_requested`).
-pub(super) async fn cancel(
+pub(crate) async fn cancel(
     State(state): State<ApiState>,
     caller: Caller,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,

@@ -15,9 +15,9 @@ use axum::Json;
 use axum::extract::{Query, State};
 use serde::Serialize;
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
 use crate::store::{Day, DayUsage, Figures, now_ms};
 
 /// One day's figures, or the range's total.
@@ -172,7 +172,7 @@ fn view(key: String, from: Day, to: Day, user: Option<String>, ledger: Vec<DayUs
 }
 
 /// `GET /v1/usage`.
-pub(super) async fn show(
+pub(crate) async fn show(
     State(state): State<ApiState>,
     caller: Caller,
     query: Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>,

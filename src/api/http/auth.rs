@@ -10,8 +10,8 @@ use axum::http::request::Parts;
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
-use super::ApiState;
 use super::error::ApiError;
+use crate::api::ApiState;
 use crate::egress::Allowlist;
 
 /// Shortest accepted API key.
@@ -145,6 +145,110 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
+impl ApiKey {
+    /// The entry at `position` of `CODE_RUNNER_API_KEYS`, `name:key[:option]...`
+    /// (see [`ApiKeys::parse`]).
+    fn parse(position: usize, entry: &str) -> Result<Self, String> {
+        let mut parts = entry.split(':');
+        let (Some(name), Some(key)) = (parts.next(), parts.next()) else {
+            return Err(format!("entry {position} is not name:key[:option]..."));
+        };
+        if !valid_name(name) {
+            return Err(format!(
+                "entry {position}: the name must be 1-{MAX_NAME_CHARS} letters, digits, '_' or '-'"
+            ));
+        }
+        if key.chars().count() < MIN_KEY_CHARS {
+            return Err(format!(
+                "key {name:?}: the key must be at least {MIN_KEY_CHARS} characters"
+            ));
+        }
+        if !key.chars().all(|c| c.is_ascii_graphic()) {
+            return Err(format!(
+                "key {name:?}: the key must be visible ASCII characters only"
+            ));
+        }
+        let mut parsed = Self {
+            name: name.to_string(),
+            digest: digest(key),
+            max_active: None,
+            admin: false,
+            tenancy: Tenancy::default(),
+            egress: Arc::default(),
+        };
+        let mut seen: Vec<&str> = Vec::new();
+        for option in parts {
+            let (option_name, value) = split_option(name, option)?;
+            if seen.contains(&option_name) {
+                return Err(format!("key {name:?}: option {option_name} is given twice"));
+            }
+            seen.push(option_name);
+            parsed.set_option(option_name, value)?;
+        }
+        Ok(parsed)
+    }
+
+    /// Sets option `option` of the entry to `value` (empty for `admin`).
+    fn set_option(&mut self, option: &str, value: &str) -> Result<(), String> {
+        let name = &self.name;
+        if option == "admin" {
+            if !value.is_empty() {
+                return Err(format!("key {name:?}: admin takes no value"));
+            }
+            self.admin = true;
+            return Ok(());
+        }
+        let number = match value.parse::<u64>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(format!(
+                    "key {name:?}: {option} {value:?} is not a positive integer"
+                ));
+            }
+        };
+        let tenancy = &mut self.tenancy;
+        match option {
+            "max_active" => self.max_active = Some(number),
+            "weight" => {
+                if number > u64::from(MAX_WEIGHT) {
+                    return Err(format!(
+                        "key {name:?}: weight {number} is above the most, {MAX_WEIGHT}"
+                    ));
+                }
+                tenancy.weight = number as u32;
+            }
+            "max_active_per_user" => tenancy.max_active_per_user = Some(number),
+            "user_rate_per_minute" => tenancy.user_rate_per_minute = Some(number),
+            "cpu_seconds_per_day" => tenancy.cpu_seconds_per_day = Some(number),
+            "user_cpu_seconds_per_day" => tenancy.user_cpu_seconds_per_day = Some(number),
+            "user_jobs_per_day" => tenancy.user_jobs_per_day = Some(number),
+            other => {
+                return Err(format!(
+                    "key {name:?}: unknown option {other:?}; the options are admin and {}=<n>",
+                    TENANCY_OPTIONS.join("=, ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An option of the entry of key `name` as `(option, value)`: `option=value`,
+/// or a short form (`admin`; a bare number is `max_active`).
+fn split_option<'a>(name: &str, option: &'a str) -> Result<(&'a str, &'a str), String> {
+    match option.split_once('=') {
+        Some((option_name, value)) => Ok((option_name, value)),
+        None if option == "admin" => Ok(("admin", "")),
+        None if option.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
+            Ok(("max_active", option))
+        }
+        None => Err(format!(
+            "key {name:?}: option {option:?} is not admin, a max_active number or one of {}=<n>",
+            TENANCY_OPTIONS.join("=, ")
+        )),
+    }
+}
+
 impl ApiKeys {
     /// Parses `name:key[:option]...`, comma-separated, where each option is
     /// `admin` (the key may change fleet-wide settings) or `<option>=<n>`
@@ -158,106 +262,17 @@ impl ApiKeys {
         let mut keys: Vec<ApiKey> = Vec::new();
         let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
         for (index, entry) in entries.enumerate() {
-            let position = index + 1;
-            let mut parts = entry.split(':');
-            let (Some(name), Some(key)) = (parts.next(), parts.next()) else {
-                return Err(format!("entry {position} is not name:key[:option]..."));
-            };
-            let options: Vec<&str> = parts.collect();
-            if !valid_name(name) {
+            let key = ApiKey::parse(index + 1, entry)?;
+            if keys.iter().any(|k| k.name == key.name) {
+                return Err(format!("key {:?} is configured twice", key.name));
+            }
+            if let Some(other) = keys.iter().find(|k| k.digest == key.digest) {
                 return Err(format!(
-                    "entry {position}: the name must be 1-{MAX_NAME_CHARS} letters, digits, '_' or '-'"
+                    "keys {:?} and {:?} have the same secret",
+                    other.name, key.name
                 ));
             }
-            if key.chars().count() < MIN_KEY_CHARS {
-                return Err(format!(
-                    "key {name:?}: the key must be at least {MIN_KEY_CHARS} characters"
-                ));
-            }
-            if !key.chars().all(|c| c.is_ascii_graphic()) {
-                return Err(format!(
-                    "key {name:?}: the key must be visible ASCII characters only"
-                ));
-            }
-            let mut max_active = None;
-            let mut admin = false;
-            let mut tenancy = Tenancy::default();
-            let mut seen: Vec<&str> = Vec::new();
-            for option in options {
-                let (option_name, value) = match option.split_once('=') {
-                    Some((option_name, value)) => (option_name, value),
-                    // The short forms: a bare number is max_active.
-                    None if option == "admin" => ("admin", ""),
-                    None if option.bytes().all(|b| b.is_ascii_digit() || b == b'-') => {
-                        ("max_active", option)
-                    }
-                    None => {
-                        return Err(format!(
-                            "key {name:?}: option {option:?} is not admin, a max_active number or one of {}=<n>",
-                            TENANCY_OPTIONS.join("=, ")
-                        ));
-                    }
-                };
-                if seen.contains(&option_name) {
-                    return Err(format!("key {name:?}: option {option_name} is given twice"));
-                }
-                seen.push(option_name);
-                if option_name == "admin" {
-                    if !value.is_empty() {
-                        return Err(format!("key {name:?}: admin takes no value"));
-                    }
-                    admin = true;
-                    continue;
-                }
-                let number = match value.parse::<u64>() {
-                    Ok(n) if n > 0 => n,
-                    _ => {
-                        return Err(format!(
-                            "key {name:?}: {option_name} {value:?} is not a positive integer"
-                        ));
-                    }
-                };
-                match option_name {
-                    "max_active" => max_active = Some(number),
-                    "weight" => {
-                        if number > u64::from(MAX_WEIGHT) {
-                            return Err(format!(
-                                "key {name:?}: weight {number} is above the most, {MAX_WEIGHT}"
-                            ));
-                        }
-                        tenancy.weight = number as u32;
-                    }
-                    "max_active_per_user" => tenancy.max_active_per_user = Some(number),
-                    "user_rate_per_minute" => tenancy.user_rate_per_minute = Some(number),
-                    "cpu_seconds_per_day" => tenancy.cpu_seconds_per_day = Some(number),
-                    "user_cpu_seconds_per_day" => tenancy.user_cpu_seconds_per_day = Some(number),
-                    "user_jobs_per_day" => tenancy.user_jobs_per_day = Some(number),
-                    other => {
-                        return Err(format!(
-                            "key {name:?}: unknown option {other:?}; the options are admin and {}=<n>",
-                            TENANCY_OPTIONS.join("=, ")
-                        ));
-                    }
-                }
-            }
-            if keys.iter().any(|k| k.name == name) {
-                return Err(format!("key {name:?} is configured twice"));
-            }
-            let digest = digest(key);
-            if let Some(other) = keys.iter().find(|k| k.digest == digest) {
-                return Err(format!(
-                    "keys {:?} and {name:?} have the same secret",
-                    other.name
-                ));
-            }
-            keys.push(ApiKey {
-                name: name.to_string(),
-                digest,
-                max_active,
-                admin,
-                tenancy,
-                egress: Arc::default(),
-            });
+            keys.push(key);
         }
         if keys.is_empty() {
             return Err("no API keys configured; set CODE_RUNNER_API_KEYS".into());

@@ -1,14 +1,34 @@
 //! A queued job's place in the queue, live: `{"type":"queued","position",
 //! "eta_ms"}` on its streams, and `queue` in its view.
 //!
-//! One task per API process: every [`TICK`] while any stream follows a
-//! queued job, one `places.lua` call reads the places of all the jobs this
-//! process's streams follow (never a scan per job), and each job's watchers
-//! get its new place when it changed. The wait is estimated from the
-//! fleet's claim rate, read from the claim counter (`jobs:claims`) over the
-//! last [`RATE_WINDOW`]; with no claim in that window there is no estimate
-//! (`eta_ms: null`): nothing is being claimed, which is what a student
-//! waiting on a stopped service should see.
+//! One task per API process, started at the first use: every [`TICK`], one
+//! `places.lua` call reads the places of all the queued jobs this
+//! process's streams follow (never a call per job), and each job's
+//! watchers get its new place when it moved ([`moved`]); a job newly
+//! watched is read at once. With no job watched, a tick reads the claim
+//! counter alone (one `GET`), so a new watcher's first place comes with its
+//! estimated wait. The wait is estimated from the fleet's claim rate, read
+//! from the claim counter (`jobs:claims`) over the last [`RATE_WINDOW`];
+//! with no claim in that window there is no estimate (`eta_ms: null`):
+//! nothing is being claimed, which is what a student waiting on a stopped
+//! service should see.
+//!
+//! Why a tick and not events: a queued job's place moves when any worker
+//! of the fleet claims a job, and when any API process queues or cancels
+//! one ahead of it (fair turns put a new user's first job ahead of others'
+//! older ones). None of that reaches this process: the followed jobs' own
+//! events ([`super::feeds`]) say only when a job itself starts, and the
+//! store keeps no signal of the queue's changes. The estimate moves with
+//! time alone too. So the process asks, twice a second.
+//!
+//! What a tick costs, measured as `places.lua`'s own time in a local Redis
+//! 7.0: 35 µs for one watched job; with W watched jobs of a key with U
+//! users waiting, about 0.25 µs × W × U: 14 ms for an exam of 300 students
+//! each following their one job, 25 ms for 100 watched among 1000 users,
+//! 73 ms for 300 watched among 1000 users (at two ticks a second, 15% of
+//! Redis's one thread for each API process with such streams). The cost is
+//! the script's walk of the key's users for each job, not how often it
+//! runs: fewer ticks would make every place later, not the walk cheaper.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -20,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{self, Store, StoreError};
 
-/// How often the followed jobs' places are read: at most 2 updates a second
-/// per job.
-pub(super) const TICK: Duration = Duration::from_millis(500);
+/// How often the followed jobs' places are read (see the module's doc for
+/// why a tick, and what one costs): at most 2 updates a second per job.
+pub(crate) const TICK: Duration = Duration::from_millis(500);
 /// The claim rate is taken over this long.
 const RATE_WINDOW: Duration = Duration::from_secs(30);
 /// A rate from less than this much history is not trusted yet.
@@ -36,14 +56,6 @@ pub struct Place {
     /// The wait estimated from the recent claim rate; `None`: nothing was
     /// claimed lately, so there is no estimate.
     pub eta_ms: Option<u64>,
-}
-
-impl Place {
-    /// The stream event.
-    pub(super) fn event(self) -> String {
-        serde_json::json!({"type": "queued", "position": self.position, "eta_ms": self.eta_ms})
-            .to_string()
-    }
 }
 
 /// Claim counter samples, oldest first.
@@ -119,13 +131,13 @@ impl Inner {
 
 /// The places of the jobs this process's streams follow.
 #[derive(Clone)]
-pub(super) struct Places {
+pub(crate) struct Places {
     inner: Arc<Inner>,
 }
 
 impl Places {
     /// Its task starts at the first use and ends with `shutdown`.
-    pub(super) fn new(store: Store, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(store: Store, shutdown: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -145,7 +157,7 @@ impl Places {
     }
 
     /// Watches `id`'s place (the receiver starts at `None`: not read yet).
-    pub(super) fn watch(&self, id: &str) -> watch::Receiver<Option<Place>> {
+    pub(crate) fn watch(&self, id: &str) -> watch::Receiver<Option<Place>> {
         self.start();
         let mut watched = self.inner.watched();
         let receiver = match watched.get(id) {
@@ -170,7 +182,7 @@ impl Places {
     }
 
     /// One job's place now (for its view): one script call.
-    pub(super) async fn place_of(&self, id: &str) -> Result<Option<Place>, StoreError> {
+    pub(crate) async fn place_of(&self, id: &str) -> Result<Option<Place>, StoreError> {
         self.start();
         let read = self.inner.store.jobs().places(&[id.to_string()]).await?;
         Ok(self
@@ -291,21 +303,5 @@ mod tests {
         assert!(moved(place(3, Some(9000)), place(3, Some(7000))));
         assert!(moved(place(3, None), None));
         assert!(!moved(None, None));
-    }
-
-    #[test]
-    fn the_event_is_queued_with_position_and_eta() {
-        let event: serde_json::Value = serde_json::from_str(
-            &Place {
-                position: 2,
-                eta_ms: None,
-            }
-            .event(),
-        )
-        .unwrap();
-        assert_eq!(
-            event,
-            serde_json::json!({"type": "queued", "position": 2, "eta_ms": null})
-        );
     }
 }

@@ -29,7 +29,7 @@ use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
@@ -110,23 +110,10 @@ pub async fn serve(
         .keep_alive_timeout(timers.header);
     let connections = TaskTracker::new();
     let failed = loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            () = shutdown.cancelled() => break None,
-        };
-        let (stream, peer) = match accepted {
-            Ok(accepted) => accepted,
-            Err(error) => match accept_pause(&error) {
-                Some(pause) => {
-                    tracing::debug!(error = %error, "accepting a connection failed");
-                    if !pause.is_zero() {
-                        tracing::warn!(error = %error, "cannot accept connections for now; pausing");
-                        tokio::time::sleep(pause).await;
-                    }
-                    continue;
-                }
-                None => break Some(error),
-            },
+        let (stream, peer) = match accept(&listener, &shutdown).await {
+            Some(Ok(accepted)) => accepted,
+            Some(Err(error)) => break Some(error),
+            None => break None,
         };
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY on a connection");
@@ -174,6 +161,33 @@ pub async fn serve(
     match failed {
         None => Ok(()),
         Some(error) => Err(error),
+    }
+}
+
+/// The next connection, past the accept errors that concern one connection
+/// or a moment's want of descriptors or memory; `Err` when the listener
+/// itself failed, `None` at `shutdown`.
+async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+) -> Option<std::io::Result<(TcpStream, SocketAddr)>> {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => return None,
+        };
+        let error = match accepted {
+            Ok(accepted) => return Some(Ok(accepted)),
+            Err(error) => error,
+        };
+        let Some(pause) = accept_pause(&error) else {
+            return Some(Err(error));
+        };
+        tracing::debug!(error = %error, "accepting a connection failed");
+        if !pause.is_zero() {
+            tracing::warn!(error = %error, "cannot accept connections for now; pausing");
+            tokio::time::sleep(pause).await;
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{IntCounterVec, IntGauge};
 
-use super::error::ApiError;
+use crate::api::http::error::ApiError;
 use crate::metrics::Metrics;
 
 /// The caps, from configuration.
@@ -30,7 +30,7 @@ struct Counts {
 
 /// The open streams, counted. Cheap to clone.
 #[derive(Debug, Clone)]
-pub(super) struct StreamCaps {
+pub(crate) struct StreamCaps {
     limits: StreamLimits,
     counts: Arc<Mutex<Counts>>,
     open: IntGauge,
@@ -69,7 +69,7 @@ impl Cap {
 
 /// One open stream; dropping it gives its place back.
 #[derive(Debug)]
-pub(super) struct StreamPermit {
+pub(crate) struct StreamPermit {
     counts: Arc<Mutex<Counts>>,
     open: IntGauge,
     key: String,
@@ -77,7 +77,7 @@ pub(super) struct StreamPermit {
 }
 
 impl StreamCaps {
-    pub(super) fn new(limits: StreamLimits, metrics: &Metrics) -> Self {
+    pub(crate) fn new(limits: StreamLimits, metrics: &Metrics) -> Self {
         for cap in Cap::ALL {
             metrics.streams_refused.with_label_values(&[cap.label()]);
         }
@@ -91,7 +91,7 @@ impl StreamCaps {
 
     /// A place for one more stream of `job` (of API key `key`), or the
     /// refusal that names the cap it would pass.
-    pub(super) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
+    pub(crate) fn acquire(&self, key: &str, job: &str) -> Result<StreamPermit, ApiError> {
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let refuse = |cap: Cap, open: usize, limit: usize, setting: &'static str| {
             self.refused.with_label_values(&[cap.label()]).inc();

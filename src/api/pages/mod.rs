@@ -7,7 +7,10 @@
 //!
 //! The pages are public (they hold no data); what they show comes from the
 //! API with a key: the playground's own routes are in
-//! [`super::playground`], the dashboard's data in [`super::dashboard`].
+//! [`playground`], the dashboard's data in [`dashboard`].
+
+mod dashboard;
+mod playground;
 
 use std::sync::{Arc, LazyLock};
 
@@ -18,10 +21,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
 
-use super::ApiState;
-use super::dashboard::{self, History};
-use super::error::ApiError;
-use super::playground::{self, PlaygroundKey};
+use crate::api::ApiState;
+use crate::api::http::error::ApiError;
+use crate::follow::samples::History;
+pub use playground::PlaygroundKey;
 
 /// Paths the pages may not take: the API's own routes live under them.
 const RESERVED_PREFIXES: &[&str] = &[
@@ -36,15 +39,15 @@ const MAX_PATH_CHARS: usize = 100;
 pub struct WebUi {
     /// Where the playground is served; `None`: no playground (and no
     /// `/v1/playground` routes).
-    pub(super) playground_path: Option<String>,
+    pub(crate) playground_path: Option<String>,
     /// Where the dashboard is served; `None`: no dashboard (and no
     /// `/v1/dashboard`).
-    pub(super) dashboard_path: Option<String>,
+    pub(crate) dashboard_path: Option<String>,
     /// The configured key the playground submits with for visitors who have
     /// none.
-    pub(super) playground_key: Option<PlaygroundKey>,
+    pub(crate) playground_key: Option<PlaygroundKey>,
     /// The dashboard's plots, sampled while the server runs.
-    pub(super) history: Arc<History>,
+    pub(crate) history: Arc<History>,
 }
 
 impl WebUi {
@@ -114,43 +117,43 @@ const ASSETS: &[Asset] = &[
     Asset {
         name: PLAYGROUND_PAGE,
         content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../../web/dist/playground.html"),
+        body: include_bytes!("../../../web/dist/playground.html"),
         gzip: None,
     },
     Asset {
         name: DASHBOARD_PAGE,
         content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../../web/dist/dashboard.html"),
+        body: include_bytes!("../../../web/dist/dashboard.html"),
         gzip: None,
     },
     Asset {
         name: "playground.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../web/dist/playground.js"),
-        gzip: Some(include_bytes!("../../web/dist/playground.js.gz")),
+        body: include_bytes!("../../../web/dist/playground.js"),
+        gzip: Some(include_bytes!("../../../web/dist/playground.js.gz")),
     },
     Asset {
         name: "playground.css",
         content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../../web/dist/playground.css"),
+        body: include_bytes!("../../../web/dist/playground.css"),
         gzip: None,
     },
     Asset {
         name: "dashboard.js",
         content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../web/dist/dashboard.js"),
+        body: include_bytes!("../../../web/dist/dashboard.js"),
         gzip: None,
     },
     Asset {
         name: "dashboard.css",
         content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../../web/dist/dashboard.css"),
+        body: include_bytes!("../../../web/dist/dashboard.css"),
         gzip: None,
     },
     Asset {
         name: "licenses.txt",
         content_type: "text/plain; charset=utf-8",
-        body: include_bytes!("../../web/dist/THIRD-PARTY-LICENSES.txt"),
+        body: include_bytes!("../../../web/dist/THIRD-PARTY-LICENSES.txt"),
         gzip: None,
     },
 ];
@@ -272,7 +275,7 @@ async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Response {
 }
 
 /// The routes of the pages `web` enables, and of their data.
-pub(super) fn routes(web: &WebUi) -> Router<ApiState> {
+pub(crate) fn routes(web: &WebUi) -> Router<ApiState> {
     let mut router = Router::new();
     if let Some(path) = &web.playground_path {
         router = router
@@ -292,7 +295,7 @@ pub(super) fn routes(web: &WebUi) -> Router<ApiState> {
 }
 
 /// The pages' settings, for handlers reached only when they are on.
-pub(super) fn settings(state: &ApiState) -> Result<&WebUi, ApiError> {
+pub(crate) fn settings(state: &ApiState) -> Result<&WebUi, ApiError> {
     state
         .web
         .as_deref()

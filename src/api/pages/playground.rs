@@ -1,4 +1,4 @@
-//! The playground's routes (the page itself is in [`super::web`]):
+//! The playground's routes (the page itself is in [`super`]):
 //!
 //! - `GET /v1/playground` (public): what the page needs to know before
 //!   anyone signs in: whether a shared playground key is configured, its
@@ -22,10 +22,9 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::ApiState;
-use super::auth::ApiKeys;
-use super::error::ApiError;
-use super::web;
+use crate::api::ApiState;
+use crate::api::http::auth::ApiKeys;
+use crate::api::http::error::ApiError;
 
 /// The configured key the playground submits with.
 #[derive(Clone)]
@@ -103,8 +102,8 @@ struct PlaygroundSettings<'a> {
 }
 
 /// `GET /v1/playground`.
-pub(super) async fn settings(State(state): State<ApiState>) -> Result<Response, ApiError> {
-    let web = web::settings(&state)?;
+pub(crate) async fn settings(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let web = super::settings(&state)?;
     Ok(Json(PlaygroundSettings {
         shared_key: web.playground_key.is_some(),
         max_active: web.playground_key.as_ref().map(|k| k.max_active),
@@ -114,11 +113,11 @@ pub(super) async fn settings(State(state): State<ApiState>) -> Result<Response, 
 }
 
 /// `POST /v1/playground/jobs`: `POST /v1/jobs` with the shared key.
-pub(super) async fn submit(
+pub(crate) async fn submit(
     State(state): State<ApiState>,
     mut request: Request,
 ) -> Result<Response, ApiError> {
-    let key = web::settings(&state)?
+    let key = super::settings(&state)?
         .playground_key
         .clone()
         .ok_or(ApiError::NotFound(
@@ -133,7 +132,7 @@ pub(super) async fn submit(
     request
         .headers_mut()
         .insert(header::AUTHORIZATION, key.authorization);
-    Ok(super::jobs::submit(State(state), request).await)
+    Ok(crate::api::v1::jobs::submit(State(state), request).await)
 }
 
 #[cfg(test)]

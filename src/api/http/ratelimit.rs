@@ -21,8 +21,8 @@ use axum::response::{IntoResponse, Response};
 use governor::clock::Clock;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use super::ApiState;
 use super::error::ApiError;
+use crate::api::ApiState;
 
 /// The buckets: `rate` requests per second per key, `burst` at once.
 pub(crate) struct KeyRate {
@@ -72,7 +72,7 @@ impl KeyRate {
 /// The middleware of the keyed `/v1` routes. A valid key's [`Caller`](super::auth::Caller) is
 /// left in the request's extensions, where [`super::auth::ApiKeys::
 /// authenticate`] takes it instead of checking the key again.
-pub(super) async fn limit(
+pub(crate) async fn limit(
     State(state): State<ApiState>,
     mut request: Request,
     next: Next,
@@ -91,7 +91,7 @@ pub(super) async fn limit(
         Err(error) => {
             // POST is the one submission among these routes.
             if request.method() == Method::POST {
-                super::submit::count_rejection(&state, &error);
+                super::refusals::count_rejection(&state, &error);
             }
             error.into_response()
         }

@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
 use crate::job::{InvalidJob, JobSpec, PreparedJob, Status};
 use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutcome, now_ms};
 
@@ -18,7 +18,7 @@ use crate::store::{Admission, JobRecord, NewJob, Quotas, StoreError, SubmitOutco
 const WAIT_SLACK: Duration = Duration::from_secs(30);
 
 /// A job to submit, once `prepare` accepted it.
-pub(super) struct Submission<'a> {
+pub(crate) struct Submission<'a> {
     pub caller: &'a Caller,
     /// The new job's id.
     pub id: String,
@@ -38,7 +38,7 @@ pub(super) struct Submission<'a> {
 
 /// A submission the store took.
 #[derive(Debug)]
-pub(super) struct Admitted {
+pub(crate) struct Admitted {
     /// The job's id: the new one, or that of the job the same idempotency
     /// key and body made before.
     pub id: String,
@@ -51,7 +51,7 @@ pub(super) struct Admitted {
 
 /// A draining server takes no new job; every API asks before it reads or
 /// checks the job, so a draining server answers 503 whatever the body.
-pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
+pub(crate) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
     if state.inner.draining.is_cancelled() {
         return Err(ApiError::ShuttingDown);
     }
@@ -62,8 +62,9 @@ pub(super) fn refuse_while_draining(state: &ApiState) -> Result<(), ApiError> {
 /// depth, the key's active jobs and storage, its daily quotas,
 /// idempotency). A refusal is
 /// the `ApiError` every API answers with; none is counted here (each
-/// caller counts its refusals with [`count_rejection`], its own included).
-pub(super) async fn submit(
+/// caller counts its refusals with
+/// [`count_rejection`](crate::api::http::refusals::count_rejection), its own included).
+pub(crate) async fn submit(
     state: &ApiState,
     submission: Submission<'_>,
 ) -> Result<Admitted, ApiError> {
@@ -139,46 +140,61 @@ pub(super) async fn submit(
                 wait_budget,
             })
         }
-        // Without an idempotency key the store answers neither; were it to,
-        // the submit is refused, never answered with another job.
-        SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
-            Err(ApiError::IdempotencyConflict)
+        refused => Err(refusal(refused, &admission, caller, spec)),
+    }
+}
+
+/// The `ApiError` of a submission the store did not take, with the limit
+/// it hit.
+fn refusal(
+    outcome: SubmitOutcome,
+    admission: &Admission,
+    caller: &Caller,
+    spec: &JobSpec,
+) -> ApiError {
+    match outcome {
+        // `submit` answers an acceptance and an idempotent replay itself.
+        // Without an idempotency key the store answers neither an existing
+        // job nor a conflict; were it to, the submit is refused, never
+        // answered with another job.
+        SubmitOutcome::Accepted | SubmitOutcome::Existing(_) | SubmitOutcome::Conflict(_) => {
+            ApiError::IdempotencyConflict
         }
-        SubmitOutcome::QueueFull { depth } => Err(ApiError::QueueFull {
+        SubmitOutcome::QueueFull { depth } => ApiError::QueueFull {
             depth,
             limit: admission.max_queue_depth,
-        }),
-        SubmitOutcome::KeyLimit { active } => Err(ApiError::KeyLimit {
+        },
+        SubmitOutcome::KeyLimit { active } => ApiError::KeyLimit {
             active,
             limit: admission.key_limit.unwrap_or(active),
             from_entry: caller.max_active.is_some(),
-        }),
-        SubmitOutcome::UserActiveLimit { active } => Err(ApiError::UserActiveLimit {
+        },
+        SubmitOutcome::UserActiveLimit { active } => ApiError::UserActiveLimit {
             active,
             limit: admission.user_limit.unwrap_or(active),
-        }),
-        SubmitOutcome::UserRateLimit { retry_ms } => Err(ApiError::UserRateLimit {
+        },
+        SubmitOutcome::UserRateLimit { retry_ms } => ApiError::UserRateLimit {
             limit: admission.user_rate_per_minute.unwrap_or(0),
             wait_secs: retry_ms.div_ceil(1000),
-        }),
-        SubmitOutcome::KeyStorage { held, needed } => Err(ApiError::KeyStorage {
+        },
+        SubmitOutcome::KeyStorage { held, needed } => ApiError::KeyStorage {
             held,
             needed,
             budget: admission.storage_budget,
-        }),
+        },
         SubmitOutcome::QuotaExceeded {
             quota,
             limit,
             used,
             resets_ms,
-        } => Err(ApiError::QuotaExceeded {
+        } => ApiError::QuotaExceeded {
             quota,
             user: spec.user.clone().unwrap_or_default(),
             limit,
             used,
             resets_ms,
             retry_after_secs: resets_ms.saturating_sub(now_ms()).div_ceil(1000),
-        }),
+        },
     }
 }
 
@@ -225,26 +241,6 @@ fn admission(state: &ApiState, caller: &Caller, prepared: &PreparedJob) -> Admis
     }
 }
 
-/// Counts a refused submission by its reason (failures of our own are not
-/// refusals and are not counted).
-pub(super) fn count_rejection(state: &ApiState, error: &ApiError) {
-    if let Some(reason) = error.rejection_reason() {
-        count_refusal(state, reason);
-    }
-}
-
-/// Counts a submission refused for `reason` (a `reason` label of
-/// `code_runner_submissions_rejected_total`), for the refusals a compatible
-/// API makes in its own words, without an `ApiError`.
-pub(super) fn count_refusal(state: &ApiState, reason: &'static str) {
-    state
-        .inner
-        .metrics
-        .submissions_rejected
-        .with_label_values(&[reason])
-        .inc();
-}
-
 /// How long a waiting submit waits for `prepared` to end while it is still
 /// queued: the wall budget submit stores for it and a slack, at most
 /// `max_wait`. Once the job has started, [`wait_for_end`] goes by the
@@ -265,7 +261,7 @@ const PAST_DEADLINE_SLACK: Duration = Duration::from_secs(5);
 /// it is then (`None`: the job is gone). A job that is running when
 /// `budget` ends is waited for until its stored deadline (and a slack), at
 /// most `max_wait` from the call.
-pub(super) async fn wait_for_end(
+pub(crate) async fn wait_for_end(
     state: &ApiState,
     id: &str,
     budget: Duration,

@@ -22,11 +22,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
 use super::jobs::rfc3339;
-use crate::store::{CapacityEntry, MAX_ENTRIES, PutOutcome, now_ms};
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::store::{CapacityEntry, Heartbeat, MAX_ENTRIES, PutOutcome, now_ms};
 
 /// Most warm sandboxes one entry asks of the fleet.
 pub const MAX_WARM: u64 = 100_000;
@@ -36,7 +36,7 @@ pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
 /// The body of `PUT /v1/capacity`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct CapacityRequest {
+pub(crate) struct CapacityRequest {
     language: String,
     warm: u64,
     #[serde(default)]
@@ -80,7 +80,7 @@ impl EntryView {
 
 /// What the fleet holds for one language now.
 #[derive(Debug, Default, Serialize, PartialEq, Eq)]
-pub(super) struct LanguageCapacity {
+pub(crate) struct LanguageCapacity {
     /// The active entries' total.
     floor: u64,
     /// The live workers' targets, summed.
@@ -120,24 +120,20 @@ fn parse_time(field: &'static str, text: &str) -> Result<u64, ApiError> {
 
 /// Per language: the floor of the active entries against what the live
 /// workers say they hold (their heartbeats' `warm` figures).
-pub(super) fn fleet_capacity(
+pub(crate) fn fleet_capacity(
     entries: &[CapacityEntry],
-    heartbeats: &[serde_json::Value],
+    heartbeats: &[Heartbeat],
     now_ms: u64,
 ) -> BTreeMap<String, LanguageCapacity> {
     let mut languages: BTreeMap<String, LanguageCapacity> = BTreeMap::new();
     for entry in entries.iter().filter(|e| e.active_at(now_ms)) {
         languages.entry(entry.language.clone()).or_default().floor += entry.warm;
     }
-    for heartbeat in heartbeats {
-        let Some(warm) = heartbeat.get("warm").and_then(|w| w.as_object()) else {
-            continue;
-        };
+    for warm in heartbeats.iter().filter_map(|h| h.warm.as_ref()) {
         for (language, figures) in warm {
-            let number = |name| figures.get(name).and_then(serde_json::Value::as_u64);
             let capacity = languages.entry(language.clone()).or_default();
-            capacity.target += number("target").unwrap_or(0);
-            capacity.ready += number("ready").unwrap_or(0);
+            capacity.target += figures.target;
+            capacity.ready += figures.ready;
         }
     }
     for capacity in languages.values_mut() {
@@ -150,15 +146,15 @@ pub(super) fn fleet_capacity(
 
 /// How many of `heartbeats` say their pool starts nothing for want of
 /// memory.
-fn memory_held_workers(heartbeats: &[serde_json::Value]) -> usize {
+fn memory_held_workers(heartbeats: &[Heartbeat]) -> usize {
     heartbeats
         .iter()
-        .filter(|heartbeat| heartbeat["warm_memory_held"] == true)
+        .filter(|heartbeat| heartbeat.warm_memory_held == Some(true))
         .count()
 }
 
 /// `PUT /v1/capacity`.
-pub(super) async fn put(
+pub(crate) async fn put(
     State(state): State<ApiState>,
     caller: Caller,
     body: Result<Json<CapacityRequest>, axum::extract::rejection::JsonRejection>,
@@ -171,23 +167,49 @@ pub(super) async fn put(
         )
         .to_lowercase(),
     })?;
-    let language =
-        state
-            .inner
-            .catalog
-            .find(&request.language)
-            .ok_or_else(|| ApiError::InvalidRequest {
-                field: "language",
-                message: format!(
-                    "unknown language {:?}; known: {}",
-                    request.language,
-                    state.inner.catalog.ids().join(", ")
-                ),
-            })?;
+    let now = now_ms();
+    let entry = checked_entry(&state, &caller, request, now)?;
+    match state.inner.store.capacity().put(&entry).await? {
+        PutOutcome::Stored => {
+            tracing::info!(
+                capacity.id = %entry.id,
+                language = %entry.language,
+                warm = entry.warm,
+                from = %rfc3339(entry.from_ms),
+                until = %rfc3339(entry.until_ms),
+                api_key = %caller.name,
+                "warm capacity scheduled"
+            );
+            Ok((StatusCode::CREATED, Json(EntryView::new(entry, now))).into_response())
+        }
+        PutOutcome::Full => Err(ApiError::ScheduleFull {
+            entries: MAX_ENTRIES,
+        }),
+    }
+}
+
+/// The entry `request` asks for, checked: a language of the catalog (with
+/// a warm runtime, if it asks for one), a count within [`MAX_WARM`], a
+/// window of at most [`MAX_WINDOW`] that ends after `now`.
+fn checked_entry(
+    state: &ApiState,
+    caller: &Caller,
+    request: CapacityRequest,
+    now: u64,
+) -> Result<CapacityEntry, ApiError> {
+    let catalog = &state.inner.catalog;
+    let language = catalog
+        .find(&request.language)
+        .ok_or_else(|| ApiError::InvalidRequest {
+            field: "language",
+            message: format!(
+                "unknown language {:?}; known: {}",
+                request.language,
+                catalog.ids().join(", ")
+            ),
+        })?;
     if request.warm_runtime == Some(true) && language.warm_runtime.is_none() {
-        let offered: Vec<&str> = state
-            .inner
-            .catalog
+        let offered: Vec<&str> = catalog
             .all()
             .iter()
             .filter(|l| l.warm_runtime.is_some())
@@ -208,34 +230,8 @@ pub(super) async fn put(
             message: format!("{} is not between 1 and {MAX_WARM}", request.warm),
         });
     }
-    let now = now_ms();
-    let from_ms = match &request.from {
-        Some(text) => parse_time("from", text)?,
-        None => now,
-    };
-    let until_ms = parse_time("until", &request.until)?;
-    if until_ms <= from_ms {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: "must be after from".into(),
-        });
-    }
-    if until_ms <= now {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: "is in the past".into(),
-        });
-    }
-    if until_ms - from_ms > MAX_WINDOW.as_millis() as u64 {
-        return Err(ApiError::InvalidRequest {
-            field: "until",
-            message: format!(
-                "the window is longer than {} days",
-                MAX_WINDOW.as_secs() / 86_400
-            ),
-        });
-    }
-    let entry = CapacityEntry {
+    let (from_ms, until_ms) = window(&request, now)?;
+    Ok(CapacityEntry {
         id: uuid::Uuid::new_v4().to_string(),
         language: language.id.clone(),
         warm: request.warm,
@@ -244,28 +240,38 @@ pub(super) async fn put(
         created_by: caller.name.clone(),
         created_ms: now,
         warm_runtime: request.warm_runtime,
+    })
+}
+
+/// The request's window, Unix ms: `from` (default `now`) before `until`,
+/// `until` after `now`, at most [`MAX_WINDOW`] long.
+fn window(request: &CapacityRequest, now: u64) -> Result<(u64, u64), ApiError> {
+    let invalid = |message: String| ApiError::InvalidRequest {
+        field: "until",
+        message,
     };
-    match state.inner.store.capacity().put(&entry).await? {
-        PutOutcome::Stored => {
-            tracing::info!(
-                capacity.id = %entry.id,
-                language = %entry.language,
-                warm = entry.warm,
-                from = %rfc3339(entry.from_ms),
-                until = %rfc3339(entry.until_ms),
-                api_key = %caller.name,
-                "warm capacity scheduled"
-            );
-            Ok((StatusCode::CREATED, Json(EntryView::new(entry, now))).into_response())
-        }
-        PutOutcome::Full => Err(ApiError::ScheduleFull {
-            entries: MAX_ENTRIES,
-        }),
+    let from_ms = match &request.from {
+        Some(text) => parse_time("from", text)?,
+        None => now,
+    };
+    let until_ms = parse_time("until", &request.until)?;
+    if until_ms <= from_ms {
+        return Err(invalid("must be after from".into()));
     }
+    if until_ms <= now {
+        return Err(invalid("is in the past".into()));
+    }
+    if until_ms - from_ms > MAX_WINDOW.as_millis() as u64 {
+        return Err(invalid(format!(
+            "the window is longer than {} days",
+            MAX_WINDOW.as_secs() / 86_400
+        )));
+    }
+    Ok((from_ms, until_ms))
 }
 
 /// `GET /v1/capacity`.
-pub(super) async fn list(
+pub(crate) async fn list(
     State(state): State<ApiState>,
     caller: Caller,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -274,10 +280,7 @@ pub(super) async fn list(
     let entries = store.capacity().schedule().await?;
     let workers = store.overview().live_workers().await?;
     let now = now_ms();
-    let heartbeats: Vec<serde_json::Value> = workers
-        .iter()
-        .map(|w| serde_json::from_str(&w.heartbeat).unwrap_or(serde_json::Value::Null))
-        .collect();
+    let heartbeats: Vec<Heartbeat> = workers.iter().map(|w| w.heartbeat.clone()).collect();
     let languages = fleet_capacity(&entries, &heartbeats, now);
     let view = CapacityView {
         now: rfc3339(now),
@@ -293,7 +296,7 @@ pub(super) async fn list(
 }
 
 /// `DELETE /v1/capacity/{id}`.
-pub(super) async fn delete(
+pub(crate) async fn delete(
     State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
@@ -315,6 +318,14 @@ mod tests {
         CapacityEntry::sample(language, warm, from_ms, until_ms)
     }
 
+    /// Heartbeats as workers write them, read as the store reads them.
+    fn heartbeats<const N: usize>(values: [serde_json::Value; N]) -> Vec<Heartbeat> {
+        values
+            .iter()
+            .map(|value| Heartbeat::parse(&value.to_string()))
+            .collect()
+    }
+
     #[test]
     fn the_fleet_is_short_when_its_targets_do_not_reach_the_floor() {
         let entries = [
@@ -322,11 +333,11 @@ mod tests {
             entry("python", 10, 0, 100),
             entry("c", 5, 200, 300),
         ];
-        let heartbeats = [
+        let heartbeats = heartbeats([
             serde_json::json!({"slots_max": 4, "warm": {"python": {"ready": 8, "target": 10}}}),
             serde_json::json!({"slots_max": 4, "warm": {"python": {"ready": 10, "target": 10}}}),
             serde_json::json!({"slots_max": 4}),
-        ];
+        ]);
         let languages = fleet_capacity(&entries, &heartbeats, 50);
         assert_eq!(
             languages["python"],
@@ -345,12 +356,12 @@ mod tests {
 
     #[test]
     fn workers_held_for_memory_are_counted() {
-        let heartbeats = [
+        let heartbeats = heartbeats([
             serde_json::json!({"warm": {"python": {"ready": 0, "target": 10}}, "warm_memory_held": true}),
             serde_json::json!({"warm": {"python": {"ready": 10, "target": 10}}, "warm_memory_held": false}),
             serde_json::json!({"slots_max": 4}),
             serde_json::Value::Null,
-        ];
+        ]);
         assert_eq!(memory_held_workers(&heartbeats), 1);
         assert_eq!(memory_held_workers(&heartbeats[1..]), 0);
     }

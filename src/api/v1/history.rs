@@ -23,10 +23,10 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 
-use super::ApiState;
-use super::auth::Caller;
-use super::error::ApiError;
 use super::jobs::rfc3339;
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
 use crate::job::{Status, check_user};
 use crate::store::{HistoryEntry, HistoryPosition, HistoryQuery};
 
@@ -73,7 +73,7 @@ impl From<HistoryEntry> for HistoryView {
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct HistoryAnswer {
+pub(crate) struct HistoryAnswer {
     jobs: Vec<HistoryView>,
     /// Where the next page starts (`cursor=`); `null`: this is the last.
     next_cursor: Option<String>,
@@ -207,7 +207,7 @@ fn decode_cursor(text: &str) -> Result<HistoryPosition, ApiError> {
 }
 
 /// `GET /v1/jobs`.
-pub(super) async fn list(
+pub(crate) async fn list(
     State(state): State<ApiState>,
     caller: Caller,
     query: Result<Query<Vec<(String, String)>>, QueryRejection>,

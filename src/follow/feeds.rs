@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use deadpool_redis::redis::aio::MultiplexedConnection;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +47,7 @@ enum Update {
 }
 
 /// What following a job gave next.
-pub(super) enum Step {
+pub(crate) enum Step {
     /// New events, in order; the last may be `exit`.
     Events(Vec<StoredEvent>),
     /// The job has ended and every event up to its `exit` was given.
@@ -73,6 +74,15 @@ struct State {
     reader_started: bool,
 }
 
+/// What the reader keeps between its rounds.
+struct Reader {
+    /// Its dedicated connection; `None` until made, and after a failure.
+    conn: Option<MultiplexedConnection>,
+    /// The doorbell's last entry read.
+    doorbell: String,
+    last_sweep: tokio::time::Instant,
+}
+
 struct Inner {
     store: Store,
     /// This process's doorbell.
@@ -84,12 +94,12 @@ struct Inner {
 
 /// The followers of this process's jobs. Cheap to clone.
 #[derive(Clone)]
-pub(super) struct Feeds {
+pub(crate) struct Feeds {
     inner: Arc<Inner>,
 }
 
 impl Feeds {
-    pub(super) fn new(store: Store, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(store: Store, shutdown: CancellationToken) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -109,7 +119,7 @@ impl Feeds {
     }
 
     /// Follows job `id` from after `after` (a `seq`).
-    pub(super) fn subscribe(&self, id: &str, after: u64) -> Subscription {
+    pub(crate) fn subscribe(&self, id: &str, after: u64) -> Subscription {
         let (receiver, new_feed, start_reader) = {
             let mut state = self.lock();
             let start_reader = !std::mem::replace(&mut state.reader_started, true);
@@ -190,11 +200,12 @@ impl Feeds {
     /// The reader: one dedicated connection, one blocking read over every
     /// followed job, until shutdown.
     async fn read(self) {
-        let store = self.inner.store.clone();
         let shutdown = self.inner.shutdown.clone();
-        let mut conn = None;
-        let mut doorbell = "0-0".to_string();
-        let mut last_sweep = tokio::time::Instant::now();
+        let mut reader = Reader {
+            conn: None,
+            doorbell: "0-0".to_string(),
+            last_sweep: tokio::time::Instant::now(),
+        };
         let mut backoff = Duration::from_millis(100);
         loop {
             if shutdown.is_cancelled() {
@@ -207,57 +218,15 @@ impl Feeds {
                     () = self.inner.changed.notified() => continue,
                 }
             }
-            let step = async {
-                if last_sweep.elapsed() >= SWEEP_INTERVAL {
-                    last_sweep = tokio::time::Instant::now();
-                    let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
-                    let positions = store.events().positions(&ids).await?;
-                    for (id, position) in ids.iter().zip(positions) {
-                        if position.is_none() {
-                            self.publish(id, Update::Gone, None);
-                        }
-                    }
-                }
-                if conn.is_none() {
-                    conn = Some(store.dedicated().await?);
-                }
-                let Some(connection) = conn.as_mut() else {
-                    return Ok(());
-                };
-                let read = store
-                    .events()
-                    .read_feeds(
-                        connection,
-                        &self.inner.instance,
-                        &doorbell,
-                        &known,
-                        BLOCK_TIMEOUT,
-                    )
-                    .await?;
-                if let Some(rung) = read.doorbell {
-                    doorbell = rung;
-                }
-                for (id, events) in read.events {
-                    let Some(last) = events.last().map(|e| e.seq) else {
-                        continue;
-                    };
-                    let ended = events.iter().any(StoredEvent::is_exit);
-                    self.publish(&id, Update::Events(Arc::new(events)), Some(last));
-                    if ended {
-                        self.publish(&id, Update::Ended, None);
-                    }
-                }
-                Ok::<(), StoreError>(())
-            };
             let outcome = tokio::select! {
                 () = shutdown.cancelled() => return,
-                outcome = step => outcome,
+                outcome = self.read_round(&mut reader, &known) => outcome,
             };
             match outcome {
                 Ok(()) => backoff = Duration::from_millis(100),
                 Err(error) => {
                     tracing::warn!(error = %error, "reading the followed jobs' events failed; their streams close");
-                    conn = None;
+                    reader.conn = None;
                     self.publish_all(Update::Failed);
                     tokio::select! {
                         () = shutdown.cancelled() => return,
@@ -269,9 +238,60 @@ impl Feeds {
         }
     }
 
+    /// One round of the reader: the jobs that expired are told so (every
+    /// [`SWEEP_INTERVAL`]), then one blocking read of the `known` jobs'
+    /// events and the doorbell, published to each job's followers.
+    async fn read_round(
+        &self,
+        reader: &mut Reader,
+        known: &[(String, u64)],
+    ) -> Result<(), StoreError> {
+        let store = &self.inner.store;
+        if reader.last_sweep.elapsed() >= SWEEP_INTERVAL {
+            reader.last_sweep = tokio::time::Instant::now();
+            let ids: Vec<String> = known.iter().map(|(id, _)| id.clone()).collect();
+            let positions = store.events().positions(&ids).await?;
+            for (id, position) in ids.iter().zip(positions) {
+                if position.is_none() {
+                    self.publish(id, Update::Gone, None);
+                }
+            }
+        }
+        if reader.conn.is_none() {
+            reader.conn = Some(store.dedicated().await?);
+        }
+        let Some(connection) = reader.conn.as_mut() else {
+            return Ok(());
+        };
+        let read = store
+            .events()
+            .read_feeds(
+                connection,
+                &self.inner.instance,
+                &reader.doorbell,
+                known,
+                BLOCK_TIMEOUT,
+            )
+            .await?;
+        if let Some(rung) = read.doorbell {
+            reader.doorbell = rung;
+        }
+        for (id, events) in read.events {
+            let Some(last) = events.last().map(|e| e.seq) else {
+                continue;
+            };
+            let ended = events.iter().any(StoredEvent::is_exit);
+            self.publish(&id, Update::Events(Arc::new(events)), Some(last));
+            if ended {
+                self.publish(&id, Update::Ended, None);
+            }
+        }
+        Ok(())
+    }
+
     /// Waits until job `id` is terminal (woken by its `exit` event), at
     /// most `within` or until shutdown; `true` when it is terminal or gone.
-    pub(super) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, StoreError> {
+    pub(crate) async fn await_exit(&self, id: &str, within: Duration) -> Result<bool, StoreError> {
         let deadline = tokio::time::Instant::now() + within;
         let store = &self.inner.store;
         // The status and the last event's seq in one read: the terminal
@@ -300,7 +320,7 @@ impl Feeds {
 }
 
 /// One follower of one job; see the module documentation.
-pub(super) struct Subscription {
+pub(crate) struct Subscription {
     feeds: Feeds,
     id: String,
     receiver: broadcast::Receiver<Update>,
@@ -313,7 +333,7 @@ pub(super) struct Subscription {
 }
 
 impl Subscription {
-    pub(super) fn id(&self) -> &str {
+    pub(crate) fn id(&self) -> &str {
         &self.id
     }
 
@@ -339,14 +359,14 @@ impl Subscription {
 
     /// Whether the subscription still reads stored events from Redis
     /// before it takes the live ones (see [`Subscription::catch_up`]).
-    pub(super) fn catching_up(&self) -> bool {
+    pub(crate) fn catching_up(&self) -> bool {
         self.replay || self.finishing.is_some()
     }
 
     /// Reads from Redis what the subscription has not given yet: the next
     /// batch of stored events or how the stream ends (`Some`), or `None`
     /// once caught up with a job still going (the live events are next).
-    pub(super) async fn catch_up(&mut self) -> Option<Step> {
+    pub(crate) async fn catch_up(&mut self) -> Option<Step> {
         while self.catching_up() {
             if self.feeds.inner.shutdown.is_cancelled() {
                 return Some(Step::Shutdown);
@@ -397,7 +417,7 @@ impl Subscription {
     }
 
     /// The next step: events, or how the stream ends.
-    pub(super) async fn next(&mut self) -> Step {
+    pub(crate) async fn next(&mut self) -> Step {
         loop {
             if self.feeds.inner.shutdown.is_cancelled() {
                 return Step::Shutdown;
