@@ -7,15 +7,18 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cli;
 pub mod client;
 pub mod compat;
 pub mod containers;
 pub mod daemon;
 pub mod in_process;
+pub mod paths;
 pub mod programs;
 pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
+pub mod redis_tls;
 pub mod scripted;
 pub mod up_keys;
 
