@@ -74,6 +74,24 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
     }
 }
 
+/// The catalog's file (`runner-images/languages.toml`) plus `cobol`, a
+/// language whose image (`code-runner/does-not-exist`) no Docker has,
+/// written as `languages.toml` into `dir`; its path (for
+/// `CODE_RUNNER_LANGUAGES_FILE`).
+pub fn catalog_with_cobol(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
+    )
+    .unwrap();
+    text.push_str(
+        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
+         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
+    );
+    let path = dir.join("languages.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
 impl Harness {
     pub async fn new() -> Self {
         Self::with_runtime(None).await

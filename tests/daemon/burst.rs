@@ -1,7 +1,7 @@
 //! The exam's burst on the default settings: 100 students press Run at
 //! once, each an interactive program they answer three times over its
 //! WebSocket (`code-runner bench --interactive -n 100 -c 100
-//! --round-trips 3`, the 300-student burst scaled to the test
+//! --round-trips 3`, a 300-student exam's burst scaled to the test
 //! machine), against a `code-runner serve` whose only settings are a warm
 //! pool and slots sized for the class. Three rounds in one test (300
 //! sessions): every session succeeds, no submission is refused (no 429 of

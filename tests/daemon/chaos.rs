@@ -1,8 +1,8 @@
-//! The chaos test of issue 5: workers `kill -9`ed at random moments while
+//! The chaos test: workers `kill -9`ed at random moments while
 //! jobs run, new workers started in their place; at the end every job has
 //! exactly one terminal status, nothing is left in Redis, Docker holds no
-//! container or volume of the test, and no job ran twice at once. Since
-//! issue 11 a batch job whose worker died while it ran runs again (up to
+//! container or volume of the test, and no job ran twice at once. A batch
+//! job whose worker died while it ran runs again (up to
 //! `MAX_ATTEMPTS` starts): the test reports how many were retried, checks
 //! each ended with its own output once, and, from Docker's event stream,
 //! that no job ever had two containers alive at the same time.

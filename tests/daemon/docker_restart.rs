@@ -1,4 +1,4 @@
-//! dockerd restarted during a run (issue 5, item 3): the job that was running
+//! dockerd restarted during a run: the job that was running
 //! settles as `error` with a message that says what happened, none of its
 //! containers is left, `/readyz` follows Docker's state (a `serve`'s and a
 //! `reaper`'s), and the same `serve` process runs the next job, without a
@@ -6,10 +6,10 @@
 //!
 //! This stops the machine's dockerd (the one in /var/run/docker.pid) and
 //! starts it again the one way the project does (`ensure_dockerd` of
-//! scripts/lib/services.sh), so it needs root. The file holds exactly one
-//! test: nothing else of this binary may run while dockerd is down (cargo runs
-//! the test binaries one after another). Whatever happens, [`DockerdGuard`]
-//! leaves dockerd running.
+//! scripts/lib/services.sh), so it needs root. Nothing else may run while
+//! dockerd is down: `.config/nextest.toml` runs this test alone (under plain
+//! `cargo test`, run it alone too: `cargo test --test daemon docker_restart`).
+//! Whatever happens, [`DockerdGuard`] leaves dockerd running.
 
 use crate::common;
 

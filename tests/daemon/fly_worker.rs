@@ -100,7 +100,7 @@ fn docker_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-/// Builds the test image once per test binary: `deploy-fly/build-image` with
+/// Builds the test image once per test process: `deploy-fly/build-image` with
 /// python only and this build's `code-runner` binary.
 fn build_image() {
     static BUILT: Mutex<bool> = Mutex::new(false);

@@ -14,7 +14,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-// One module per topic, in alphabetical order; add yours in its place.
+// One module per topic, in alphabetical order.
 mod bench;
 mod browser;
 mod burst;
@@ -30,3 +30,6 @@ mod redis_memory;
 mod redis_tls;
 mod run_client;
 mod warm_capacity;
+
+// Modules of other layers' tests that belong in this binary: one `mod` line
+// per file added to this folder, in alphabetical order.

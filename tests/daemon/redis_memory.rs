@@ -1,4 +1,4 @@
-//! Bounded Redis memory (issue 11, item 3): a flood of jobs that each print
+//! Bounded Redis memory: a flood of jobs that each print
 //! their most output (control bytes, which JSON would store as six bytes
 //! each) keeps Redis under the bound docs/operations.md computes for one
 //! key: the key's storage budget times the allocator and encoding overhead,

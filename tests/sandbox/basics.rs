@@ -2,6 +2,7 @@
 //! languages a compile error reported as the compile stage's result.
 
 use crate::common;
+use crate::jobs::base64;
 
 use code_runner::job::Status;
 use code_runner::protocol::Reason;
@@ -45,7 +46,7 @@ async fn binary_stdin_and_output_survive() {
     let harness = Harness::new().await;
     let mut spec = job("bash", "main.sh", "cat");
     let bytes: Vec<u8> = (0..=255u8).chain([0, 0xff, 0xc3]).collect();
-    spec.stdin = base64_encode(&bytes);
+    spec.stdin = base64(&bytes);
     spec.stdin_encoding = code_runner::job::Encoding::Base64;
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
@@ -56,7 +57,7 @@ async fn binary_stdin_and_output_survive() {
     // Not UTF-8: the JSON result carries it as base64 with a flag.
     let json = serde_json::to_value(&result).unwrap();
     assert_eq!(json["run"]["stdout_encoding"], "base64");
-    assert_eq!(json["run"]["stdout"], base64_encode(&bytes));
+    assert_eq!(json["run"]["stdout"], base64(&bytes));
     harness.assert_clean().await;
 }
 
@@ -155,9 +156,4 @@ async fn several_files_in_directories_are_written() {
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
     assert_eq!(stdout(&result), "nested\n");
     harness.assert_clean().await;
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -3,29 +3,16 @@
 //! events of a run, and interactive input answered line by line.
 
 use crate::common;
+use crate::jobs::sleep_forever;
 
 use code_runner::sandbox::SandboxEngine as _;
 use std::time::{Duration, Instant};
 
-use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobResult, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::{JobInput, JobIo, SandboxEvent};
-use common::{Harness, default_settings, job_with_limits, next_event, python, stdout};
+use common::{Harness, default_settings, next_event, python, stdout};
 use tokio::sync::mpsc;
-
-/// A job that would outlive every deadline of these tests by far.
-fn sleep_forever() -> code_runner::job::JobSpec {
-    job_with_limits(
-        "bash",
-        "main.sh",
-        "echo sleeping; sleep 1000",
-        LimitsRequest {
-            wall_ms: Some(120_000),
-            ..Default::default()
-        },
-    )
-}
 
 /// Starts `spec` on its own task with events; returns the task, the events,
 /// and the cancel token.

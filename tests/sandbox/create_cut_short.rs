@@ -3,10 +3,13 @@
 //! through a proxy on a Unix socket that holds every create request for a
 //! few seconds, longer than any fixed retry would wait.
 //!
-//! The only test of its binary: it points `DOCKER_HOST` at the proxy while
-//! its engine connects, which would reach any other test of the process.
+//! It points `DOCKER_HOST` at the proxy while its engine connects, which
+//! would reach any other test of the process: it needs a process of its own,
+//! as cargo-nextest gives every test (under plain `cargo test`, run it
+//! alone: `cargo test --test sandbox create_cut_short`).
 
 use crate::common;
+use crate::jobs::sleep_forever;
 
 use code_runner::sandbox::SandboxEngine as _;
 use std::path::{Path, PathBuf};
@@ -14,9 +17,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use code_runner::job::limits::LimitsRequest;
 use code_runner::sandbox::JobIo;
-use common::{Harness, job_with_limits};
+use common::Harness;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
@@ -127,22 +129,15 @@ async fn next(seen: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
 async fn a_job_dropped_while_its_container_is_being_created_leaves_no_container() {
     let (seen_tx, mut seen) = mpsc::unbounded_channel();
     let proxy = SlowCreates::start(Path::new("/var/run/docker.sock"), seen_tx);
-    // SAFETY: the only test of this binary, before its engine's threads
-    // read the environment; taken back once the engine is connected, so
-    // the harness's cleanup (the docker CLI) goes to dockerd itself.
+    // SAFETY: the only test of its process (see the module's doc), before
+    // its engine's threads read the environment; taken back once the engine
+    // is connected, so the harness's cleanup (the docker CLI) goes to
+    // dockerd itself.
     unsafe { std::env::set_var("DOCKER_HOST", format!("unix://{}", proxy.path.display())) };
     let harness = Harness::new().await;
     unsafe { std::env::remove_var("DOCKER_HOST") };
 
-    let job = harness.prepare(&job_with_limits(
-        "bash",
-        "main.sh",
-        "echo sleeping; sleep 1000",
-        LimitsRequest {
-            wall_ms: Some(120_000),
-            ..Default::default()
-        },
-    ));
+    let job = harness.prepare(&sleep_forever());
     let engine = harness.engine.clone();
     let task = tokio::spawn(async move {
         engine

@@ -12,23 +12,8 @@ use std::time::Duration;
 
 use common::daemon::{DaemonBuilder, KEY_A, Role, run_stdout};
 use common::redis_server::RedisServer;
-use common::{CliHarness, code_runner};
+use common::{CliHarness, catalog_with_cobol, code_runner};
 use serde_json::{Value, json};
-
-/// The catalog plus a language whose image nobody has.
-fn catalog_with_cobol(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
-    )
-    .unwrap();
-    text.push_str(
-        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
-         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
-    );
-    let path = dir.join("languages.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 fn ids(languages: &Value) -> Vec<String> {
     languages["languages"]

@@ -165,7 +165,7 @@ fn every_catalog_language_has_a_case() {
     for id in &ids {
         assert!(
             TESTED.contains(id),
-            "{id} has no tests in tests/languages.rs"
+            "{id} has no tests in tests/sandbox/languages.rs"
         );
         assert!(
             LANGUAGE_CASES.iter().any(|c| c.language == *id),

@@ -32,7 +32,7 @@ fn importer(language: &str, library: &Library) -> (&'static str, String) {
             ),
         ),
         _ => panic!(
-            "no importer for a {} library of {language}: add one to tests/libraries.rs",
+            "no importer for a {} library of {language}: add one to tests/sandbox/libraries.rs",
             library.source.as_str()
         ),
     }
@@ -46,7 +46,7 @@ async fn every_listed_library_is_in_its_image_at_its_pinned_version() {
         .iter()
         .filter(|l| !l.libraries.is_empty())
         .collect();
-    // The defaults the issue asks for: numpy in python, lodash in javascript.
+    // The libraries every install has: numpy in python, lodash in javascript.
     let listed: Vec<(&str, &str)> = with_libraries
         .iter()
         .flat_map(|l| {

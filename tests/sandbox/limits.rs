@@ -5,6 +5,7 @@
 
 use crate::common;
 use crate::common::paths::on_every_start_path;
+use crate::jobs::memory_bomb;
 
 use std::time::{Duration, Instant};
 
@@ -52,15 +53,7 @@ async fn fork_bomb_is_contained_by_the_pids_limit(harness: Harness) {
 }
 
 async fn memory_bomb_hits_the_memory_limit(harness: Harness) {
-    let spec = job_with_limits(
-        "python",
-        "main.py",
-        "chunks = []\nwhile True:\n    chunks.append(b'x' * (8 << 20))\n",
-        LimitsRequest {
-            memory_mb: Some(64),
-            ..Default::default()
-        },
-    );
+    let spec = memory_bomb(64);
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Failed, "{result:#?}");
     let run = result.run.as_ref().unwrap();

@@ -13,8 +13,9 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod jobs;
 
-// One module per topic, in alphabetical order; add yours in its place.
+// One module per topic, in alphabetical order.
 mod basics;
 mod cleanup;
 mod create_cut_short;
@@ -33,3 +34,6 @@ mod seccomp;
 mod validation;
 mod warm_pool;
 mod warm_runtime;
+
+// Modules of other layers' tests that belong in this binary: one `mod` line
+// per file added to this folder, in alphabetical order.

@@ -5,6 +5,7 @@
 
 use crate::common;
 use crate::common::paths::on_every_start_path;
+use crate::jobs::base64;
 
 use code_runner::job::Status;
 use code_runner::job::limits::LimitsRequest;
@@ -119,7 +120,7 @@ print("interfaces", sorted(os.listdir("/sys/class/net")))
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
     // gVisor's netstack answers with its own errno for an address with no
-    // route: EHOSTUNREACH where Linux says ENETUNREACH (see sandbox_escape).
+    // route: EHOSTUNREACH where Linux says ENETUNREACH (see `escape`).
     assert_eq!(
         stdout_lines(&result),
         [
@@ -142,10 +143,7 @@ async fn stdin_is_echoed_byte_exact_under_gvisor(harness: Harness) {
     // Binary bytes through `cat`, too.
     let mut spec = job("bash", "main.sh", "cat");
     let bytes: Vec<u8> = (0..=255u8).rev().chain([0, 0xff, 0xc3]).collect();
-    spec.stdin = {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD.encode(&bytes)
-    };
+    spec.stdin = base64(&bytes);
     spec.stdin_encoding = code_runner::job::Encoding::Base64;
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");
@@ -160,7 +158,7 @@ async fn fork_bomb_is_contained_under_gvisor(harness: Harness) {
     // Under runsc the job's process count is held inside gVisor (the pids
     // cgroup also counts gVisor's own host threads): the bomb fails to fork,
     // and the job runs into its wall limit with the sandbox still reporting.
-    // The default limits are proven over many runs in runsc_hostile.rs.
+    // The default limits are proven over many runs in `runsc_hostile`.
     for pids in [Some(16), Some(24)] {
         let spec = job_with_limits(
             "bash",

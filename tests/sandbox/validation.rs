@@ -3,6 +3,7 @@
 //! job cannot reach Docker. The CLI refuses the same jobs with exit 64.
 
 use crate::common;
+use crate::jobs::base64;
 
 use std::collections::BTreeMap;
 
@@ -197,10 +198,7 @@ async fn too_many_files_or_bytes_are_refused() {
     );
     spec.files[0] = FileSpec {
         name: "data.bin".into(),
-        content: {
-            use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.encode(vec![0u8; 1 << 20])
-        },
+        content: base64(&vec![0u8; 1 << 20]),
         encoding: Encoding::Base64,
     };
     prepare(&spec, &harness.catalog, &harness.policy)

@@ -2,27 +2,26 @@
 //! job, a job outside the pool's class goes cold with its own limits, a
 //! broken or expired member is replaced, and every live sandbox has a uid of
 //! its own (per-uid kernel limits are not shared). The daemon-level side
-//! (the reaper and a killed worker's pool, the capacity schedule) is in
-//! daemon_warm.rs.
+//! (the reaper and a killed worker's pool, the capacity schedule) is in the
+//! `daemon` binary's `warm_capacity`.
 //!
-//! The hostile tests of the cold path run on the warm path too: see the
-//! `warm::` halves of sandbox_limits, sandbox_escape and sandbox_runsc.
+//! The hostile tests of the cold path run on the warm paths too: see the
+//! `warm::` and `warm_runtime::` halves of [`limits`](crate::limits),
+//! [`escape`](crate::escape) and [`runsc`](crate::runsc).
 
 use crate::common;
+use crate::jobs::memory_bomb;
 
 use code_runner::sandbox::SandboxEngine as _;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bollard::query_parameters::InspectContainerOptions;
-use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobSpec, StartKind, Status};
 use code_runner::protocol::Reason;
 use code_runner::sandbox::pool::{LanguageStatus, PoolSettings, memory};
 use code_runner::sandbox::{JobIo, SandboxEvent, WarmPool};
-use common::{
-    Harness, job_with_limits, pool_settings, python, runsc_enabled, stdout, stdout_lines, wait_for,
-};
+use common::{Harness, pool_settings, python, runsc_enabled, stdout, stdout_lines, wait_for};
 
 const WITHIN: Duration = Duration::from_secs(60);
 
@@ -115,15 +114,7 @@ async fn a_job_outside_the_pools_class_runs_cold_with_its_own_limits() {
 
     // 64 MiB instead of the default: the pool's sandboxes are bigger, so
     // this job may not have one.
-    let bomb = harness.prepare(&job_with_limits(
-        "python",
-        "main.py",
-        "chunks = []\nwhile True:\n    chunks.append(b'x' * (8 << 20))\n",
-        LimitsRequest {
-            memory_mb: Some(64),
-            ..Default::default()
-        },
-    ));
+    let bomb = harness.prepare(&memory_bomb(64));
     assert!(
         pool.claim(&bomb).await.is_none(),
         "a bigger sandbox was given"

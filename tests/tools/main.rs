@@ -11,10 +11,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-// One module per topic, in alphabetical order; add yours in its place.
+// One module per topic, in alphabetical order.
 mod cli;
 mod fly_config;
 mod fly_provision;
 mod redis_tls;
 mod up_keys;
 mod vps_install;
+
+// Modules of other layers' tests that belong in this binary: one `mod` line
+// per file added to this folder, in alphabetical order.

@@ -6,7 +6,7 @@
 //!
 //! Two daemons: one whose playground (at `/`) asks for a key and whose
 //! dashboard the operator's key of `scripts/up` opens, and one with a shared playground key (at
-//! `/playground`). `pages.py` checks every state of the issue (the page
+//! `/playground`). `pages.py` checks every state of the pages (the page
 //! loads with no console error, a Python hello world, every language's
 //! hello-world template, an interactive
 //! program fed two typed lines, Stop ending a loop with `killed`, a compile

@@ -1,6 +1,6 @@
 """Browser tests of the playground and the dashboard, driven by Selenium.
 
-Run by tests/browser.rs, which starts the daemons (a real `code-runner
+Run by tests/daemon/browser/mod.rs, which starts the daemons (a real `code-runner
 serve` each, with its own redis-server) and passes them in the environment:
 
     CODE_RUNNER_URL           a daemon whose playground asks for a key (at /)
