@@ -1,6 +1,6 @@
 //! The published Piston and Judge0 clients, installed by
 //! `scripts/compat-clients` under `target/compat-clients/` (once per test
-//! binary; the script is idempotent and says what it installs).
+//! process; the script is idempotent and says what it installs).
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -6,8 +6,6 @@
 //! guard drops, also when the test fails. Every daemon gets a worker id of its
 //! own (`test-<uuid>`), so its sandbox containers carry a label no other test
 //! uses; dropping the daemon force-removes whatever is left of them.
-//!
-//! Used by the test files as `mod common;` and `use common::daemon;`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;

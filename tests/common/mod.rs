@@ -1,26 +1,54 @@
-//! Shared harness for the integration tests: a real dockerd, real images.
+//! What the integration test binaries share (each declares it with
+//! `#[path = "../common/mod.rs"] mod common;`).
 //!
-//! Every test gets its own worker id, so the containers it creates carry a
-//! label only it uses; [`Harness`] removes whatever is left of them when it is
-//! dropped (also when the test fails), and [`Harness::assert_clean`] fails the
-//! test if anything was left behind by the engine.
+//! Here: [`Harness`], the sandbox engine on the real dockerd and the runner
+//! images. Every test gets its own worker id, so the containers it creates
+//! carry a label only it uses; [`Harness`] removes whatever is left of them
+//! when it is dropped (also when the test fails), and
+//! [`Harness::assert_clean`] fails the test if anything was left behind by
+//! the engine. [`CliHarness`] does the same for the `code-runner` binary's
+//! own containers; the job and result helpers ([`job`], [`stdout`], …) and
+//! the pollers ([`wait_for`], [`until`]) serve every binary.
+//!
+//! Beside it:
+//!
+//! | module | what |
+//! |---|---|
+//! | [`scripted`] | a scripted sandbox engine: no dockerd |
+//! | [`in_process`] | a whole `code-runner` process inside the test, on the scripted engine |
+//! | [`client`] | the API client of both kinds of process |
+//! | [`daemon`] | the real binary as a child process (needs Docker for its sandboxes) |
+//! | [`paths`] | [`on_every_start_path!`](paths::on_every_start_path): a test on each start path of a job |
+//! | [`programs`] | programs in every language |
+//! | [`containers`] | Docker for the harnesses: labelled containers and their removal |
+//! | [`redis_server`], [`redis_tls`], [`proxy`] | a redis-server of one test, one that speaks only TLS, a proxy that cuts it off |
+//! | [`cli`] | the binary run as from a shell, to its end; [`CliHarness`] |
+//! | [`certs`], [`compat`], [`up_keys`] | a test CA; the Piston and Judge0 clients; `scripts/up`'s keys |
+//!
+//! Nothing here is a test: a `#[test]` in this folder would run once in
+//! every binary.
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cli;
 pub mod client;
 pub mod compat;
 pub mod containers;
 pub mod daemon;
 pub mod in_process;
+pub mod paths;
 pub mod programs;
 pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
+pub mod redis_tls;
 pub mod scripted;
 pub mod up_keys;
 
 use std::time::{Duration, Instant};
 
+#[allow(unused_imports)] // a test binary without CLI tests
+pub use cli::CliHarness;
 use code_runner::config::SandboxSettings;
 use code_runner::job::StartKind;
 use code_runner::job::limits::LimitPolicy;
@@ -33,9 +61,7 @@ use code_runner::sandbox::pool::PoolSettings;
 use code_runner::sandbox::{
     DockerEngine, JobIo, LABEL_WORKER, SandboxClass, SandboxEngine as _, WarmPool, WarmSpec,
 };
-use containers::{
-    assert_none_left, containers_labelled, docker, list_labelled, remove_labelled, sweep_later,
-};
+use containers::{assert_none_left, containers_labelled, remove_labelled, sweep_later};
 
 pub struct Harness {
     pub engine: DockerEngine,
@@ -69,6 +95,24 @@ pub fn default_settings(runtime: Option<&str>) -> SandboxSettings {
         test_egress_hosts: None,
         checker_cache_mb: code_runner::sandbox::DEFAULT_CHECKER_CACHE_MB,
     }
+}
+
+/// The catalog's file (`runner-images/languages.toml`) plus `cobol`, a
+/// language whose image (`code-runner/does-not-exist`) no Docker has,
+/// written as `languages.toml` into `dir`; its path (for
+/// `CODE_RUNNER_LANGUAGES_FILE`).
+pub fn catalog_with_cobol(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
+    )
+    .unwrap();
+    text.push_str(
+        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
+         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
+    );
+    let path = dir.join("languages.toml");
+    std::fs::write(&path, text).unwrap();
+    path
 }
 
 impl Harness {
@@ -288,10 +332,6 @@ pub async fn harness_per_runtime(test: &str) -> Vec<(&'static str, Harness)> {
     list
 }
 
-// ---------------------------------------------------------------------------
-// Added for the escape, runsc, cleanup, cli and validation tests.
-// ---------------------------------------------------------------------------
-
 use code_runner::sandbox::SandboxEvent;
 
 impl Harness {
@@ -433,87 +473,6 @@ pub fn source(dir: &std::path::Path, name: &str, content: &str) -> std::path::Pa
     let path = dir.join(name);
     std::fs::write(&path, content).unwrap();
     path
-}
-
-/// Tests of the `code-runner` binary run one at a time: the CLI names its own
-/// worker (`cli-<uuid>`), so the only way to tell this test's containers from
-/// another's is that no other CLI test runs meanwhile.
-static CLI_SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Harness for tests that run the `code-runner` binary: the binary with a
-/// clean environment, and a check that every container it created is gone.
-pub struct CliHarness {
-    /// Containers created by a CLI before this are not this test's.
-    started_ms: u64,
-    docker: bollard::Docker,
-    _serial: tokio::sync::MutexGuard<'static, ()>,
-}
-
-impl CliHarness {
-    pub async fn new() -> Self {
-        let serial = CLI_SERIAL.lock().await;
-        Self {
-            started_ms: unix_ms(),
-            docker: docker().await,
-            _serial: serial,
-        }
-    }
-
-    /// The `code-runner` binary with no `CODE_RUNNER_*` or `SANDBOX_RUNTIME`
-    /// variable inherited from the environment the tests run in.
-    pub fn command(&self) -> std::process::Command {
-        code_runner()
-    }
-
-    /// Containers created by a `code-runner` CLI since this harness started.
-    pub async fn leftovers(&self) -> Vec<String> {
-        cli_containers_since(&self.docker, self.started_ms).await
-    }
-
-    /// Waits (up to 10 s) until no container created by the CLI during this
-    /// test exists; fails the test with their ids otherwise.
-    pub async fn assert_clean(&self) {
-        assert_none_left("containers left behind by the CLI", async || {
-            self.leftovers().await
-        })
-        .await;
-    }
-}
-
-impl Drop for CliHarness {
-    fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        // The test failed, maybe with a CLI killed mid-run: remove what it left.
-        let started_ms = self.started_ms;
-        remove_labelled(LABEL_WORKER.to_string(), move |c| {
-            created_by_cli_since(c, started_ms)
-        });
-    }
-}
-
-async fn cli_containers_since(docker: &bollard::Docker, since_ms: u64) -> Vec<String> {
-    list_labelled(docker, LABEL_WORKER)
-        .await
-        .expect("docker lists containers")
-        .into_iter()
-        .filter(|c| created_by_cli_since(c, since_ms))
-        .filter_map(|c| c.id)
-        .collect()
-}
-
-/// Whether a `code-runner` CLI created the container at `since_ms` or later.
-fn created_by_cli_since(container: &bollard::models::ContainerSummary, since_ms: u64) -> bool {
-    let labels = container.labels.clone().unwrap_or_default();
-    let by_cli = labels
-        .get(LABEL_WORKER)
-        .is_some_and(|w| w.starts_with("cli-"));
-    let created = labels
-        .get(code_runner::sandbox::LABEL_CREATED)
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(u64::MAX);
-    by_cli && created >= since_ms
 }
 
 /// Logs of the code under test, shown for failed tests (`TEST_LOG` filters).

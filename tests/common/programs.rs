@@ -72,7 +72,7 @@ pub enum Ending {
     Signal(&'static str),
 }
 
-/// The tests of one language (`tests/languages.rs`): every language of the
+/// The tests of one language (`tests/sandbox/languages.rs`): every language of the
 /// catalog has one, and every case is checked under runc and runsc.
 pub struct LanguageCase {
     pub language: &'static str,
