@@ -60,7 +60,7 @@ async fn a_stage_past_its_wall_limit_is_killed() {
     let started = Instant::now();
     let mut ran = run_with(
         &engine,
-        &limited("print a\nsleep 5000", walled.clone()),
+        &limited("print a\nsleep 5000", walled),
         JobIo::default(),
     )
     .await;
@@ -301,7 +301,7 @@ async fn a_runs_sandbox_is_labelled_and_removed_by_its_cleanup() {
     assert_eq!(sandbox.deadline_ms, Some(deadline_ms));
     assert!(sandbox.created_ms >= before && sandbox.created_ms <= now_ms());
     assert!(!sandbox.warm);
-    assert_eq!(host.running(), [sandbox.id.clone()]);
+    assert_eq!(host.running(), std::slice::from_ref(&sandbox.id));
     let mut outcome = running.await.unwrap();
     assert_eq!(outcome.container, sandbox.id);
     assert_eq!(outcome.result.status, Status::Succeeded);
