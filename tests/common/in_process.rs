@@ -8,10 +8,13 @@
 //! description of the command), so nothing of the test process's
 //! environment changes.
 //!
-//! Dropping an [`InProcess`] stops it at once, without a drain;
-//! [`InProcess::shut_down`] is the graceful stop SIGTERM begins, and
-//! [`InProcess::crash`] the stop of a killed process (its sandboxes stay
-//! on the host, its heartbeat is never retired).
+//! Each process runs on a tokio runtime of its own (threads of the test
+//! process), so that it can end as a process does: dropping an
+//! [`InProcess`] stops every task of it at once, without a drain (its
+//! runs' sandboxes are removed); [`InProcess::shut_down`] is the graceful
+//! stop SIGTERM begins, and [`InProcess::crash`] the stop of a killed
+//! process (every task ends at once, its sandboxes stay on the host, its
+//! heartbeat is never retired).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -49,10 +52,14 @@ impl InProcessBuilder {
 
     pub fn with_redis_url(role: Role, redis_url: &str) -> Self {
         let mut env = BTreeMap::new();
-        env.insert(
-            "CODE_RUNNER_API_KEYS".to_string(),
-            format!("a:{KEY_A},b:{KEY_B}"),
-        );
+        // The roles with an API read the test keys; a worker or reaper
+        // reads no such setting.
+        if matches!(role, Role::Serve | Role::Api) {
+            env.insert(
+                "CODE_RUNNER_API_KEYS".to_string(),
+                format!("a:{KEY_A},b:{KEY_B}"),
+            );
+        }
         Self {
             role,
             redis_url: redis_url.to_string(),
@@ -90,16 +97,30 @@ impl InProcessBuilder {
             .unwrap_or_else(|| format!("test-{}", uuid::Uuid::new_v4()));
         let host = self.host.clone().unwrap_or_else(ScriptedHost::new);
         let engine = host.engine(&worker_id);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a loopback port");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking socket");
         let url = format!("http://{}", listener.local_addr().unwrap());
         let plan = self
             .plan(&worker_id)
             .unwrap_or_else(|error| panic!("{error}"));
         let stop = CancellationToken::new();
         let shared: Engine = Arc::new(engine.clone());
-        let task = tokio::spawn(plan.run_on(listener, Some(shared), stop.clone()));
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name(format!("in-process-{}", self.role.command()))
+            .enable_all()
+            .build()
+            .expect("a runtime for the process");
+        let task = runtime.spawn({
+            let stop = stop.clone();
+            async move {
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("the process listens");
+                plan.run_on(listener, Some(shared), stop).await
+            }
+        });
         let process = InProcess {
             role: self.role,
             worker_id,
@@ -108,6 +129,7 @@ impl InProcessBuilder {
             engine,
             stop,
             task: Some(task),
+            runtime: Some(runtime),
         };
         process.wait_healthy().await;
         process
@@ -118,8 +140,11 @@ impl InProcessBuilder {
     pub fn plan(&self, worker_id: &str) -> Result<Plan, String> {
         let mut env = self.env.clone();
         env.insert("CODE_RUNNER_REDIS_URL".into(), self.redis_url.clone());
-        env.entry("CODE_RUNNER_WORKER_ID".into())
-            .or_insert_with(|| worker_id.to_string());
+        // Only the roles with a worker have a worker id.
+        if matches!(self.role, Role::Serve | Role::Worker) {
+            env.entry("CODE_RUNNER_WORKER_ID".into())
+                .or_insert_with(|| worker_id.to_string());
+        }
         let command = self.role.command();
         let args = flags(command, &env);
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
@@ -191,6 +216,8 @@ pub struct InProcess {
     pub engine: ScriptedEngine,
     stop: CancellationToken,
     task: Option<JoinHandle<u8>>,
+    /// The runtime every task of the process runs on.
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl InProcess {
@@ -236,12 +263,21 @@ impl InProcess {
             .expect("the process did not panic")
     }
 
-    /// Ends the process as SIGKILL would: no drain, no retire, and its
-    /// sandboxes stay on the host.
+    /// Ends the process as SIGKILL would: every task of it at once, no
+    /// drain, no retire, and its sandboxes stay on the host.
     pub fn crash(&mut self) {
         self.engine.crash();
+        self.end_now();
+    }
+
+    /// Ends every task of the process now (its runtime's shutdown drops
+    /// them, without waiting).
+    fn end_now(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+        }
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
         }
     }
 
@@ -262,8 +298,6 @@ impl std::ops::Deref for InProcess {
 impl Drop for InProcess {
     fn drop(&mut self) {
         self.stop.cancel();
-        if let Some(task) = self.task.take() {
-            task.abort();
-        }
+        self.end_now();
     }
 }

@@ -3,6 +3,9 @@
 //! Redis is unreachable while the Redis itself lives on) and restore, and
 //! that can lose the reply to one `BLMOVE` (the command runs on the server,
 //! its answer never reaches the client: the connection drops instead).
+//! It can also pause (nothing goes either way, the connections stay
+//! open: the daemon hears nothing, as when it is stopped with SIGSTOP)
+//! and resume.
 //!
 //! It runs on a thread of its own with its own tokio runtime, and stops
 //! when dropped (also when the test fails).
@@ -23,6 +26,8 @@ struct Shared {
     lose_blmove_reply: AtomicBool,
     /// Replies to `BLMOVE` lost so far.
     lost_replies: AtomicUsize,
+    /// While set: nothing is relayed either way.
+    paused: AtomicBool,
     stop: CancellationToken,
 }
 
@@ -40,6 +45,7 @@ impl RedisProxy {
             generation: AtomicUsize::new(0),
             lose_blmove_reply: AtomicBool::new(false),
             lost_replies: AtomicUsize::new(0),
+            paused: AtomicBool::new(false),
             stop: CancellationToken::new(),
         });
         let std_listener =
@@ -98,6 +104,17 @@ impl RedisProxy {
     pub fn lost_replies(&self) -> usize {
         self.shared.lost_replies.load(Ordering::SeqCst)
     }
+
+    /// Relays nothing either way until [`Self::resume`]; the connections
+    /// stay open and what is sent meanwhile waits (as for a process that
+    /// was stopped).
+    pub fn pause(&self) {
+        self.shared.paused.store(true, Ordering::SeqCst);
+    }
+
+    pub fn resume(&self) {
+        self.shared.paused.store(false, Ordering::SeqCst);
+    }
 }
 
 impl Drop for RedisProxy {
@@ -132,6 +149,7 @@ async fn relay(client: TcpStream, target_port: u16, shared: Arc<Shared>) {
     };
     let upstream = {
         let blmove_sent = Arc::clone(&blmove_sent);
+        let shared = Arc::clone(&shared);
         async move {
             let mut buffer = vec![0u8; 64 * 1024];
             loop {
@@ -143,6 +161,7 @@ async fn relay(client: TcpStream, target_port: u16, shared: Arc<Shared>) {
                 if chunk.windows(6).any(|w| w.eq_ignore_ascii_case(b"BLMOVE")) {
                     blmove_sent.store(true, Ordering::SeqCst);
                 }
+                while_paused(&shared).await;
                 if server_write.write_all(chunk).await.is_err() {
                     return;
                 }
@@ -172,6 +191,7 @@ async fn relay(client: TcpStream, target_port: u16, shared: Arc<Shared>) {
                     shared.lost_replies.fetch_add(1, Ordering::SeqCst);
                     return;
                 }
+                while_paused(&shared).await;
                 if client_write.write_all(chunk).await.is_err() {
                     return;
                 }
@@ -182,5 +202,12 @@ async fn relay(client: TcpStream, target_port: u16, shared: Arc<Shared>) {
         () = cut => {}
         () = upstream => {}
         () = downstream => {}
+    }
+}
+
+/// Waits while the proxy is paused.
+async fn while_paused(shared: &Shared) {
+    while shared.paused.load(Ordering::SeqCst) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
 }

@@ -4,13 +4,11 @@
 //! command failed for good is replaced, never handed out again. The check
 //! is a pipelined UNWATCH and PING; nothing else sends UNWATCH.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::proxy::RedisProxy;
+use crate::common::redis_server::RedisServer;
 use code_runner::store::Store;
-use common::proxy::RedisProxy;
-use common::redis_server::RedisServer;
 
 /// One store command (a job that does not exist: `None`).
 async fn one_command(store: &Store) -> Result<(), String> {

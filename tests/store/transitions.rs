@@ -13,11 +13,10 @@
 //! late-result record (the platform gave up on the worker's attempt), and
 //! with a cancel asked for.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
+use crate::common::redis_server::RedisServer;
 use code_runner::job::events::JobEvent;
 use code_runner::job::lifecycle::{MOVES, Step};
 use code_runner::job::{JobResult, JobSpec, Status};
@@ -25,7 +24,6 @@ use code_runner::store::{
     Admission, Control, InputBudgets, LostResults, NewJob, Quotas, ReapPolicy, Retry, RunningJob,
     Store, StoreError, TURN, now_ms,
 };
-use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 
 const WORKER: &str = "w-transitions";

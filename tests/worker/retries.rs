@@ -1,14 +1,13 @@
-//! Retries of lost batch jobs (issue 11, item 6): a batch job whose worker
-//! is killed while it runs runs again on another worker (an `attempt` event
-//! in its stream, its output from the new attempt only, never two sandboxes
-//! of it at once); an interactive job on the same worker is never run
-//! again.
+//! Retries of lost batch jobs: a batch job whose worker is killed while
+//! it runs runs again on another worker (an `attempt` event in its stream,
+//! its output from the new attempt only, never two sandboxes of it at
+//! once); an interactive job on the same worker is never run again. And
+//! the API's bounds on a job's attempts.
 //!
-//! Real redis-server, real dockerd, the real binary; every process and
-//! container is removed by its guard, also when the test fails.
+//! In-process daemons on one scripted host, a real redis-server; every
+//! process is stopped when its guard drops, also when the test fails.
 
-mod common;
-
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -16,13 +15,16 @@ use base64::engine::general_purpose::STANDARD;
 use code_runner::job::Encoding;
 use code_runner::job::events::JobEvent;
 use code_runner::store::Store;
-use common::containers::{Lifetimes, docker};
-use common::daemon::{DaemonBuilder, Role, job_containers, python};
-use common::redis_server::RedisServer;
-use common::wait_for;
 use serde_json::json;
 
-fn fast(builder: DaemonBuilder) -> DaemonBuilder {
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted::{self, ScriptedHost};
+use crate::common::wait_for;
+use crate::world::assert_no_sandboxes;
+
+fn fast(builder: InProcessBuilder) -> InProcessBuilder {
     builder
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
         .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
@@ -33,31 +35,32 @@ fn fast(builder: DaemonBuilder) -> DaemonBuilder {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     let redis = RedisServer::start();
-    let docker = docker().await;
-    let lifetimes = Lifetimes::record(&docker).await;
+    let host = ScriptedHost::new();
     // Every job may be started twice unless it says otherwise.
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
+        .host(&host)
         .env("CODE_RUNNER_MAX_ATTEMPTS", 2)
         .start()
         .await;
-    let mut doomed = fast(DaemonBuilder::new(Role::Worker, &redis))
+    let mut doomed = fast(InProcessBuilder::new(Role::Worker, &redis))
+        .host(&host)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
         .start()
         .await;
     let batch = api
-        .submit(&python(
-            "import time\nprint('attempt output', flush=True)\ntime.sleep(3)\nprint('done')\n",
+        .submit(&scripted::json(
+            "print attempt output\nsleep 3000\nprint done",
         ))
         .await
         .id();
-    let mut interactive = python("import time\ninput()\n");
+    let mut interactive = scripted::json("readline");
     interactive["interactive"] = json!(true);
     let interactive = api.submit(&interactive).await.id();
     for id in [&batch, &interactive] {
         api.wait_status(id, &["running"], Duration::from_secs(60))
             .await;
-        wait_for("the job's container", Duration::from_secs(30), || async {
-            (!job_containers(&docker, id).await.is_empty()).then_some(())
+        wait_for("the job's sandbox", Duration::from_secs(30), || async {
+            has_sandbox(&host, id).then_some(())
         })
         .await;
     }
@@ -78,8 +81,12 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     )
     .await;
 
-    doomed.kill9().await;
-    let survivor = fast(DaemonBuilder::new(Role::Worker, &redis)).start().await;
+    // As SIGKILL: its sandboxes stay until a reaper removes them.
+    doomed.crash();
+    let survivor = fast(InProcessBuilder::new(Role::Worker, &redis))
+        .host(&host)
+        .start()
+        .await;
 
     let view = api.wait_terminal(&batch, Duration::from_secs(60)).await;
     assert_eq!(view["status"], "succeeded", "{view:#}");
@@ -134,11 +141,7 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
         "attempt output\ndone\n",
         "{events:#?}"
     );
-    assert_eq!(
-        lifetimes.starts(&batch),
-        2,
-        "two sandboxes, one after the other"
-    );
+    assert_eq!(host.starts(&batch), 2, "two sandboxes, one after the other");
 
     let view = api
         .wait_terminal(&interactive, Duration::from_secs(30))
@@ -146,27 +149,34 @@ async fn a_lost_batch_job_runs_again_and_a_lost_interactive_one_never() {
     assert_eq!(view["status"], "error", "{view:#}");
     assert_eq!(view["result"]["reason"], "worker_lost", "{view:#}");
     assert_eq!(view["attempts"], 1, "{view:#}");
-    assert_eq!(lifetimes.starts(&interactive), 1);
+    assert_eq!(host.starts(&interactive), 1);
 
-    let overlaps = lifetimes.overlaps();
+    let overlaps = host.overlaps();
     assert!(
         overlaps.is_empty(),
         "a job ran twice at once: {overlaps:#?}"
     );
-    survivor.assert_no_containers(&docker).await;
-    doomed.assert_no_containers(&docker).await;
+    assert_no_sandboxes(&survivor).await;
+    assert_no_sandboxes(&doomed).await;
+}
+
+/// Whether a sandbox of job `id` is on the host.
+fn has_sandbox(host: &Arc<ScriptedHost>, id: &str) -> bool {
+    host.sandboxes()
+        .iter()
+        .any(|c| c.job.as_deref() == Some(id))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_attempts_is_checked_per_job() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let api = InProcessBuilder::new(Role::Api, &redis).start().await;
     for (max_attempts, interactive, field_says) in [
         (json!(0), false, "0 is not between 1 and 10"),
         (json!(11), false, "11 is not between 1 and 10"),
         (json!(2), true, "an interactive job runs at most once"),
     ] {
-        let mut job = python("print(1)");
+        let mut job = scripted::json("print 1");
         job["max_attempts"] = max_attempts;
         job["interactive"] = json!(interactive);
         let answer = api.submit(&job).await;

@@ -1,25 +1,31 @@
-//! An outage is not a death (issue 11, item 1): a Redis outage longer than
-//! the heartbeat TTL, with a job that finishes inside it, loses nothing;
-//! and a worker cut off from Redis that a reaper elsewhere gave up on still
-//! gets its real result recorded when it comes back.
+//! An outage is not a death: a Redis outage while a job runs delays its
+//! result but loses nothing (the sandbox stays until the result is
+//! durable); an outage longer than the heartbeat TTL, with a job that
+//! finishes inside it, loses nothing either; a worker cut off from Redis
+//! that a reaper elsewhere gave up on still gets its real result recorded
+//! when it comes back; and an API started before its Redis waits for it.
 //!
-//! Real redis-server (one per test), real dockerd, the real binary. Every
-//! process, container and proxy is removed by its guard, also when a test
-//! fails.
-
-mod common;
+//! Real redis-server (one per test), the worker in the test or in-process
+//! daemons on a scripted host. Every process and proxy is stopped by its
+//! guard, also when a test fails.
 
 use std::time::{Duration, Instant};
 
+use code_runner::job::Status;
 use code_runner::job::events::JobEvent;
-use code_runner::metrics::Metrics;
-use code_runner::reaper::{Reaper, ReaperConfig};
 use code_runner::store::Store;
-use common::daemon::{DaemonBuilder, Role, metric, python};
-use common::proxy::RedisProxy;
-use common::redis_server::RedisServer;
-use common::{Harness, init_tracing, wait_for};
 use serde_json::{Value, json};
+
+use crate::common::client::metric;
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::proxy::RedisProxy;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted::{self, ScriptedHost};
+use crate::common::wait_for;
+use crate::logs;
+use crate::reaper::{config, reaper};
+use crate::world::{JOB_DEADLINE, World};
 
 /// Every event of a job, from its stream, parsed.
 async fn events(store: &Store, id: &str) -> Vec<(u64, JobEvent)> {
@@ -57,21 +63,67 @@ fn streamed_stdout(events: &[(u64, JobEvent)]) -> String {
 
 /// A job printing `line <n>` once a second, `lines` times.
 fn ticker(lines: u32) -> Value {
-    let mut job = python(&format!(
-        "import time\nfor n in range({lines}):\n    print(f'line {{n}}', flush=True)\n    time.sleep(1)\n"
+    let mut job = scripted::json(&format!(
+        "repeat {lines}\n  print line {{i}}\n  sleep 1000\nend"
     ));
     job["limits"] = json!({"wall_ms": 60000});
     job
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_redis_outage_delays_the_result_but_loses_nothing() {
+    let mut world = World::new().await;
+    let id = world
+        .submit(&scripted::job("sleep 3000\nprint survived"))
+        .await;
+    let mut worker = world.start_worker(2, Duration::from_secs(30));
+    world.wait_running(&id).await;
+
+    // Redis goes away while the job runs, and stays away until the job's
+    // program has ended (its sandbox exited): the worker then holds a
+    // result it cannot write. The sandbox stays until the result is
+    // durable: it is removed after, never before.
+    world.redis.stop();
+    wait_for("the job's program to end", JOB_DEADLINE, || async {
+        (!world.running_sandboxes().contains(&id)).then_some(())
+    })
+    .await;
+    assert!(
+        world.sandboxes().contains(&id),
+        "the sandbox was removed before the result was written"
+    );
+    world.redis.restart();
+
+    world
+        .assert_succeeded(&id, "survived\n", Duration::from_secs(30))
+        .await;
+
+    // The worker kept going: it claims and runs new jobs.
+    let next = world.submit(&scripted::job("print next")).await;
+    let record = world.wait_terminal(&next, JOB_DEADLINE).await;
+    assert_eq!(record.status, Status::Succeeded, "{record:#?}");
+    wait_for(
+        "the heartbeat to be back",
+        Duration::from_secs(10),
+        || async { world.heartbeat().await },
+    )
+    .await;
+
+    worker.shut_down();
+    worker.stopped(Duration::from_secs(10)).await;
+    world.assert_clean().await;
+    assert_eq!(world.processing_len().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
-    init_tracing();
     let mut redis = RedisServer::start();
+    let host = ScriptedHost::new();
     // The default heartbeat TTL (15 s) is shorter than the outage; the
     // reaper passes every 200 ms, so a pass comes right after Redis is back,
     // long before the worker's next retry of its result (up to 5 s later).
-    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+    let daemon = InProcessBuilder::new(Role::Serve, &redis)
+        .host(&host)
         .env("CODE_RUNNER_REAPER_INTERVAL_MS", 200)
         .start()
         .await;
@@ -82,7 +134,8 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
         .await;
     // A second process of the fleet, whose reaper (also every 200 ms) sees
     // the first worker's heartbeat expired once Redis is back.
-    let watcher = DaemonBuilder::new(Role::Worker, &redis)
+    let watcher = InProcessBuilder::new(Role::Worker, &redis)
+        .host(&host)
         .env("CODE_RUNNER_REAPER_INTERVAL_MS", 200)
         .start()
         .await;
@@ -138,20 +191,22 @@ async fn a_job_that_finishes_during_a_25_s_redis_outage_keeps_its_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_late_real_result_replaces_the_worker_lost_verdict() {
+    let logs = logs::capture();
     let redis = RedisServer::start();
     let proxy = RedisProxy::start(redis.port);
-    let harness = Harness::new().await;
+    let host = ScriptedHost::new();
     // The worker reaches Redis only through the proxy.
-    let worker = DaemonBuilder::with_redis_url(Role::Worker, &proxy.url())
+    let worker = InProcessBuilder::with_redis_url(Role::Worker, &proxy.url())
+        .host(&host)
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 300)
         .env("CODE_RUNNER_HEARTBEAT_TTL_MS", 1000)
         .start()
         .await;
     let store = Store::new(&redis.url(), "", Duration::from_secs(3600), 4).unwrap();
-    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let api = InProcessBuilder::new(Role::Api, &redis).start().await;
     let id = api
-        .submit(&python(
-            "import time\nprint('started', flush=True)\ntime.sleep(4)\nprint('real result')\n",
+        .submit(&scripted::json(
+            "print started\nsleep 4000\nprint real result",
         ))
         .await
         .id();
@@ -162,15 +217,14 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
     // directly gives its job up. Its grace keeps the container: the worker
     // is alive and its program goes on.
     proxy.cut();
-    let reaper = Reaper::new(
-        ReaperConfig {
+    let (reaper, _metrics) = reaper(
+        store.clone(),
+        &host,
+        code_runner::reaper::ReaperConfig {
             interval: Duration::from_millis(200),
-            grace: Duration::from_secs(600),
-            max_requeues: 3,
             heartbeat_ttl: Duration::from_millis(1000),
-            own_worker: None,
+            ..config(Duration::from_secs(600))
         },
-        harness.reaper_handles(store.clone(), Metrics::new().unwrap()),
     );
     let verdict = wait_for(
         "the worker_lost verdict",
@@ -224,48 +278,37 @@ async fn a_late_real_result_replaces_the_worker_lost_verdict() {
     }
     // The worker logs it once the result is written, which the API may
     // already have shown.
-    let log = common::until(
-        Duration::from_secs(10),
-        || async { worker.log() },
-        |log| log.contains("it replaced the verdict"),
-    )
-    .await;
-    assert!(log.contains("it replaced the verdict"), "{log}");
+    logs.wait_for_line(&["it replaced the verdict", &id], Duration::from_secs(10))
+        .await;
+    // Its sandbox is removed once the result is written.
+    crate::world::assert_no_sandboxes(&worker).await;
     drop(worker);
-    harness.assert_clean().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_api_started_before_its_redis_waits_for_it() {
+    let logs = logs::capture();
     // Nothing listens on the port yet: connections are refused.
-    let port = common::redis_server::free_port();
-    let mut api =
-        DaemonBuilder::with_redis_url(Role::Api, &format!("redis://127.0.0.1:{port}")).spawn();
-    let log = api.log_path();
-    wait_for(
-        "the API's log line saying it waits for Redis",
-        Duration::from_secs(30),
-        || {
-            let log = log.clone();
-            async move {
-                std::fs::read_to_string(&log)
-                    .ok()?
-                    .contains("Redis does not answer; the API waits for it")
-                    .then_some(())
-            }
-        },
+    let port = crate::common::redis_server::free_port();
+    // The start waits for /healthz (up to 30 s) beside the test.
+    let starting = tokio::spawn(
+        InProcessBuilder::with_redis_url(Role::Api, &format!("redis://127.0.0.1:{port}")).start(),
+    );
+    logs.wait_for_line(
+        &["Redis does not answer; the API waits for it"],
+        Duration::from_secs(20),
     )
     .await;
     // It keeps waiting: a few retries later it is still there.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
-        api.running(),
-        "the API exited while Redis was not up; log:\n{}",
-        api.log()
+        !starting.is_finished(),
+        "the API exited (or answered) while Redis was not up; log:\n{}",
+        logs.text()
     );
     let _redis = RedisServer::start_on(port);
-    api.wait_healthy().await;
-    let answer = api.submit(&python("print(1)")).await;
+    let api = starting.await.expect("the API started once Redis was up");
+    let answer = api.submit(&scripted::json("print 1")).await;
     assert_eq!(answer.status, reqwest::StatusCode::ACCEPTED, "{answer:#?}");
     assert!(answer.body["tokens"]["read"].is_string(), "{answer:#?}");
 }

@@ -1,4 +1,4 @@
-//! Fair turns (issue 18, item 2), against a real redis-server through the
+//! Fair turns, against a real redis-server through the
 //! store's own steps: claims take turns across API keys (a key's weight is
 //! its claims in a row per round) and, within a key, across its users;
 //! FIFO only within one user. The order of claims is asserted, not any
@@ -7,17 +7,15 @@
 //! takes its turn with it; a claim costs the same two round trips with
 //! 1000 tenants waiting as with one.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common::redis_server::RedisServer;
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
     Admission, CancelOutcome, ClaimOutcome, LostResults, NewJob, Quotas, ReapOutcome, ReapPolicy,
     Retry, Store, SubmitOutcome, TURN,
 };
-use common::redis_server::RedisServer;
 use redis::AsyncCommands;
 
 fn store(redis: &RedisServer) -> Store {

@@ -1,21 +1,24 @@
-//! Durable by default (issue 11, item 2): a redis-server run with exactly the
+//! Durable by default: a redis-server run with exactly the
 //! settings scripts/up gives it (`CODE_RUNNER_REDIS_DURABLE_ARGS` in
 //! scripts/lib/services.sh) loses no queued job, idempotency record or token
-//! secret when it is killed (`SIGKILL`, no save) and started again; and
-//! `/readyz` and `doctor` warn about a Redis that would lose them.
+//! secret when it is killed (`SIGKILL`, no save) and started again. (That
+//! `/readyz` and `doctor` warn about a Redis that would lose them is tested
+//! with the binary and dockerd, `tests/daemon/durability.rs`: `doctor`
+//! checks dockerd first.)
 //!
-//! Real redis-server per test, the real binary; every process is killed by
-//! its guard, also when a test fails.
-
-mod common;
+//! Real redis-server per test, the API in process (no job runs); every
+//! process is stopped by its guard, also when a test fails.
 
 use std::time::Duration;
 
-use common::daemon::{DaemonBuilder, KEY_A, Role, python, run_to_end};
-use common::redis_server::RedisServer;
-use common::wait_for;
 use reqwest::StatusCode;
-use serde_json::Value;
+
+use crate::common::client::KEY_A;
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted;
+use crate::common::wait_for;
 
 /// The Redis arguments scripts/up (through scripts/lib/services.sh) runs
 /// Redis with.
@@ -48,14 +51,14 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut redis = RedisServer::start_with(&args);
     // An API only: nothing claims the jobs, they stay queued.
-    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let api = InProcessBuilder::new(Role::Api, &redis).start().await;
     let mut queued = Vec::new();
     for n in 0..20 {
-        let answer = api.submit(&python(&format!("print({n})"))).await;
+        let answer = api.submit(&scripted::json(&format!("print {n}"))).await;
         assert_eq!(answer.status, StatusCode::ACCEPTED, "{answer:#?}");
         queued.push(answer.id());
     }
-    let body = serde_json::to_vec(&python("print('once')")).unwrap();
+    let body = serde_json::to_vec(&scripted::json("print once")).unwrap();
     let first = api
         .post_raw(Some(KEY_A), body.clone(), false, Some("order-42"))
         .await;
@@ -118,7 +121,7 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
     }
     // A new API process: the same idempotency record, and the attach token
     // signed before the restart still opens the job's stream.
-    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
+    let api = InProcessBuilder::new(Role::Api, &redis).start().await;
     let again = api
         .post_raw(Some(KEY_A), body, false, Some("order-42"))
         .await;
@@ -135,62 +138,4 @@ async fn a_redis_killed_with_the_scripts_settings_loses_no_queued_job_nor_the_to
         .await
         .expect("the stream answers");
     assert_eq!(response.status(), StatusCode::OK);
-}
-
-async fn readiness(api: &common::daemon::Daemon) -> Value {
-    let answer = api.get("/readyz", None).await;
-    assert_eq!(answer.status, StatusCode::OK, "{answer:#?}");
-    answer.body
-}
-
-fn warned(readiness: &Value) -> Vec<String> {
-    readiness["warnings"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no warnings list: {readiness:#}"))
-        .iter()
-        .map(|w| w["check"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn readyz_and_doctor_warn_about_a_redis_that_would_lose_jobs() {
-    let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis).start().await;
-    let body = readiness(&api).await;
-    assert_eq!(body["ready"], true, "{body:#}");
-    assert_eq!(warned(&body), ["redis_persistence"], "{body:#}");
-    let message = body["warnings"][0]["message"].as_str().unwrap();
-    assert!(message.contains("appendonly yes"), "{message}");
-
-    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]);
-    let body = readiness(&api).await;
-    assert_eq!(
-        warned(&body),
-        ["redis_persistence", "redis_eviction"],
-        "{body:#}"
-    );
-
-    let url = redis.url();
-    let doctor = run_to_end(&["doctor"], &[("CODE_RUNNER_REDIS_URL", &url)]);
-    let out = String::from_utf8_lossy(&doctor.stdout);
-    assert!(
-        out.contains("warning: redis has no persistence"),
-        "doctor said:\n{out}"
-    );
-    assert!(
-        out.contains("warning: redis evicts keys when full (maxmemory-policy allkeys-lru)"),
-        "doctor said:\n{out}"
-    );
-
-    redis.cli(&["CONFIG", "SET", "appendonly", "yes"]);
-    redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
-    let body = readiness(&api).await;
-    assert!(warned(&body).is_empty(), "{body:#}");
-    let doctor = run_to_end(&["doctor"], &[("CODE_RUNNER_REDIS_URL", &url)]);
-    let out = String::from_utf8_lossy(&doctor.stdout);
-    assert!(
-        out.contains("ok: redis keeps an append-only file and never evicts keys"),
-        "doctor said:\n{out}"
-    );
-    assert!(!out.contains("warning: redis"), "doctor said:\n{out}");
 }

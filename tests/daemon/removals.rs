@@ -5,17 +5,20 @@
 //! removal still happens once the slots are free, soon after the job when
 //! they are, and if the worker dies with containers queued, another
 //! worker's reaper removes them.
-
-mod common;
+//!
+//! Real containers of the real binary: what is left in them, and when
+//! they exit. The queue's own rules on sandboxes that exited (removals
+//! waiting while the slots are busy, removals off) are tested on the
+//! scripted engine in `tests/worker` (`removals`).
 
 use std::time::Duration;
 
+use crate::common::containers::{docker, list_labelled, processes};
+use crate::common::daemon::{self, DaemonBuilder, Role, job_containers, sleeper};
+use crate::common::redis_server::RedisServer;
+use crate::common::wait_for;
 use bollard::models::ContainerSummary;
 use code_runner::sandbox::LABEL_WORKER;
-use common::containers::{docker, list_labelled, processes};
-use common::daemon::{self, DaemonBuilder, Role, job_containers, sleeper};
-use common::redis_server::RedisServer;
-use common::wait_for;
 
 const WITHIN: Duration = Duration::from_secs(60);
 const QUICK: &str = "print('quick')";
@@ -151,7 +154,7 @@ async fn a_queued_container_keeps_nothing_of_its_job() {
     let (long, idle) = queued_beside_long(&server, &docker, 6.0, leaves_behind).await;
     const EMPTY: &str = "/dev/shm:\n\n/tmp:\n\n/workspace:\n";
     for container in &idle {
-        let listed = common::until(
+        let listed = crate::common::until(
             Duration::from_secs(1),
             || listing(&docker, container, &["/workspace", "/tmp", "/dev/shm"]),
             |listed: &String| listed == EMPTY,
@@ -209,26 +212,6 @@ async fn a_cold_jobs_container_exits_by_itself_and_then_waits_its_turn() {
         .then_some(())
     })
     .await;
-}
-
-#[tokio::test]
-async fn removals_off_removes_in_the_slot_at_once() {
-    let redis = RedisServer::start();
-    let server = two_cold_slots(Role::Serve, &redis)
-        .env("CODE_RUNNER_YIELD_WHILE_BUSY", "off")
-        .start()
-        .await;
-    let docker = docker().await;
-    let (long, quick) = quick_beside_long(&server, false, 3.0, QUICK).await;
-    wait_for("the quick job's container removed", WITHIN, || async {
-        job_containers(&docker, &quick)
-            .await
-            .is_empty()
-            .then_some(())
-    })
-    .await;
-    assert_eq!(server.job(&long).await["status"], "running");
-    assert_eq!(daemon::metric(&server.metrics().await, QUEUED), Some(0.0));
 }
 
 #[tokio::test]
