@@ -33,3 +33,6 @@ mod warm_capacity;
 
 // Modules of other layers' tests that belong in this binary: one `mod` line
 // per file added to this folder, in alphabetical order.
+mod durability;
+mod removals;
+mod worker_docker;
