@@ -1,5 +1,14 @@
 //! The language catalog: `runner-images/languages.toml`, embedded in the binary
 //! at build time and optionally replaced by a file given in the configuration.
+//!
+//! [`LanguageCatalog::find`] takes an id, an alias or a file extension; the
+//! default set is what `scripts/build-images` builds; [`LanguageCatalog::only`]
+//! narrows the catalog. The catalog is what the product knows; what is
+//! *offered* is narrower: a worker keeps the languages whose images its
+//! Docker has (`app::installed_catalog`, read once at start) and advertises
+//! them with its heartbeat; an API offers what the live workers advertise,
+//! the whole catalog until one has. The commands' placeholders (`{entry}`,
+//! `{sources}`, …) are filled in by `job::prepare`.
 
 use std::collections::BTreeMap;
 use std::path::Path;

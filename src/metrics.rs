@@ -2,6 +2,9 @@
 //! fly-autoscaler query reads `code_runner_slots_used`, `code_runner_slots_max`
 //! and `code_runner_queue_depth`); the others follow
 //! `code_runner_<name>_<unit>[_total]`. No job ids in labels.
+//!
+//! Every metric of the process is defined here, in one registry
+//! ([`Metrics`]); the roles are handed a clone and count into it.
 
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,

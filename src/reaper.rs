@@ -40,6 +40,15 @@
 //!
 //! Redis or Docker being down is expected: the pass logs a warning, does
 //! what it can without it, and the loop goes on.
+//!
+//! What it does not know: Redis keys and the reap scripts (they are the
+//! store's), bollard (containers are listed and removed through
+//! [`SandboxEngine::list_sandboxes`](crate::sandbox::SandboxEngine::list_sandboxes)
+//! and `remove_sandbox`), the worker, and job specs: it prepares nothing and
+//! reads every deadline from the job ([`ReaperHandles`]: the store, the
+//! engine, the catalog for the verdicts' versions, the metrics, and the
+//! longest wall budget for a job started before deadlines were stored).
+//! Which container goes is a pure function, [`judge`].
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -2,9 +2,12 @@
 //! the API and, alone ([`super::serve_ops`]), by a worker or a reaper
 //! process.
 //!
-//! `/readyz` in a process with a worker or a reaper pings Docker, and with a
-//! worker looks up each image of the languages it offers, through the
-//! sandbox engine it was given; nothing else of the API touches Docker.
+//! `/readyz` checks that Redis answers; in a process with a worker or a
+//! reaper it also pings Docker, and with a worker looks up each image of the
+//! languages it offers, through the sandbox engine it was given; nothing
+//! else of the API touches Docker. Its warnings name a Redis that would
+//! lose jobs (no persistence, an evicting policy) without making the
+//! process unready.
 
 use std::time::Duration;
 

@@ -2,6 +2,11 @@
 //! connects to Docker, starts the reaper and the worker, serves HTTP (the
 //! API, or the worker's and the reaper's own /healthz, /readyz and
 //! /metrics) until SIGTERM or SIGINT, then drains and returns the exit code.
+//! An API waits for a Redis that does not answer yet before it serves: its
+//! attach tokens' secret is derived from a salt kept there. The root
+//! cancellation token and the task tracker are this file's; the HTTP server
+//! outlives the drain until the worker has finished (clients can still read
+//! their results; submissions get 503).
 //!
 //! Under systemd (`Type=notify`, see `scripts/install`) it tells the service
 //! manager `READY=1` once every role of the process is up (listener bound,

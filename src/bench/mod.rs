@@ -17,6 +17,10 @@
 //! - [`report`]: the progress line, the text report and `--json`.
 //! - [`programs`]: the built-in hello world and echo program per language.
 //!
+//! `bench` measures only through what a user has, the public HTTP API or
+//! `SandboxEngine::run`, and names no Redis key; the warm/cold split is read
+//! from each result's `start`.
+//!
 //! Exit codes: 0 when every job succeeded (and every line came back), 1 when
 //! the run completed but some did not (the report says which and why), 130
 //! after Ctrl-C (the report covers the jobs that ran), 64 for bad flags, a

@@ -2,6 +2,10 @@
 //! the resolved values a sandbox is built with.
 //!
 //! A request above the server maximum is refused, never silently clamped.
+//!
+//! One macro (`limit_structs!`) writes each request form, its resolved form
+//! and their `key=value` parser from one list of fields, so the three
+//! cannot drift apart.
 
 use serde::{Deserialize, Serialize};
 

@@ -5,6 +5,21 @@
 //! The spec's types and [`prepare`] are here; the checks of the submitted
 //! files, entry, stdin, arguments and environment are in [`validate`], and
 //! the stages built from the catalog's commands in [`stages`].
+//!
+//! [`prepare`] resolves the language, checks every file name (relative, no
+//! `..`, no duplicates, no file that is also a directory), decodes base64,
+//! checks sizes and counts, resolves each limit against the language's
+//! default, the server's default and the server's maximum ([`limits`]),
+//! and builds the [`PreparedJob`]: its `Bundle` (the compile stage if the
+//! language has one, then the run stage, or for a graded job the run plan
+//! of [`grading`]), its wall budget and its egress. Every refusal is an
+//! [`InvalidJob`] naming the field. A job reaches Docker only as a
+//! [`PreparedJob`], so bad input never creates a container.
+//!
+//! Beside it: [`lifecycle`] (the statuses and the one table of moves),
+//! [`deadline`] (the time budget, computed once), [`events`] (a job's
+//! event stream), [`result`], and [`carry`] (prepared jobs handed from a
+//! `serve` process's API to its worker).
 
 pub mod carry;
 pub mod deadline;

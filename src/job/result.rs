@@ -1,5 +1,10 @@
 //! The outcome of a job: its status and one result per stage (the result's
 //! shape, as clients read it: docs/api.md, "The result").
+//!
+//! Output is UTF-8 text when it is valid UTF-8, else base64 with an
+//! `*_encoding: "base64"` flag. A result the platform gives a job before
+//! any stage reported (cancelled while queued, refused, lost, past its
+//! deadline) comes from one constructor, [`JobResult::without_stages`].
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;

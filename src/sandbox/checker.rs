@@ -1,9 +1,10 @@
 //! A graded job's checker program, in a sandbox of its own: the program
 //! being graded never shares a container with it, its source, the tests'
-//! inputs or the expected outputs. The checker's sandbox is started beside
-//! the program's, compiles the checker once, then runs it once per check
-//! with three files (`input`, `output`, `answer`) written fresh for that
-//! check and removed after it (the supervisor's run plan).
+//! inputs or the expected outputs. The checker's sandbox (labelled
+//! `code-runner.checker`) is started beside the program's, compiles the
+//! checker once, then runs it once per check with three files (`input`,
+//! `output`, `answer`) written fresh for that check and removed after it
+//! (the supervisor's run plan).
 //!
 //! A checker with a compile stage is compiled once per worker and API key:
 //! the files its compile left are read back and kept in the worker's

@@ -1,5 +1,22 @@
 //! The one place that builds a sandbox container's configuration, and the
 //! guard that removes the container on every path.
+//!
+//! [`container_config`] makes every sandbox from a [`SandboxShape`] (image,
+//! language, [`SandboxClass`], uid, job or warm): no network, a read-only
+//! root, tmpfs `/workspace` and `/tmp` sized by `disk_mb` and owned by the
+//! sandbox's uid, every capability dropped but SETUID/SETGID,
+//! `no-new-privileges`, the seccomp profile, memory = memory + swap, pids,
+//! CPU quota, ulimits, logging off (output travels over the attach
+//! stream), and the labels the reaper finds containers by
+//! (`code-runner.job` on a job's container, `code-runner.warm` on a pool
+//! member, `code-runner.deadline`, `code-runner.uid`, …).
+//!
+//! [`ContainerGuard`] removes its container when the future running a job
+//! is dropped, and holds the sandbox's uid until the container is gone. It
+//! makes the create call on a task of its own that a dropped caller does
+//! not cut short, and every removal waits for that call to end: a removal
+//! that reached Docker before the creation would find nothing, and the
+//! container would be created after it and left.
 
 use std::collections::HashMap;
 use std::sync::Arc;

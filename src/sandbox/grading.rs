@@ -6,6 +6,13 @@
 //! Without `stop_on_failure` every test's frame is sent with the bundle
 //! (the supervisor runs them back to back); with it, the next one only
 //! after the previous was accepted.
+//!
+//! A check by the checker is raced against the job's cancel and a client's
+//! kill ([`Interrupt`]), so neither waits for a checker. When the sandbox
+//! dies during a test (gVisor's whole sandbox dies of a test over the memory
+//! limit), that test is `memory_limit` and `run.rs` starts a new sandbox for
+//! the rest, at most `MAX_RESTARTS` (3) times; their compiles are counted
+//! in the grading's `restarts`.
 
 use super::checker::{CheckAnswer, Checker};
 use super::config::GvisorLimits;

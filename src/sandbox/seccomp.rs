@@ -1,5 +1,12 @@
 //! The sandbox seccomp profile (`seccomp/profile.json`): loaded once at start,
 //! validated, and passed inline to Docker with every container.
+//!
+//! A profile is refused at start unless it denies by default, allows none of
+//! [`MUST_DENY`] (ptrace but the supervisor's own requests, mount, unshare,
+//! setns, keyctl, bpf, userfaultfd, perf_event_open, io_uring) by any rule,
+//! answers `clone3` with ENOSYS, and keeps closed the three [`Door`]s the
+//! shipped profile closes (socket families beyond unix/inet, the compat
+//! ABIs, `modify_ldt`) unless `CODE_RUNNER_SECCOMP_ALLOW` names the door.
 
 use std::path::Path;
 

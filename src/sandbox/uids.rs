@@ -16,6 +16,10 @@
 //! hands uids out itself. A range's previous holder may have died leaving
 //! containers behind (until the reaper removes them): their uids are *busy*
 //! and skipped ([`UidRange::refresh_busy`], from every container listing).
+//!
+//! A graded job's runs execute as [`runs_uid`] of the sandbox's uid (the
+//! sandbox's plus the size of all ranges): as unique on the host, and never
+//! any sandbox's own.
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};

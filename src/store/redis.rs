@@ -1,6 +1,12 @@
 //! The connection every part of the store shares: a pool for ordinary
 //! commands, and a client for the dedicated connections blocking commands
-//! need (so they never hold a pooled connection).
+//! need (`BLMOVE`, `XREAD BLOCK`: so they never hold a pooled connection).
+//!
+//! The pool checks a connection (a PING) only when it was idle for
+//! `CHECK_AFTER_IDLE` (1 s) or more, not before every use; a connection
+//! whose command failed in a way that needs a new one marks itself and is
+//! never handed out again. No connection sends `CLIENT SETINFO` (Redis
+//! before 7.2 refuses it) and none keeps Nagle's algorithm on.
 
 use std::time::Duration;
 

@@ -2,7 +2,9 @@
 //! `heartbeat_ttl`): refreshed every `heartbeat_interval` with the worker's
 //! load, so autoscalers and the reaper see it alive; retried quickly after
 //! a Redis failure. Its value is a [`Heartbeat`], the type its readers
-//! parse it with.
+//! parse it with: slots, and with a warm pool its figures per language and
+//! whether it waits for memory. The languages the worker has images of are
+//! advertised with it (`worker:<wid>:languages`), for the API's catalog.
 
 use std::time::Duration;
 

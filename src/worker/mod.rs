@@ -23,6 +23,33 @@
 //!   running jobs finish for up to `drain_timeout`, then kill the rest
 //!   through the drain kill token (they are finished as `error`, with the
 //!   reason), wait for their results, stop the heartbeat and retire it.
+//!
+//! # The claim loops
+//!
+//! `CLAIMERS` (4, no more than the slots) loops share the slots' semaphore,
+//! so a burst is claimed four at a time while Redis still serves blocked
+//! `BLMOVE`s in turn across a fleet. Each loop: take a permit; check that
+//! Docker answers unless it answered within the last 2 s (a worker never
+//! claims a job it could only fail); claim (`BLMOVE`, then the claim
+//! script, both on the loop's dedicated connection); after a claim that
+//! blocked, ask Docker again unless it answered meanwhile (if it does not,
+//! the job is released to the head of the queue); spawn the job's task
+//! ([`job`]). Before anything is claimed, and after any Redis failure, the
+//! heartbeat is written first. After a failed claim the loop reads its
+//! processing list back and starts any id that holds no slot (a `BLMOVE`
+//! whose reply was lost: [`recover`]); it does so with no claim in flight
+//! (`Claims::in_flight`, held from a claim's start until its job holds its
+//! slot) and one loop at a time (`Claims::adopting`), so a job just
+//! claimed is never started twice.
+//!
+//! # Layout
+//!
+//! [`job`]: one claimed job from start to a durable result; [`recover`]:
+//! the processing list read back at start and after a claim error;
+//! [`removals`]: finished containers removed without fighting the running
+//! jobs (with the supervisor's linger, `LINGER`); [`control`]: the one
+//! reader of the running jobs' control streams; [`stream`]: their events,
+//! coalesced; [`heartbeat`]; [`warm`]: the pool's targets; [`backoff`].
 
 pub(crate) mod backoff;
 mod control;

@@ -16,9 +16,12 @@
 //!   left, only Docker's record and layer).
 //!
 //! The queue removes one at a time, none while the worker's slots are busy
-//! and none until [`SETTLE`] has passed since the last job ended — unless it
-//! is full, so it stays bounded (the one being removed still counts; a
-//! lingering supervisor also exits by itself after the linger). A container
+//! (at least half of them taken) and none until [`SETTLE`] has passed since
+//! the last job ended — unless it is full, so it stays bounded (the one
+//! being removed still counts; a lingering supervisor also exits by itself
+//! after the linger). When it is full, a job ends its supervisor's linger
+//! before it writes its result, so the exit overlaps the write, and
+//! removes its container in its slot. A container
 //! that did not end by itself (killed, timed out, failed) is still removed
 //! at once, in its slot.
 //!

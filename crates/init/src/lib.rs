@@ -47,6 +47,20 @@
 //!
 //! A module split in files keeps its tests in `<module>/tests.rs` where
 //! they are long.
+//!
+//! # Dependencies
+//!
+//! A crate of its own (a library and the `code-runner-init` binary), so
+//! that the compiler keeps it off the daemon's dependencies: the protocol,
+//! nix, thiserror, and tokio with `rt`, `sync`, `time`, `signal` and
+//! `macros` only. No `net`, no HTTP, Docker or Redis client, no metrics:
+//! `tests/dependencies.rs` (and `scripts/test`) fails, naming the crate, if
+//! `cargo tree -p code-runner-init -e features` ever shows one. Without
+//! `net`, a stage's pipes are served by plain threads (`pipes`). Every
+//! thread but the main one blocks `SIGCHLD`, `SIGTERM` and `SIGINT`, so the
+//! kernel delivers them to the main thread's loop. `scripts/build-images`
+//! builds it alone, statically (`crt-static`), and copies it into every
+//! runner image.
 
 // `unsafe` only where a system call needs it, each block allowed and
 // explained where it is (`spawn`, `reap`, `creds`, `bpf`, `runs_filter`,

@@ -67,6 +67,12 @@
 //!   relay it may ask for.
 //! - `prestart`: the warm runtime started before the bundle, and which
 //!   first stage may run on it.
+//!
+//! This crate is the only contract between the worker and the supervisor:
+//! the daemon (as `code_runner::protocol`) and `code-runner-init` both
+//! compile it, and neither depends on the other. It needs only serde,
+//! serde_json, base64, bytes and thiserror. Property tests check that no
+//! input panics a decoder and that frames survive any chunking.
 
 #![forbid(unsafe_code)]
 

@@ -2,6 +2,12 @@
 //! `{"error": {"code", "message", "field"?, "status"?}}` with the status code
 //! that says whose fault it was. A client's mistake is never a 500; a Redis
 //! failure is a 503.
+//!
+//! A 429 or 503 also names its `reason` and its `retry_after_secs` (and
+//! sends `Retry-After`), a 429 the limit it hit ([`LimitDetail`]: setting,
+//! value, what counted); refusals are logged once per window per reason
+//! with their count ([`RefusalLog`]), so a burst of thousands is a few
+//! lines.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};

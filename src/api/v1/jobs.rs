@@ -4,6 +4,12 @@
 //!
 //! A job belongs to the API key that submitted it: any other key gets 404,
 //! exactly as for a job that never existed, so ids cannot be probed.
+//!
+//! A submit is `prepare`, then the one submit path ([`super::submit`]); the
+//! body is hashed only when an `Idempotency-Key` comes with it (to tell a
+//! retry from a conflict). `?wait=true` waits on the job's events, through
+//! this process's follower, until its `exit` event, for at most the job's
+//! own budget capped by `max_wait`.
 //! Timestamps are RFC 3339 in UTC with milliseconds
 //! (`2026-05-01T09:00:00.123Z`).
 

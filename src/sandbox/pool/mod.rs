@@ -21,14 +21,35 @@
 //! container died, e.g. dockerd restarted), when its language's target falls
 //! below what the pool holds, and at shutdown. Each member is one task that
 //! owns its container until it hands it to a job (a claim is a message to that
-//! task, answered in microseconds) or removes it.
+//! task, answered in microseconds) or removes it. A discarded member is
+//! removed by its own task (so the pool's shutdown waits for it), killed
+//! and seen stopped first, at most [`DISCARDS_IN_FLIGHT`] at once: Docker
+//! handed hundreds of forced removals together leaves some listed as
+//! "Removal In Progress" until dockerd restarts.
+//!
+//! # Which job fits
+//!
+//! A job fits a member only if its language, image and [`SandboxClass`]
+//! (memory, pids, disk: fixed at creation) are the member's, which are the
+//! language's defaults ([`WarmSpec::fits`]); any other job, and every job
+//! with egress, starts cold with its own limits. A member of a language
+//! with a warm runtime (python, javascript, php, ruby, r) also starts that
+//! runtime with a `prestart` frame after `ready` ([`WarmSpec::runtime`],
+//! `CODE_RUNNER_WARM_RUNTIMES`); whether the job runs on it the supervisor
+//! decides, by the rule [`crate::job::runs_on`] states, and the result's
+//! `start` says so (`warm_runtime`; docs/warm-runtimes.md).
 //!
 //! # Bounds
 //!
 //! The pool never holds more than `max` members (creating, ready or being
 //! removed), creates at most `parallel_starts` at once, starts none while
 //! the machine has less memory available than its reserve (`memory.rs`),
-//! and backs off after failed starts (Docker down) so it never spins. Members are labelled
+//! and backs off after failed starts (Docker down) so it never spins. It
+//! yields to the worker's jobs: while the slots are busy it starts one
+//! sandbox at a time ([`WarmPool::set_busy`]); while jobs run, a spec that
+//! still holds half its target waits for them to end before it refills (at
+//! most `refill_hold`), and no spec refills beyond the slots they leave
+//! free ([`WarmPool::set_running`]). Members are labelled
 //! `code-runner.warm=1` with this worker's id and a deadline covering their
 //! lifetime plus the longest job, so the reaper removes a dead worker's
 //! members like its job containers and leaves a live worker's alone.

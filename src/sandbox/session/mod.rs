@@ -12,6 +12,10 @@
 //! session's side of each frame; this file starts the session, runs its
 //! loop over the frames, the job's input and the deadline, and reads how it
 //! ended.
+//!
+//! A sandbox that dies without reporting is inspected: OOM-killed is
+//! `memory_limit` (under gVisor also a bare exit 137 the host did not cause,
+//! since Docker loses some OOM events: `connection::ended_out_of_memory`).
 
 mod frames;
 

@@ -24,6 +24,14 @@
 //! together: [`script`]. Reading a job back: [`record`]; its control
 //! stream: [`control`].
 //!
+//! Every move to a terminal status ([`crate::job::lifecycle::TERMINAL`])
+//! goes through `settle_job` in `lib.lua`: the result, the `exit` event, the
+//! keys' expiry and their size against the key's storage budget
+//! (`expire_job`), the usage ledger (`count_usage`) and the history
+//! summary, in the one script that ends the job. A requeue (a claimed job
+//! that never started goes back to the queue) keeps `queued`, so is no
+//! move.
+//!
 //! Storage: output is stored as raw bytes, never as JSON text (a control
 //! byte would take six): output events are stream entries `t
 //! <stdout|stderr> d <bytes>`, and the result's output lives in four hash

@@ -1,8 +1,9 @@
 //! Submit: a new job is admitted (queue depth, the key's `max_active`, the
-//! key's storage budget, its daily quotas against today's usage ledger),
-//! counted in the ledger's `submitted`, recorded with its idempotency key and pushed onto
-//! `jobs:queue`, in one step (`submit.lua`), and listed in its key's run
-//! history. — → `queued`.
+//! user's `max_active_per_user` and `user_rate_per_minute`, the key's
+//! storage budget, its daily quotas against today's usage ledger), counted
+//! in the ledger's `submitted`, recorded with its idempotency key and
+//! pushed onto `jobs:queue`, in one step (`submit.lua`), and listed in its
+//! key's run history. — → `queued`.
 
 use super::script::{StepScript, script_inputs};
 use super::{EVENT_OVERHEAD, JOB_OVERHEAD, Jobs, MAX_OUTPUT_EVENTS};
