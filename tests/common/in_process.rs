@@ -6,7 +6,8 @@
 //! Settings are given as the `CODE_RUNNER_*` variables the binary reads;
 //! each becomes its command-line flag (found through clap's own
 //! description of the command), so nothing of the test process's
-//! environment changes.
+//! environment changes. As in the binary, only a worker and a reaper work
+//! with the engine: an `api` process has none.
 //!
 //! Dropping an [`InProcess`] stops it at once, without a drain;
 //! [`InProcess::shut_down`] is the graceful stop SIGTERM begins, and
@@ -98,8 +99,9 @@ impl InProcessBuilder {
             .plan(&worker_id)
             .unwrap_or_else(|error| panic!("{error}"));
         let stop = CancellationToken::new();
-        let shared: Engine = Arc::new(engine.clone());
-        let task = tokio::spawn(plan.run_on(listener, Some(shared), stop.clone()));
+        // As the binary: only a worker and a reaper work with the engine.
+        let shared = (self.role != Role::Api).then(|| Arc::new(engine.clone()) as Engine);
+        let task = tokio::spawn(plan.run_on(listener, shared, stop.clone()));
         let process = InProcess {
             role: self.role,
             worker_id,
@@ -118,9 +120,15 @@ impl InProcessBuilder {
     pub fn plan(&self, worker_id: &str) -> Result<Plan, String> {
         let mut env = self.env.clone();
         env.insert("CODE_RUNNER_REDIS_URL".into(), self.redis_url.clone());
-        env.entry("CODE_RUNNER_WORKER_ID".into())
-            .or_insert_with(|| worker_id.to_string());
         let command = self.role.command();
+        // An `api` process has no worker id, a `worker` no API keys.
+        if reads(command, "CODE_RUNNER_WORKER_ID") {
+            env.entry("CODE_RUNNER_WORKER_ID".into())
+                .or_insert_with(|| worker_id.to_string());
+        }
+        if !reads(command, "CODE_RUNNER_API_KEYS") {
+            env.remove("CODE_RUNNER_API_KEYS");
+        }
         let args = flags(command, &env);
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         let error = |e: code_runner::config::ConfigError| e.to_string();
@@ -159,6 +167,14 @@ impl InProcessBuilder {
             _ => Err(format!("{command} is not a role")),
         }
     }
+}
+
+/// Whether `code-runner command` reads the setting `name`.
+fn reads(command: &str, name: &str) -> bool {
+    Cli::command().find_subcommand(command).is_some_and(|sub| {
+        sub.get_arguments()
+            .any(|arg| arg.get_env().is_some_and(|e| e == name))
+    })
 }
 
 /// The command line of `command` that sets `env`: each variable becomes
@@ -248,6 +264,25 @@ impl InProcess {
     /// Whether the process is still running.
     pub fn running(&self) -> bool {
         self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Waits (up to 10 s) until none of this process's sandboxes is left
+    /// on its host, as [`super::daemon::Daemon::assert_no_containers`]
+    /// does for a child process's containers.
+    pub async fn assert_no_sandboxes(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.host.sandboxes_of(&self.worker_id);
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sandboxes of worker {} left behind: {left:#?}",
+                self.worker_id
+            );
+            tokio::time::sleep(POLL).await;
+        }
     }
 }
 

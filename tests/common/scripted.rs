@@ -18,8 +18,10 @@
 //! | `flood N` | N bytes of `y` to stdout, in chunks of 4 KiB |
 //! | `sleep MS` | waits MS milliseconds |
 //! | `readline [upper] [PREFIX]` | reads a line of stdin (says `input_wanted` when none is buffered) and prints PREFIX and the line (upper-cased with `upper`); at EOF, ends with exit 1 and `EOFError` on stderr |
+//! | `read` | reads a line of stdin as `readline` does, and prints nothing |
 //! | `echo` | copies stdin to stdout until it is closed |
 //! | `ignore SIGINT` | a client's interrupt no longer ends the program |
+//! | `trap SIGINT TEXT` | a client's interrupt prints TEXT and a newline to stdout instead of ending the program |
 //! | `repeat N` … `end`, `forever` … `end` | a block N times, or until the program is ended |
 //! | `exit CODE` | ends with CODE (the script's end is exit 0) |
 //! | `die SIGNAME` | ends by that signal (e.g. `SIGSEGV`) |
@@ -44,6 +46,8 @@
 //! job, worker, created, deadline) until its [`Cleanup`] removes it; a
 //! dropped run removes it too, unless the engine [`ScriptedEngine::crash`]ed
 //! (a killed worker process leaves its containers behind).
+//! [`ScriptedHost::running`] counts the runs whose program runs now (a
+//! sandbox holding a job, as against one waiting to be removed).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -95,6 +99,7 @@ pub struct ScriptedHost {
     down: AtomicBool,
     missing_images: Mutex<Vec<String>>,
     runs: AtomicU64,
+    running: AtomicU64,
 }
 
 impl ScriptedHost {
@@ -105,6 +110,7 @@ impl ScriptedHost {
             down: AtomicBool::new(false),
             missing_images: Mutex::default(),
             runs: AtomicU64::new(0),
+            running: AtomicU64::new(0),
         })
     }
 
@@ -181,6 +187,12 @@ impl ScriptedHost {
     /// How many runs the host's engines started.
     pub fn runs(&self) -> u64 {
         self.runs.load(Ordering::SeqCst)
+    }
+
+    /// How many runs are running their stages now: started, and not yet
+    /// ended (their sandboxes may stay a moment longer, until removed).
+    pub fn running(&self) -> u64 {
+        self.running.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SandboxContainer>> {
@@ -314,6 +326,7 @@ impl SandboxEngine for ScriptedEngine {
         }
         self.answered();
         self.host.runs.fetch_add(1, Ordering::SeqCst);
+        let _running = RunningGuard::new(&self.host.running);
         let walls = Duration::from_millis(job.stages_wall_ms());
         let deadline_ms = io
             .deadline_ms
@@ -377,6 +390,22 @@ fn ended(
     }
 }
 
+/// Counts a run in [`ScriptedHost::running`] while it lives.
+struct RunningGuard<'a>(&'a AtomicU64);
+
+impl<'a> RunningGuard<'a> {
+    fn new(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Self(count)
+    }
+}
+
+impl Drop for RunningGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A run's sandbox on the host until it is removed.
 struct ScriptedTeardown {
     host: Arc<ScriptedHost>,
@@ -427,8 +456,10 @@ enum Step {
     Flood(u64),
     Sleep(Duration),
     ReadLine { upper: bool, prefix: Vec<u8> },
+    Read,
     Echo,
     IgnoreInterrupt,
+    TrapInterrupt(Vec<u8>),
     Repeat { times: Option<u64>, body: Vec<Step> },
     Exit(i32),
     Die(String),
@@ -498,8 +529,14 @@ fn parse_block(
                     prefix: unescape(prefix),
                 }
             }
+            "read" => Step::Read,
             "echo" => Step::Echo,
             "ignore" if rest == "SIGINT" => Step::IgnoreInterrupt,
+            "trap" if rest.starts_with("SIGINT ") => {
+                let mut text = unescape(&rest["SIGINT ".len()..]);
+                text.push(b'\n');
+                Step::TrapInterrupt(text)
+            }
             "repeat" => Step::Repeat {
                 times: Some(number_arg()?),
                 body: parse_block(lines, at, true)?,
@@ -599,6 +636,8 @@ struct Run<'a> {
     stdin: Vec<u8>,
     stdin_closed: bool,
     ignore_interrupt: bool,
+    /// What an interrupt prints instead of ending the program (`trap`).
+    on_interrupt: Option<Vec<u8>>,
     /// The stage running: its output and limits.
     stdout: Vec<u8>,
     stderr: Vec<u8>,
@@ -625,6 +664,7 @@ impl<'a> Run<'a> {
             stdin: job.stdin.clone(),
             stdin_closed: !job.interactive,
             ignore_interrupt: false,
+            on_interrupt: None,
             stdout: Vec::new(),
             stderr: Vec::new(),
             cap: 0,
@@ -812,6 +852,14 @@ impl<'a> Run<'a> {
                 text.push(b'\n');
                 self.out(text, false).await
             }
+            Step::Read => match self.read_line().await {
+                Ok(Some(_)) => None,
+                Ok(None) => {
+                    let end = self.out(b"EOFError\n".to_vec(), true).await;
+                    Some(end.unwrap_or(End::Exit(1)))
+                }
+                Err(end) => Some(end),
+            },
             Step::Echo => loop {
                 if !self.stdin.is_empty() {
                     let data = std::mem::take(&mut self.stdin);
@@ -829,6 +877,10 @@ impl<'a> Run<'a> {
             },
             Step::IgnoreInterrupt => {
                 self.ignore_interrupt = true;
+                None
+            }
+            Step::TrapInterrupt(text) => {
+                self.on_interrupt = Some(text.clone());
                 None
             }
             Step::Repeat { times, body } => {
@@ -934,7 +986,11 @@ impl<'a> Run<'a> {
                         return Some(End::Killed(Reason::Killed));
                     }
                     Some(JobInput::Signal(SignalKind::Interrupt)) => {
-                        if !self.ignore_interrupt {
+                        if let Some(text) = self.on_interrupt.clone() {
+                            if let Some(end) = self.out(text, false).await {
+                                return Some(end);
+                            }
+                        } else if !self.ignore_interrupt {
                             return Some(End::Signal("SIGINT".to_string()));
                         }
                     }
@@ -1011,5 +1067,15 @@ mod tests {
         assert_eq!(error.0, 2);
         assert!(parse("repeat 2\nprint x\n").is_err());
         assert!(parse("print(1)").is_err());
+    }
+
+    #[test]
+    fn read_and_trap_read_as_their_steps() {
+        let steps = parse("read\ntrap SIGINT caught it\n").unwrap();
+        assert_eq!(
+            steps,
+            vec![Step::Read, Step::TrapInterrupt(b"caught it\n".to_vec())]
+        );
+        assert!(parse("trap SIGHUP x\n").is_err());
     }
 }
