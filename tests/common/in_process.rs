@@ -6,7 +6,8 @@
 //! Settings are given as the `CODE_RUNNER_*` variables the binary reads;
 //! each becomes its command-line flag (found through clap's own
 //! description of the command), so nothing of the test process's
-//! environment changes.
+//! environment changes. As in the binary, only a worker and a reaper work
+//! with the engine: an `api` process has none.
 //!
 //! Each process runs on a tokio runtime of its own (threads of the test
 //! process), so that it can end as a process does: dropping an
@@ -106,7 +107,8 @@ impl InProcessBuilder {
             .plan(&worker_id)
             .unwrap_or_else(|error| panic!("{error}"));
         let stop = CancellationToken::new();
-        let shared: Engine = Arc::new(engine.clone());
+        // As the binary: only a worker and a reaper work with the engine.
+        let shared = (self.role != Role::Api).then(|| Arc::new(engine.clone()) as Engine);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name(format!("in-process-{}", self.role.command()))
@@ -118,7 +120,7 @@ impl InProcessBuilder {
             async move {
                 let listener =
                     tokio::net::TcpListener::from_std(listener).expect("the process listens");
-                plan.run_on(listener, Some(shared), stop).await
+                plan.run_on(listener, shared, stop).await
             }
         });
         let process = InProcess {
@@ -140,12 +142,15 @@ impl InProcessBuilder {
     pub fn plan(&self, worker_id: &str) -> Result<Plan, String> {
         let mut env = self.env.clone();
         env.insert("CODE_RUNNER_REDIS_URL".into(), self.redis_url.clone());
-        // Only the roles with a worker have a worker id.
-        if matches!(self.role, Role::Serve | Role::Worker) {
+        let command = self.role.command();
+        // An `api` process has no worker id, a `worker` no API keys.
+        if reads(command, "CODE_RUNNER_WORKER_ID") {
             env.entry("CODE_RUNNER_WORKER_ID".into())
                 .or_insert_with(|| worker_id.to_string());
         }
-        let command = self.role.command();
+        if !reads(command, "CODE_RUNNER_API_KEYS") {
+            env.remove("CODE_RUNNER_API_KEYS");
+        }
         let args = flags(command, &env);
         let cli = Cli::try_parse_from(args).map_err(|e| e.to_string())?;
         let error = |e: code_runner::config::ConfigError| e.to_string();
@@ -184,6 +189,14 @@ impl InProcessBuilder {
             _ => Err(format!("{command} is not a role")),
         }
     }
+}
+
+/// Whether `code-runner command` reads the setting `name`.
+fn reads(command: &str, name: &str) -> bool {
+    Cli::command().find_subcommand(command).is_some_and(|sub| {
+        sub.get_arguments()
+            .any(|arg| arg.get_env().is_some_and(|e| e == name))
+    })
 }
 
 /// The command line of `command` that sets `env`: each variable becomes
@@ -284,6 +297,25 @@ impl InProcess {
     /// Whether the process is still running.
     pub fn running(&self) -> bool {
         self.task.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Waits (up to 10 s) until none of this process's sandboxes is left
+    /// on its host, as [`super::daemon::Daemon::assert_no_containers`]
+    /// does for a child process's containers.
+    pub async fn assert_no_sandboxes(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = self.host.sandboxes_of(&self.worker_id);
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sandboxes of worker {} left behind: {left:#?}",
+                self.worker_id
+            );
+            tokio::time::sleep(POLL).await;
+        }
     }
 }
 

@@ -20,6 +20,8 @@
 //! | `readline [upper] [PREFIX]` | reads a line of stdin (says `input_wanted` when none is buffered) and prints PREFIX and the line (upper-cased with `upper`); at EOF, ends with exit 1 and `EOFError` on stderr |
 //! | `echo [upper]` | copies stdin to stdout (upper-cased with `upper`) until it is closed |
 //! | `ignore SIGINT` | a client's interrupt no longer ends the program |
+//! | `read` | reads a line of stdin as `readline` does, and prints nothing |
+//! | `catch SIGINT TEXT` | a client's interrupt writes TEXT and a newline to stdout, and the program goes on (a handler that catches it) |
 //! | `trap SIGINT TEXT` | a client's interrupt writes TEXT and a newline to stderr, then ends the program by SIGINT (as Python's `KeyboardInterrupt` does) |
 //! | `repeat N` … `end`, `forever` … `end` | a block N times, or until the program is ended |
 //! | `exit CODE` | ends with CODE (the script's end is exit 0) |

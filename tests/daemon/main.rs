@@ -34,5 +34,9 @@ mod warm_capacity;
 // Modules of other layers' tests that belong in this binary: one `mod` line
 // per file added to this folder, in alphabetical order.
 mod durability;
+mod grading_api;
+mod judge0;
+mod piston;
 mod removals;
+mod usage;
 mod worker_docker;

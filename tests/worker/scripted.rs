@@ -314,6 +314,20 @@ async fn readline_reads_stdin_and_ends_at_eof() {
     assert_eq!(ran.result.status, Status::Failed);
 }
 
+/// `read` takes a line and prints nothing; at EOF it ends as `readline`.
+#[tokio::test]
+async fn read_takes_a_line_and_prints_nothing() {
+    let (_host, engine) = engine();
+    let spec = code_runner::job::JobSpec {
+        stdin: "skipped\nkept\n".to_string(),
+        ..scripted::job("read\nreadline\nread")
+    };
+    let ran = run_with(&engine, &spec, JobIo::default()).await;
+    assert_eq!(ran.stdout(), "kept\n");
+    assert_eq!(ran.stderr(), "EOFError\n");
+    assert_eq!(ran.run().exit_code, Some(1));
+}
+
 /// An interactive job's `readline` with nothing buffered says
 /// `input_wanted` and waits; `echo [upper]` copies stdin until it is
 /// closed.

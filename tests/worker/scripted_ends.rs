@@ -216,6 +216,15 @@ async fn a_clients_kill_and_interrupt_reach_the_program() {
         ran.events
             .contains(&SandboxEvent::Stderr(b"KeyboardInterrupt\n".to_vec()))
     );
+
+    let ran = signalled(
+        "catch SIGINT caught\nsleep 1500\nprint after",
+        SignalKind::Interrupt,
+    )
+    .await;
+    assert_eq!(ran.stdout(), "caught\nafter\n");
+    assert_eq!(ran.run().exit_code, Some(0));
+    assert_eq!(ran.result.status, Status::Succeeded);
 }
 
 /// A crash is a platform error: no stage is recorded, no stage end is

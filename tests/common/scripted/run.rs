@@ -37,6 +37,8 @@ enum OnInterrupt {
     Ignore,
     /// This text goes to stderr, then it ends the program by SIGINT.
     Trap(Vec<u8>),
+    /// This text goes to stdout, and the program goes on.
+    Catch(Vec<u8>),
 }
 
 /// What a stage runs: the compile (failing with this text, if it must),
@@ -295,6 +297,14 @@ impl<'a> Run<'a> {
                 let until = tokio::time::Instant::now() + *duration;
                 self.wait(Some(until), false).await
             }
+            Step::Read => match self.read_line().await {
+                Ok(Some(_)) => None,
+                Ok(None) => {
+                    let end = self.out(b"EOFError\n".to_vec(), true).await;
+                    Some(end.unwrap_or(End::Exit(1)))
+                }
+                Err(end) => Some(end),
+            },
             Step::ReadLine { upper, prefix } => {
                 let line = match self.read_line().await {
                     Ok(Some(line)) => line,
@@ -337,6 +347,10 @@ impl<'a> Run<'a> {
             }
             Step::TrapInterrupt(text) => {
                 self.on_interrupt = OnInterrupt::Trap(text.clone());
+                None
+            }
+            Step::CatchInterrupt(text) => {
+                self.on_interrupt = OnInterrupt::Catch(text.clone());
                 None
             }
             Step::Repeat { times, body } => {
@@ -504,6 +518,10 @@ impl<'a> Run<'a> {
                     let end = self.out(text, true).await;
                     Taken::End(end.unwrap_or(End::Signal("SIGINT".to_string())))
                 }
+                OnInterrupt::Catch(text) => match self.out(text, false).await {
+                    Some(end) => Taken::End(end),
+                    None => Taken::Nothing,
+                },
             },
             None => {
                 self.input = None;

@@ -9,9 +9,11 @@ pub(super) enum Step {
     Flood(u64),
     Sleep(Duration),
     ReadLine { upper: bool, prefix: Vec<u8> },
+    Read,
     Echo { upper: bool },
     IgnoreInterrupt,
     TrapInterrupt(Vec<u8>),
+    CatchInterrupt(Vec<u8>),
     Repeat { times: Option<u64>, body: Vec<Step> },
     Exit(i32),
     Die(String),
@@ -81,6 +83,7 @@ fn parse_block(
                     prefix: unescape(prefix),
                 }
             }
+            "read" => Step::Read,
             "echo" if rest.is_empty() || rest == "upper" => Step::Echo {
                 upper: rest == "upper",
             },
@@ -89,6 +92,11 @@ fn parse_block(
                 let mut text = unescape(&rest["SIGINT ".len()..]);
                 text.push(b'\n');
                 Step::TrapInterrupt(text)
+            }
+            "catch" if rest.starts_with("SIGINT ") => {
+                let mut text = unescape(&rest["SIGINT ".len()..]);
+                text.push(b'\n');
+                Step::CatchInterrupt(text)
             }
             "repeat" => Step::Repeat {
                 times: Some(number_arg()?),

@@ -1,28 +1,32 @@
-//! The HTTP server's limits (issue 11, items 4 and 7): header and idle
-//! timeouts, the per-key request rate, the caps on open streams, and a
-//! process that exits non-zero when its listener fails.
-//!
-//! Real redis-server per test and the real binary (an `api` needs no
-//! Docker); every process is killed by its guard, also when a test fails.
-
-mod common;
+//! The HTTP server's limits: header and idle timeouts, the per-key request
+//! rate, the caps on open streams, and a process that exits non-zero when
+//! its listener fails. A whole process in the test
+//! ([`InProcessBuilder`]), each with a redis-server of its own.
 
 use std::time::{Duration, Instant};
 
-use common::daemon::{Answer, DaemonBuilder, KEY_A, KEY_B, Role, metric, python};
-use common::redis_server::RedisServer;
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+use crate::common;
+use crate::common::client::{Answer, KEY_A, KEY_B, metric, python};
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::redis_server::RedisServer;
+use crate::logs;
 
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+/// On a current-thread runtime: the process's logs are this thread's
+/// ([`logs::capture`]).
+#[tokio::test]
 async fn serve_exits_non_zero_when_its_listener_fails() {
+    let log = logs::capture();
     let redis = RedisServer::start();
-    let mut daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let mut daemon = InProcessBuilder::new(Role::Serve, &redis).start().await;
     let port = port_of(&daemon.url);
     // Destroy the listening socket from outside (iproute2 `ss -K`): accept
     // fails with EINVAL from then on.
@@ -32,18 +36,18 @@ async fn serve_exits_non_zero_when_its_listener_fails() {
         .expect("ss runs (apt-get install iproute2)");
     assert!(killed.status.success(), "{killed:?}");
     let status = daemon.wait_exit(Duration::from_secs(60)).await;
-    assert_eq!(status.code(), Some(69), "log:\n{}", daemon.log());
+    assert_eq!(status, 69, "log:\n{}", log.text());
     assert!(
-        daemon.log().contains("the HTTP server failed"),
+        log.text().contains("the HTTP server failed"),
         "{}",
-        daemon.log()
+        log.text()
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_headers_and_idle_connections_are_closed() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS", 1000)
         .env("CODE_RUNNER_HTTP_KEEP_ALIVE_MS", 3000)
         .start()
@@ -122,7 +126,7 @@ async fn slow_headers_and_idle_connections_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_on_a_connection_idle_past_the_header_timeout_is_answered() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_HTTP_HEADER_TIMEOUT_MS", 500)
         .env("CODE_RUNNER_HTTP_KEEP_ALIVE_MS", 10_000)
         .start()
@@ -169,7 +173,7 @@ async fn a_request_on_a_connection_idle_past_the_header_timeout_is_answered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_key_over_its_rate_gets_429_and_other_keys_do_not() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_KEY_RATE", 2)
         .env("CODE_RUNNER_KEY_BURST", 5)
         .start()
@@ -254,7 +258,7 @@ where
 async fn the_piston_and_judge0_routes_share_the_keys_rate() {
     let redis = RedisServer::start();
     // No worker: nothing here runs a job.
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_KEY_RATE", 1)
         .env("CODE_RUNNER_KEY_BURST", 3)
         .start()
@@ -339,7 +343,7 @@ async fn the_piston_and_judge0_routes_share_the_keys_rate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_MAX_STREAMS_PER_JOB", 2)
         .start()
         .await;
@@ -405,7 +409,7 @@ async fn a_stream_past_the_jobs_cap_is_refused_with_429() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn piston_connections_count_against_the_keys_stream_cap() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env("CODE_RUNNER_MAX_STREAMS_PER_KEY", 1)
         .start()
         .await;

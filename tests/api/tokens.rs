@@ -1,18 +1,24 @@
-//! Attach tokens against a real `code-runner serve` (real Redis, real
-//! Docker): the two scopes in the submit answer, what each lets through,
-//! forged, expired, another job's and revoked tokens, the secret (its
-//! minimum length, kept out of Redis), and `--help` never showing a secret.
-
-mod common;
+//! Attach tokens against a whole `code-runner serve` in the test (real
+//! Redis, the scripted engine): the two scopes in the submit answer, what
+//! each lets through, forged, expired, another job's and revoked tokens,
+//! the secret (shared by the replicas through Redis, of a minimum length,
+//! kept out of Redis), and `--help` never showing a secret (the binary,
+//! which needs no Docker for either).
 
 use std::time::{Duration, Instant};
 
-use code_runner::api::{Scope, TokenSigner};
-use common::daemon::{self, Daemon, DaemonBuilder, Role, python, run_to_end};
-use common::redis_server::RedisServer;
+use code_runner::api::{ApiKeys, Scope, TokenSigner};
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::{self, Message, client::IntoClientRequest};
+
+use crate::common::client::{Answer, ApiClient};
+use crate::common::daemon::{Role, run_to_end};
+use crate::common::in_process::InProcessBuilder;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted;
+use crate::server::{KEYS, Setup};
+use crate::ws::interactive;
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -21,7 +27,7 @@ type Socket =
 
 /// Opens the job's WebSocket with `token` as the subprotocol, as a browser
 /// does; `Err((status, body))` when the upgrade was refused.
-async fn connect(daemon: &Daemon, id: &str, token: &str) -> Result<Socket, (u16, String)> {
+async fn connect(daemon: &ApiClient, id: &str, token: &str) -> Result<Socket, (u16, String)> {
     let url = format!("{}/v1/jobs/{id}/ws", daemon.url.replacen("http", "ws", 1));
     let mut request = url.into_client_request().unwrap();
     request.headers_mut().insert(
@@ -64,15 +70,10 @@ async fn send(socket: &mut Socket, frame: Value) {
     socket.send(Message::text(frame.to_string())).await.unwrap();
 }
 
-fn interactive(source: &str) -> Value {
-    let mut job = python(source);
-    job["interactive"] = json!(true);
-    job
-}
+/// Says `ready`, then echoes a line of stdin as `echo: LINE`.
+const ECHO: &str = "print ready\nreadline echo:\\x20\n";
 
-const ECHO: &str = "print('ready', flush=True)\nprint('echo: ' + input(), flush=True)\n";
-
-fn tokens_of(answer: &daemon::Answer) -> (String, String) {
+fn tokens_of(answer: &Answer) -> (String, String) {
     let tokens = &answer.body["tokens"];
     (
         tokens["read"].as_str().unwrap().to_string(),
@@ -95,7 +96,7 @@ fn refusal(result: Result<Socket, (u16, String)>) -> (u16, String) {
 #[tokio::test]
 async fn read_tokens_follow_and_control_tokens_type() {
     let redis = RedisServer::start();
-    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let daemon = InProcessBuilder::new(Role::Serve, &redis).start().await;
     let answer = daemon.submit(&interactive(ECHO)).await;
     assert_eq!(answer.status, 202, "{answer:#?}");
     let id = answer.id();
@@ -162,26 +163,23 @@ async fn read_tokens_follow_and_control_tokens_type() {
         events.body.as_str().unwrap().contains("event: exit"),
         "{events:#?}"
     );
-    daemon
-        .assert_no_containers(&common::containers::docker().await)
-        .await;
+    daemon.assert_no_sandboxes().await;
 }
 
 #[tokio::test]
 async fn forged_expired_and_other_jobs_tokens_are_refused() {
     let redis = RedisServer::start();
-    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+    let daemon = InProcessBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_TOKEN_TTL_SECS", 2)
         .start()
         .await;
-    let first = daemon.submit(&python("print('one')")).await;
+    let first = daemon.submit(&scripted::json("print one")).await;
     let id = first.id();
     let (read, control) = tokens_of(&first);
     // The control token is let through while it is valid. With a 2 s TTL it
-    // is valid for 1 to 2 s after the submit, so it is tried at once: a
-    // cold container start (before the job ends) can take longer than that.
+    // is valid for 1 to 2 s after the submit, so it is tried at once.
     assert!(connect(&daemon, &id, &control).await.is_ok());
-    let second = daemon.submit(&python("print('two')")).await;
+    let second = daemon.submit(&scripted::json("print two")).await;
     let (_, other_control) = tokens_of(&second);
 
     let promoted = read.replacen(".read.", ".control.", 1);
@@ -228,7 +226,7 @@ async fn forged_expired_and_other_jobs_tokens_are_refused() {
 #[tokio::test]
 async fn cancelling_a_job_revokes_its_tokens() {
     let redis = RedisServer::start();
-    let daemon = DaemonBuilder::new(Role::Serve, &redis).start().await;
+    let daemon = InProcessBuilder::new(Role::Serve, &redis).start().await;
     let answer = daemon.submit(&interactive(ECHO)).await;
     let id = answer.id();
     let (read, control) = tokens_of(&answer);
@@ -271,16 +269,14 @@ async fn cancelling_a_job_revokes_its_tokens() {
     // The key still sees the job.
     let view = daemon.wait_terminal(&id, WAIT).await;
     assert_eq!(view["status"], "cancelled");
-    daemon
-        .assert_no_containers(&common::containers::docker().await)
-        .await;
+    daemon.assert_no_sandboxes().await;
 }
 
 #[tokio::test]
 async fn a_reader_of_redis_cannot_sign_tokens() {
     let redis = RedisServer::start();
-    let daemon = DaemonBuilder::new(Role::Api, &redis).start().await;
-    let answer = daemon.submit(&python("print('x')")).await;
+    let daemon = InProcessBuilder::new(Role::Api, &redis).start().await;
+    let answer = daemon.submit(&scripted::json("print x")).await;
     let id = answer.id();
     let (read, _) = tokens_of(&answer);
     // (No worker: the job stays queued, and its streams stay open.)
@@ -304,6 +300,38 @@ async fn a_reader_of_redis_cannot_sign_tokens() {
             "signed with a Redis value"
         );
     }
+}
+
+#[tokio::test]
+async fn every_replica_shares_the_token_secret_through_redis() {
+    // Replicas with the same keys (in any order) and no configured secret
+    // derive the same secret from the salt in Redis.
+    let api = Setup::new(KEYS).start().await;
+    let same_keys = ApiKeys::parse(&KEYS.split(',').rev().collect::<Vec<_>>().join(",")).unwrap();
+    let other = TokenSigner::from_config(None, &same_keys, &api.store, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let id = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        api.state
+            .tokens()
+            .verify(&id, &other.sign(&id, Scope::Read)),
+        Ok(Scope::Read)
+    );
+    let configured = TokenSigner::from_config(
+        Some("a configured secret of at least 32 bytes"),
+        &same_keys,
+        &api.store,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert!(
+        api.state
+            .tokens()
+            .verify(&id, &configured.sign(&id, Scope::Control))
+            .is_err()
+    );
 }
 
 #[tokio::test]

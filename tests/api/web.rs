@@ -2,16 +2,17 @@
 //! tests/browser.rs): their settings and how bad ones are refused, the
 //! routes each switch turns on or off, the shared playground key and its
 //! limits, the dashboard's authorization, and what its data holds, read
-//! from a real redis-server through `code-runner api` processes (no worker,
-//! so jobs stay queued and nothing needs Docker).
-
-mod common;
+//! from a real redis-server through `code-runner api` processes run in
+//! the test (no worker, so jobs stay queued). Bad settings are refused by
+//! the binary itself, which needs no Docker for that.
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use common::daemon::{Answer, Daemon, DaemonBuilder, KEY_A, Role, python, run_to_end};
-use common::redis_server::RedisServer;
+use crate::common::client::{Answer, ApiClient, KEY_A, python};
+use crate::common::daemon::{Role, run_to_end};
+use crate::common::in_process::{InProcess, InProcessBuilder};
+use crate::common::redis_server::RedisServer;
 
 const ADMIN_KEY: &str = "key-ops-0123456789";
 const PLAYGROUND_KEY: &str = "key-play-0123456789";
@@ -72,8 +73,8 @@ fn bad_page_settings_exit_64_naming_the_setting() {
     }
 }
 
-async fn api(redis: &RedisServer, settings: &[(&str, &str)]) -> Daemon {
-    let mut builder = DaemonBuilder::new(Role::Api, redis).env(
+async fn api(redis: &RedisServer, settings: &[(&str, &str)]) -> InProcess {
+    let mut builder = InProcessBuilder::new(Role::Api, redis).env(
         "CODE_RUNNER_API_KEYS",
         format!("a:{KEY_A},ops:{ADMIN_KEY}:admin,play:{PLAYGROUND_KEY}:1"),
     );
@@ -84,7 +85,7 @@ async fn api(redis: &RedisServer, settings: &[(&str, &str)]) -> Daemon {
 }
 
 /// `GET path` without a key: status, content type, body text.
-async fn fetch(daemon: &Daemon, path: &str) -> (StatusCode, String, String) {
+async fn fetch(daemon: &ApiClient, path: &str) -> (StatusCode, String, String) {
     let response = daemon
         .http
         .get(format!("{}{path}", daemon.url))
@@ -455,7 +456,7 @@ trait PostPlayground {
     async fn post_playground(&self, job: Value, idempotency_key: Option<&str>) -> Answer;
 }
 
-impl PostPlayground for Daemon {
+impl PostPlayground for ApiClient {
     async fn post_playground(&self, job: Value, idempotency_key: Option<&str>) -> Answer {
         let mut request = self
             .http

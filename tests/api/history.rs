@@ -1,84 +1,67 @@
-//! The run history (`GET /v1/jobs`) against a real redis-server, through
-//! real HTTP (reqwest): pages by cursor while jobs are added, every filter
-//! and their combinations, the 400s, one key never seeing another's jobs,
-//! a job still listed after its full result expired, the window's trim,
-//! and the playground's jobs with and without a user.
-//!
-//! Each test starts its own redis-server (killed when the test ends, also
-//! when it fails) and its own API on 127.0.0.1:0, with no worker and no
-//! Docker: a test plays the worker through the store's own steps (claim,
-//! start, finish). Waits poll with a deadline.
-
-mod common;
+//! The run history (`GET /v1/jobs`) on the API alone ([`crate::server`]):
+//! pages by cursor while jobs are added, the 400s, one key never seeing
+//! another's jobs, a job still listed after its full result expired, the
+//! window's trim, a retry and a late result, and the playground's jobs
+//! with and without a user (the filters are in
+//! [`crate::history_filters`]). A test plays the worker through the
+//! store's own steps (claim, start, finish); waits poll with a deadline.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use code_runner::api::{ApiKeys, ApiState, PlaygroundKey, TokenSigner, WebUi};
 use code_runner::job::result::ErrorReason;
 use code_runner::job::{JobResult, Output, StageResult, Status};
 use code_runner::protocol::Reason;
-use code_runner::store::{Keys, LostResults, ReapOutcome, ReapPolicy, Retry, StartOutcome, Store};
-use common::redis_server::RedisServer;
+use code_runner::store::{LostResults, ReapOutcome, ReapPolicy, Retry, StartOutcome};
 use redis::AsyncCommands;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-const ALICE: &str = "alice-key-0123456789abcdef";
-const BOB: &str = "bob-key-0123456789abcdef";
-const PLAY: &str = "play-key-0123456789abcdef";
-const KEYS: &str = "alice:alice-key-0123456789abcdef,bob:bob-key-0123456789abcdef,play:play-key-0123456789abcdef:4";
-const WORKER: &str = "history-worker";
+use crate::server::{ALICE, ApiServer, BOB, Setup};
+
+pub const PLAY: &str = "play-key-0123456789abcdef";
+
+pub const KEYS: &str = "alice:alice-key-0123456789abcdef,bob:bob-key-0123456789abcdef,play:play-key-0123456789abcdef:4";
+
+pub const WORKER: &str = "history-worker";
+
 /// Longest a test waits for something that must happen.
-const DEADLINE: Duration = Duration::from_secs(20);
+pub const DEADLINE: Duration = Duration::from_secs(20);
 
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    store: Store,
-    keys: Keys,
-    shutdown: CancellationToken,
-    redis: RedisServer,
+/// The API alone, and the steps these tests take with it.
+pub struct Api(ApiServer);
+
+impl std::ops::Deref for Api {
+    type Target = ApiServer;
+
+    fn deref(&self) -> &ApiServer {
+        &self.0
+    }
 }
 
 impl Api {
     /// An API whose finished jobs are kept `result_ttl`, and listed in the
     /// history for `window`.
-    async fn start(result_ttl: Duration, window: Duration) -> Self {
-        let redis = RedisServer::start();
-        let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
-        let store = Store::new(&redis.url(), &prefix, result_ttl, 4)
-            .unwrap()
-            .with_history_window(window);
-        let keys = ApiKeys::parse(KEYS).unwrap();
-        let playground = PlaygroundKey::from_config("play", KEYS, &keys).unwrap();
-        let tokens = TokenSigner::from_config(None, &keys, &store, Duration::from_secs(600))
-            .await
-            .unwrap();
-        let state = ApiState::new(common::api_config(store.clone(), keys, tokens)).with_web_ui(
-            WebUi::new(Some("/playground".into()), None, Some(playground)),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let shutdown = CancellationToken::new();
-        tokio::spawn(code_runner::api::serve(listener, state, shutdown.clone()));
-        Self {
-            base,
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
-            keys: Keys::new(&prefix),
-            store,
-            shutdown,
-            redis,
-        }
+    pub async fn start(result_ttl: Duration, window: Duration) -> Self {
+        Self(
+            Setup {
+                result_ttl,
+                history_window: Some(window),
+                max_queue_depth: 1000,
+                playground_key: Some("play"),
+                ..Setup::new(KEYS)
+            }
+            .start()
+            .await,
+        )
     }
 
-    async fn default() -> Self {
+    pub async fn default() -> Self {
         Self::start(Duration::from_secs(60), Duration::from_secs(7 * 86_400)).await
     }
 
     /// Submits `body` with `key`; the new job's id.
-    async fn submit(&self, key: &str, body: &Value) -> String {
+    pub async fn submit(&self, key: &str, body: &Value) -> String {
         let response = self
             .http
             .post(format!("{}/v1/jobs", self.base))
@@ -93,7 +76,7 @@ impl Api {
     }
 
     /// `GET path` with `key`: status and JSON body.
-    async fn get(&self, key: Option<&str>, path: &str) -> (StatusCode, Value) {
+    pub async fn get(&self, key: Option<&str>, path: &str) -> (StatusCode, Value) {
         let mut request = self.http.get(format!("{}{path}", self.base));
         if let Some(key) = key {
             request = request.bearer_auth(key);
@@ -102,7 +85,7 @@ impl Api {
     }
 
     /// `GET /v1/jobs?<query>` with `key`, which must answer 200.
-    async fn list(&self, key: &str, query: &str) -> Value {
+    pub async fn list(&self, key: &str, query: &str) -> Value {
         let (status, body) = self.get(Some(key), &format!("/v1/jobs?{query}")).await;
         assert_eq!(status, StatusCode::OK, "{query}: {body}");
         body
@@ -110,7 +93,7 @@ impl Api {
 
     /// Plays a worker: claims the next job (which must be `id`), starts
     /// it, and when `result` is given finishes it with that.
-    async fn work(&self, id: &str, result: Option<JobResult>) {
+    pub async fn work(&self, id: &str, result: Option<JobResult>) {
         let mut conn = self.store.dedicated().await.unwrap();
         let claimed = self.store.jobs().claim(&mut conn, WORKER).await.unwrap();
         assert_eq!(claimed.as_deref(), Some(id));
@@ -130,12 +113,8 @@ impl Api {
         }
     }
 
-    async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        self.redis.conn().await
-    }
-
     /// The job's `created_ms` as stored.
-    async fn created_ms(&self, id: &str) -> u64 {
+    pub async fn created_ms(&self, id: &str) -> u64 {
         self.redis()
             .await
             .hget(self.keys.job(id), "created_ms")
@@ -144,19 +123,13 @@ impl Api {
     }
 }
 
-impl Drop for Api {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
-    }
-}
-
-async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
+pub async fn answer(response: reqwest::Response) -> (StatusCode, Value) {
     let status = response.status();
     let text = response.text().await.unwrap();
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
 
-fn job(language: &str, user: Option<&str>) -> Value {
+pub fn job(language: &str, user: Option<&str>) -> Value {
     let (name, content) = match language {
         "c" => ("main.c", "int main(void) { return 0; }\n"),
         _ => ("main.py", "print(1)\n"),
@@ -168,7 +141,7 @@ fn job(language: &str, user: Option<&str>) -> Value {
     body
 }
 
-fn ids(page: &Value) -> Vec<String> {
+pub fn ids(page: &Value) -> Vec<String> {
     page["jobs"]
         .as_array()
         .unwrap()
@@ -177,7 +150,7 @@ fn ids(page: &Value) -> Vec<String> {
         .collect()
 }
 
-fn cursor(page: &Value) -> String {
+pub fn cursor(page: &Value) -> String {
     page["next_cursor"]
         .as_str()
         .unwrap_or_else(|| panic!("no next_cursor: {page}"))
@@ -185,7 +158,7 @@ fn cursor(page: &Value) -> String {
 }
 
 /// A result whose compile and run stages took these times.
-fn with_stages(status: Status, run_reason: Reason, run_exit: i32) -> JobResult {
+pub fn with_stages(status: Status, run_reason: Reason, run_exit: i32) -> JobResult {
     let stage = |reason, exit_code, cpu_ms, wall_ms| StageResult {
         stdout: Output(b"out\n".to_vec()),
         stderr: Output(Vec::new()),
@@ -205,7 +178,7 @@ fn with_stages(status: Status, run_reason: Reason, run_exit: i32) -> JobResult {
 }
 
 /// Ids newest first: `created_ms` descending, then id descending.
-async fn newest_first(api: &Api, ids: &[String]) -> Vec<String> {
+pub async fn newest_first(api: &Api, ids: &[String]) -> Vec<String> {
     let mut keyed = Vec::new();
     for id in ids {
         keyed.push((api.created_ms(id).await, id.clone()));
@@ -321,220 +294,6 @@ async fn jobs_with_the_same_created_ms_page_by_id() {
         }
     }
     assert_eq!(listed, expected);
-}
-
-#[tokio::test]
-async fn history_shows_each_job_as_it_went_and_every_filter_and_their_combinations() {
-    let api = Api::default().await;
-    let before = api.submit(ALICE, &job("python", None)).await;
-    api.work(
-        &before,
-        Some(with_stages(Status::Succeeded, Reason::Exited, 0)),
-    )
-    .await;
-    // Jobs after `since` only from here on.
-    tokio::time::sleep(Duration::from_millis(5)).await;
-    let since = api.created_ms(&before).await + 1;
-
-    let queued = api.submit(ALICE, &job("python", Some("u1"))).await;
-    let failed = api.submit(ALICE, &job("c", Some("u1"))).await;
-    let running = api.submit(ALICE, &job("python", Some("u2"))).await;
-    let lost = api.submit(ALICE, &job("c", None)).await;
-    let succeeded = api.submit(ALICE, &job("c", Some("u1"))).await;
-    // Claims take the key's users in turn (u1, u2, the anonymous user),
-    // each user's jobs oldest first.
-    let mut conn = api.store.dedicated().await.unwrap();
-    assert_eq!(
-        api.store
-            .jobs()
-            .claim(&mut conn, "parked")
-            .await
-            .unwrap()
-            .as_deref(),
-        Some(queued.as_str())
-    );
-    api.work(&running, None).await;
-    api.work(
-        &lost,
-        Some(
-            JobResult::without_stages(Status::Error, "c", "14")
-                .with_error("the worker was lost")
-                .with_reason(ErrorReason::WorkerLost),
-        ),
-    )
-    .await;
-    api.work(
-        &failed,
-        Some(with_stages(Status::Failed, Reason::WallTimeout, 137)),
-    )
-    .await;
-    api.work(
-        &succeeded,
-        Some(with_stages(Status::Succeeded, Reason::Exited, 0)),
-    )
-    .await;
-
-    let all = api.list(ALICE, "").await;
-    assert_eq!(
-        ids(&all),
-        newest_first(
-            &api,
-            &[
-                before.clone(),
-                queued.clone(),
-                failed.clone(),
-                running.clone(),
-                lost.clone(),
-                succeeded.clone()
-            ]
-        )
-        .await
-    );
-    let shown = |id: &str| {
-        all["jobs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|j| j["id"] == id)
-            .unwrap()
-            .clone()
-    };
-    // A finished job: its figures are compile + run; its reason the run's.
-    let view = shown(&failed);
-    let (_, record) = api.get(Some(ALICE), &format!("/v1/jobs/{failed}")).await;
-    assert_eq!(
-        view,
-        json!({
-            "id": failed,
-            "status": "failed",
-            "language": "c",
-            "user": "u1",
-            "created_at": record["created_at"],
-            "started_at": record["started_at"],
-            "finished_at": record["finished_at"],
-            "reason": "wall_timeout",
-            "cpu_ms": 42,
-            "wall_ms": 1050,
-        })
-    );
-    assert!(record["finished_at"].is_string());
-    // Queued (claimed, not started), running, and the platform's verdict.
-    let view = shown(&queued);
-    assert_eq!(
-        (
-            &view["status"],
-            &view["started_at"],
-            &view["finished_at"],
-            &view["reason"],
-            &view["cpu_ms"]
-        ),
-        (
-            &json!("queued"),
-            &Value::Null,
-            &Value::Null,
-            &Value::Null,
-            &Value::Null
-        )
-    );
-    let view = shown(&running);
-    assert_eq!(
-        (&view["status"], &view["user"]),
-        (&json!("running"), &json!("u2"))
-    );
-    assert!(view["started_at"].is_string() && view["finished_at"].is_null());
-    let view = shown(&lost);
-    assert_eq!(
-        (
-            &view["status"],
-            &view["reason"],
-            &view["user"],
-            &view["cpu_ms"]
-        ),
-        (
-            &json!("error"),
-            &json!("worker_lost"),
-            &Value::Null,
-            &Value::Null
-        )
-    );
-    assert!(view.get("result").is_none() && view.get("stdout").is_none());
-
-    let listed = |query: &'static str| {
-        let api = &api;
-        async move { ids(&api.list(ALICE, query).await) }
-    };
-    assert_eq!(
-        listed("user=u1").await,
-        of(&api, &[&queued, &failed, &succeeded]).await
-    );
-    assert_eq!(listed("user=u2").await, vec![running.clone()]);
-    assert_eq!(listed("user=nobody").await, Vec::<String>::new());
-    assert_eq!(
-        listed("status=succeeded").await,
-        of(&api, &[&before, &succeeded]).await
-    );
-    assert_eq!(listed("status=running").await, vec![running.clone()]);
-    assert_eq!(listed("status=cancelled").await, Vec::<String>::new());
-    assert_eq!(
-        listed("language=c").await,
-        of(&api, &[&failed, &lost, &succeeded]).await
-    );
-    // An alias is its language.
-    assert_eq!(
-        listed("language=py").await,
-        of(&api, &[&before, &queued, &running]).await
-    );
-    let since_ms = format!("since={since}");
-    let since_rfc = format!("since={}", rfc3339(since));
-    for query in [&since_ms, &since_rfc] {
-        let page = api.list(ALICE, query).await;
-        assert_eq!(
-            ids(&page),
-            of(&api, &[&queued, &failed, &running, &lost, &succeeded]).await,
-            "{query}"
-        );
-    }
-    // Filters combine.
-    assert_eq!(
-        listed("user=u1&language=c").await,
-        of(&api, &[&failed, &succeeded]).await
-    );
-    assert_eq!(
-        listed("user=u1&language=c&status=succeeded").await,
-        vec![succeeded.clone()]
-    );
-    assert_eq!(
-        listed("language=python&status=succeeded").await,
-        vec![before.clone()]
-    );
-    let page = api
-        .list(ALICE, &format!("status=succeeded&{since_ms}"))
-        .await;
-    assert_eq!(ids(&page), vec![succeeded.clone()]);
-    // With a filter, pages go on by cursor too.
-    let page = api.list(ALICE, "language=c&limit=2").await;
-    let c_jobs = of(&api, &[&failed, &lost, &succeeded]).await;
-    assert_eq!(ids(&page), c_jobs[..2]);
-    let rest = api
-        .list(
-            ALICE,
-            &format!("language=c&limit=2&cursor={}", cursor(&page)),
-        )
-        .await;
-    assert_eq!(ids(&rest), c_jobs[2..]);
-    assert_eq!(rest["next_cursor"], Value::Null);
-}
-
-/// `these`, newest first.
-async fn of(api: &Api, these: &[&String]) -> Vec<String> {
-    let these: Vec<String> = these.iter().map(|s| s.to_string()).collect();
-    newest_first(api, &these).await
-}
-
-/// `ms` as the API writes times.
-fn rfc3339(ms: u64) -> String {
-    let time = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(time).to_string()
 }
 
 #[tokio::test]

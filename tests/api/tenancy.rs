@@ -1,18 +1,20 @@
-//! Who a job is for and the per-user limits (issue 18, items 1 and 3),
-//! through the real `code-runner api` process and a real redis-server: an
-//! API only, so every accepted job stays queued. Each refusal: its status,
+//! Who a job is for and the per-user limits, through a whole
+//! `code-runner api` process in the test and a real redis-server: an API
+//! only, so every accepted job stays queued. Each refusal: its status,
 //! code, message and `Retry-After`; nothing accepted is dropped; the other
 //! users of the key and the other keys are not held back.
 
-mod common;
-
-use common::daemon::{Answer, Daemon, DaemonBuilder, KEY_A, KEY_B, Role, python};
-use common::redis_server::RedisServer;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-async fn api(redis: &RedisServer, keys: &str) -> Daemon {
-    DaemonBuilder::new(Role::Api, redis)
+use crate::common;
+use crate::common::client::{Answer, KEY_A, KEY_B, metric, python};
+use crate::common::daemon::Role;
+use crate::common::in_process::{InProcess, InProcessBuilder};
+use crate::common::redis_server::RedisServer;
+
+async fn api(redis: &RedisServer, keys: &str) -> InProcess {
+    InProcessBuilder::new(Role::Api, redis)
         .env("CODE_RUNNER_API_KEYS", keys)
         .start()
         .await
@@ -29,11 +31,6 @@ fn assert_refusal(answer: &Answer, code: &str, message: &str, retry_after: &str)
     assert_eq!(answer.body["error"]["code"], code, "{answer:#?}");
     assert_eq!(answer.body["error"]["message"], message, "{answer:#?}");
     assert_eq!(answer.headers["retry-after"], retry_after, "{answer:#?}");
-}
-
-fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[tokio::test]
@@ -137,7 +134,7 @@ async fn user_rate_per_minute_refuses_past_the_burst_with_the_wait() {
 #[tokio::test]
 async fn the_compatible_apis_name_the_user_in_a_header() {
     let redis = RedisServer::start();
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let api = InProcessBuilder::new(Role::Api, &redis)
         .env(
             "CODE_RUNNER_API_KEYS",
             format!("a:{KEY_A}:max_active_per_user=1"),

@@ -1,23 +1,20 @@
 //! Capacity: a worker never runs more jobs' sandboxes than
 //! `WORKER_MAX_SANDBOXES`, however many jobs arrive at once, and never keeps
-//! more than as many again of ended jobs' containers (their supervisors
-//! idle, or stopped) waiting to be removed (the removal queue). In a test
-//! binary of its own, so nothing else competes for the machine while it
-//! samples.
-
-mod common;
+//! more than as many again of ended jobs' sandboxes waiting to be removed
+//! (the removal queue). A whole `code-runner serve` in the test on the
+//! scripted engine, whose host says how many sandboxes exist and how many
+//! run a job's program.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-
-use bollard::models::ContainerSummary;
 use std::time::{Duration, Instant};
 
-use code_runner::sandbox::LABEL_WORKER;
-use common::containers::{docker, holds_a_sandbox, list_labelled, processes};
-use common::daemon;
-use common::redis_server::RedisServer;
-use daemon::{DaemonBuilder, Role, metric, python, run_stdout};
 use reqwest::StatusCode;
+
+use crate::common::client::{metric, run_stdout};
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted;
 
 const JOBS: usize = 40;
 const SLOTS: usize = 3;
@@ -26,27 +23,21 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(50);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_run_a_job() {
     let redis = RedisServer::start();
-    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+    let daemon = InProcessBuilder::new(Role::Serve, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", SLOTS)
         .start()
         .await;
-    let docker = docker().await;
     let done = AtomicBool::new(false);
     let started = Instant::now();
 
-    // Every ~50 ms: how many containers with this worker's label hold a
-    // job (created, or running a process besides the supervisor), and how
-    // many exist at all (with the ended jobs' ones waiting in the removal
-    // queue, their supervisors idle or stopped).
-    let label = format!("{LABEL_WORKER}={}", daemon.worker_id);
-    let containers = async {
+    // Every ~50 ms: how many of this worker's sandboxes hold a job (run
+    // its program), and how many exist at all (with the ended jobs' ones
+    // waiting in the removal queue).
+    let sandboxes = async {
         let (mut max, mut max_all, mut samples) = (0, 0, 0);
         while !done.load(Ordering::Relaxed) {
-            let listed = list_labelled(&docker, &label).await.expect("docker lists");
-            let mut live = 0;
-            for container in listed.iter().filter(|c| holds_a_sandbox(c)) {
-                live += usize::from(holds_a_job(&docker, container).await);
-            }
+            let listed = daemon.host.sandboxes_of(&daemon.worker_id);
+            let live = daemon.host.running().len();
             max = max.max(live);
             max_all = max_all.max(listed.len());
             samples += 1;
@@ -77,9 +68,7 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_run_a_
             let daemon = &daemon;
             async move {
                 let answer = daemon
-                    .submit(&python(&format!(
-                        "import time\ntime.sleep(0.3)\nprint({i})\n"
-                    )))
+                    .submit(&scripted::json(&format!("sleep 300\nprint {i}\n")))
                     .await;
                 assert_eq!(answer.status, StatusCode::ACCEPTED, "job {i}: {answer:#?}");
                 answer.id()
@@ -98,27 +87,27 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_run_a_
         done.store(true, Ordering::Relaxed);
         submitted
     };
-    let (submitted, (max_containers, max_all, container_samples), (max_used, slot_samples)) =
-        tokio::join!(jobs, containers, slots);
+    let (submitted, (max_sandboxes, max_all, sandbox_samples), (max_used, slot_samples)) =
+        tokio::join!(jobs, sandboxes, slots);
     let elapsed = started.elapsed();
     eprintln!(
         "{JOBS} jobs on {SLOTS} slots: submitted in {submitted:?}, all done in {elapsed:?}; \
-         {container_samples} container samples (max {max_containers} holding a job, {max_all} in all), \
+         {sandbox_samples} sandbox samples (max {max_sandboxes} holding a job, {max_all} in all), \
          {slot_samples} metric samples (max slots_used {max_used})"
     );
     assert!(
-        max_containers <= SLOTS,
-        "{max_containers} sandboxes holding a job (created, or running more than the supervisor) at once"
+        max_sandboxes <= SLOTS,
+        "{max_sandboxes} sandboxes holding a job at once"
     );
     assert!(
         max_all <= 2 * SLOTS,
-        "{max_all} containers existed at once (slots plus the removal queue's bound: {})",
+        "{max_all} sandboxes existed at once (slots plus the removal queue's bound: {})",
         2 * SLOTS
     );
     assert!(max_used <= SLOTS as f64, "slots_used reached {max_used}");
     // The samplers did see the work, and the worker used its slots.
-    assert!(container_samples >= 10 && slot_samples >= 10);
-    assert!(max_containers >= 1, "no container was ever seen");
+    assert!(sandbox_samples >= 10 && slot_samples >= 10);
+    assert!(max_sandboxes >= 1, "no sandbox was ever seen");
     assert_eq!(
         max_used, SLOTS as f64,
         "the worker never used all its slots"
@@ -137,18 +126,5 @@ async fn forty_jobs_on_three_slots_all_complete_and_never_more_than_three_run_a_
     );
     assert_eq!(metric(&text, "code_runner_queue_depth"), Some(0.0));
     assert_eq!(redis.queue_depth(), 0);
-    daemon.assert_no_containers(&docker).await;
-}
-
-/// Whether a container holds a job: created (about to run one), or
-/// running a process besides its supervisor (`docker top`). A container
-/// that ended meanwhile holds none.
-async fn holds_a_job(docker: &bollard::Docker, container: &ContainerSummary) -> bool {
-    if container.state.as_ref().map(|s| s.to_string()).as_deref() == Some("created") {
-        return true;
-    }
-    let Some(id) = container.id.as_deref() else {
-        return false;
-    };
-    processes(docker, id).await.len() > 1
+    daemon.assert_no_sandboxes().await;
 }

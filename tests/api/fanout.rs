@@ -1,36 +1,37 @@
-//! Bounded streams (issue 11, item 4): 2000 WebSocket connections to one job
-//! while other jobs run. Every connection gets every event of the job; the
-//! worker keeps claiming and heartbeating and every job finishes; the API
-//! process holds a bounded number of Redis connections (one follower per
-//! job, fanned out, not one per stream), and the 2001st stream of the job
-//! is refused.
+//! Bounded streams: 2000 WebSocket connections to one job while other
+//! jobs run. Every connection gets every event of the job; the worker
+//! keeps claiming and heartbeating and every job finishes; the API holds a
+//! bounded number of Redis connections (one follower per job, fanned out,
+//! not one per stream), and the 2001st stream of the job is refused.
 //!
-//! Real redis-server, real dockerd, the real binary (`api` and `worker` as
-//! separate processes, so the API's own Redis connections can be counted);
-//! every process and container is removed by its guard, also when the test
-//! fails.
-
-mod common;
+//! A real redis-server; an `api` and a `worker` process run in the test on
+//! the scripted engine, the API reaching Redis through a proxy of its own
+//! so that its connections (to the proxy's port) are told from the
+//! worker's and counted.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::containers::docker;
-use common::daemon::{DaemonBuilder, KEY_A, Role, python};
-use common::redis_server::RedisServer;
 use futures_util::StreamExt;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
+use crate::common::client::KEY_A;
+use crate::common::daemon::Role;
+use crate::common::in_process::InProcessBuilder;
+use crate::common::proxy::RedisProxy;
+use crate::common::redis_server::RedisServer;
+use crate::common::scripted;
+
 const CONNECTIONS: usize = 2000;
 /// Redis connections the API may hold: its pool (16), the events reader,
 /// and slack for one being replaced.
 const API_REDIS_CONNECTIONS: usize = 16 + 1 + 2;
 
-/// The TCP connections from process `pid` to the Redis on `port` (`ss`).
+/// The TCP connections from process `pid` to `port` on loopback (`ss`).
 fn redis_connections_of(pid: u32, port: u16) -> usize {
     let output = std::process::Command::new("ss")
         .args(["-tnp", "state", "established", &format!("dport = :{port}")])
@@ -47,7 +48,8 @@ fn redis_connections_of(pid: u32, port: u16) -> usize {
         .count()
 }
 
-/// Raises this process's open files limit to its hard limit (2000 sockets).
+/// Raises this process's open files limit to its hard limit (2000 sockets,
+/// both ends of each in this process).
 fn raise_open_files() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
@@ -93,16 +95,16 @@ async fn follow(
 async fn two_thousand_websockets_to_one_job_share_one_follower() {
     raise_open_files();
     let redis = RedisServer::start();
-    let docker = docker().await;
-    let api = DaemonBuilder::new(Role::Api, &redis)
+    let proxy = RedisProxy::start(redis.port);
+    let api = InProcessBuilder::with_redis_url(Role::Api, &proxy.url())
         .env("CODE_RUNNER_MAX_STREAMS_PER_JOB", CONNECTIONS)
         .env("CODE_RUNNER_MAX_STREAMS_PER_KEY", CONNECTIONS + 100)
         .start()
         .await;
     let lines = 30;
     let followed = api
-        .submit(&python(&format!(
-            "import time\nfor n in range({lines}):\n    print(f'tick {{n}}', flush=True)\n    time.sleep(0.1)\n"
+        .submit(&scripted::json(&format!(
+            "repeat {lines}\nprint tick {{i}}\nsleep 100\nend\n"
         )))
         .await
         .id();
@@ -126,7 +128,7 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     while connected.load(Ordering::SeqCst) < CONNECTIONS {
-        let open = redis_connections_of(api.pid(), redis.port);
+        let open = redis_connections_of(std::process::id(), proxy.port);
         assert!(
             open <= API_REDIS_CONNECTIONS,
             "the API holds {open} Redis connections"
@@ -151,7 +153,7 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
     }
 
     // Now a worker, and other jobs beside the followed one.
-    let worker = DaemonBuilder::new(Role::Worker, &redis)
+    let worker = InProcessBuilder::new(Role::Worker, &redis)
         .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 3)
         .env("CODE_RUNNER_HEARTBEAT_INTERVAL_MS", 500)
         // Ten intervals: a beat or two late while 2000 sockets are fed on a
@@ -164,7 +166,7 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
         others.push(
             // Submitted while 2000 sockets are fed: a 503 is the API
             // shedding load, which a client retries after Retry-After.
-            api.submit_retrying(&python(&format!("print('other {n}')")))
+            api.submit_retrying(&scripted::json(&format!("print other {n}")))
                 .await
                 .id(),
         );
@@ -174,7 +176,7 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
     let mut heartbeat_missed = 0;
     let all_done = Instant::now() + Duration::from_secs(120);
     loop {
-        most = most.max(redis_connections_of(api.pid(), redis.port));
+        most = most.max(redis_connections_of(std::process::id(), proxy.port));
         if redis.cli(&["EXISTS", &heartbeat]) != "1" {
             heartbeat_missed += 1;
         }
@@ -217,5 +219,5 @@ async fn two_thousand_websockets_to_one_job_share_one_follower() {
         (1..=API_REDIS_CONNECTIONS).contains(&most),
         "the API held {most} Redis connections"
     );
-    worker.assert_no_containers(&docker).await;
+    worker.assert_no_sandboxes().await;
 }
