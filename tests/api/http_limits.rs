@@ -13,15 +13,14 @@ use crate::common;
 use crate::common::client::{Answer, KEY_A, KEY_B, metric, python};
 use crate::common::daemon::Role;
 use crate::common::in_process::InProcessBuilder;
+use crate::common::logs;
 use crate::common::redis_server::RedisServer;
-use crate::logs;
 
 fn port_of(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
-/// On a current-thread runtime: the process's logs are this thread's
-/// ([`logs::capture`]).
+/// The process's logs are this test process's tracing ([`logs::capture`]).
 #[tokio::test]
 async fn serve_exits_non_zero_when_its_listener_fails() {
     let log = logs::capture();

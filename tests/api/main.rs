@@ -15,7 +15,6 @@
 mod common;
 
 /// Helpers of this binary.
-mod logs;
 mod server;
 mod ws;
 

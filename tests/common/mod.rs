@@ -17,6 +17,7 @@
 //! | [`scripted`] | a scripted sandbox engine: no dockerd |
 //! | [`in_process`] | a whole `code-runner` process inside the test, on the scripted engine |
 //! | [`client`] | the API client of both kinds of process |
+//! | [`logs`] | what a process run in the test logs (its tracing, captured) |
 //! | [`daemon`] | the real binary as a child process (needs Docker for its sandboxes) |
 //! | [`paths`] | [`on_every_start_path!`](paths::on_every_start_path): a test on each start path of a job |
 //! | [`programs`] | programs in every language |
@@ -36,6 +37,7 @@ pub mod compat;
 pub mod containers;
 pub mod daemon;
 pub mod in_process;
+pub mod logs;
 pub mod paths;
 pub mod programs;
 pub mod proxy;

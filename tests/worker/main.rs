@@ -18,7 +18,6 @@ mod control;
 mod durability;
 mod events;
 mod jobs;
-mod logs;
 mod monitor;
 mod outage;
 mod reaper;

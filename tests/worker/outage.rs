@@ -19,11 +19,11 @@ use serde_json::{Value, json};
 use crate::common::client::metric;
 use crate::common::daemon::Role;
 use crate::common::in_process::InProcessBuilder;
+use crate::common::logs;
 use crate::common::proxy::RedisProxy;
 use crate::common::redis_server::RedisServer;
 use crate::common::scripted::{self, ScriptedHost};
 use crate::common::wait_for;
-use crate::logs;
 use crate::reaper::{config, reaper};
 use crate::world::{JOB_DEADLINE, World};
 

@@ -17,11 +17,11 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use crate::common::client::KEY_A;
 use crate::common::daemon::Role;
 use crate::common::in_process::{InProcess, InProcessBuilder};
+use crate::common::logs;
 use crate::common::proxy::RedisProxy;
 use crate::common::redis_server::RedisServer;
 use crate::common::scripted::{self, ScriptedHost};
 use crate::common::wait_for;
-use crate::logs;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_whose_reply_is_lost_is_found_in_the_list_and_run() {
