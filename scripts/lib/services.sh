@@ -20,7 +20,7 @@ CODE_RUNNER_PACKAGES=(docker.io redis-server runsc mmdebstrap python3 curl)
 # python3-venv holds the judge0 SDK, see scripts/compat-clients), zstd to
 # build the Fly worker image (deploy-fly/build-image), systemd for
 # `systemd-analyze verify` of the unit scripts/install writes, iproute2 for
-# `ss -K` (tests/http_limits.rs destroys a listening socket).
+# `ss -K` (tests/api/http_limits.rs destroys a listening socket).
 # scripts/test installs whichever is missing.
 CODE_RUNNER_TEST_PACKAGES=(prometheus python3-websockets curl zstd systemd chromium chromium-driver python3-selenium python3-venv iproute2)
 # Python tools run under the interpreter Debian's python3-* packages are
@@ -35,7 +35,7 @@ CODE_RUNNER_REDIS_DIR="${CODE_RUNNER_REDIS_DIR:-/var/lib/code-runner/redis}"
 # setting loses): every write in the append-only file, fsynced once a second
 # (a crash loses at most about a second of changes); a full Redis refuses
 # writes (submissions get 503) instead of evicting jobs, results or heartbeats.
-# tests/durability.rs starts its redis-server with exactly these arguments.
+# tests/worker/durability.rs starts its redis-server with exactly these arguments.
 CODE_RUNNER_REDIS_DURABLE_ARGS=(--appendonly yes --appendfsync everysec --maxmemory-policy noeviction)
 
 _svc_say() { echo "services: $*"; }
