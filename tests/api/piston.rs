@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::client::{KEY_A, KEY_B, POLL, metric};
-use crate::common::compat::piston_client;
+use crate::common::client::{KEY_A, POLL, metric};
+use crate::common::compat::{piston_client, piston_settings};
 use crate::common::daemon::Role;
 use crate::common::in_process::{InProcess, InProcessBuilder};
 use crate::common::redis_server::RedisServer;
@@ -22,21 +22,6 @@ use crate::common::scripted::ScriptedHost;
 // The clients run as child processes the test waits for, blocking its
 // thread: the tests run on a multi-thread runtime, so that the server in
 // the test answers meanwhile.
-
-/// A catalog with every language plus one whose image no worker has.
-fn catalog_with_a_missing_image(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
-    )
-    .unwrap();
-    text.push_str(
-        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
-         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
-    );
-    let path = dir.join("languages.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 struct Piston {
     daemon: InProcess,
@@ -50,24 +35,14 @@ impl Piston {
     async fn start(max_active: Option<u32>) -> Self {
         let redis = RedisServer::start();
         let dir = tempfile::tempdir().unwrap();
-        let keys = match max_active {
-            Some(n) => format!("a:{KEY_A}:{n},b:{}", KEY_B),
-            None => format!("a:{KEY_A},b:{}", KEY_B),
-        };
         // No image of the catalog is missing on the host but COBOL's.
         let host = ScriptedHost::new();
         host.set_missing_images(&["code-runner/does-not-exist:latest"]);
-        let daemon = InProcessBuilder::new(Role::Serve, &redis)
-            .env("CODE_RUNNER_API_KEYS", keys)
-            .env("CODE_RUNNER_PISTON_LOOPBACK_KEY", "a")
-            .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
-            .env(
-                "CODE_RUNNER_LANGUAGES_FILE",
-                catalog_with_a_missing_image(dir.path()).display(),
-            )
-            .host(&host)
-            .start()
-            .await;
+        let mut builder = InProcessBuilder::new(Role::Serve, &redis).host(&host);
+        for (name, value) in piston_settings(dir.path(), max_active) {
+            builder = builder.env(name, value);
+        }
+        let daemon = builder.start().await;
         Self {
             daemon,
             redis,

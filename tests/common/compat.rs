@@ -60,3 +60,33 @@ pub fn piston_client(server: &str, args: &[&str]) -> serde_json::Value {
 pub fn judge0_python() -> PathBuf {
     clients().join("venv/bin/python")
 }
+
+/// The settings of a `serve` that takes keyless loopback Piston requests as
+/// key `a` (with at most `max_active` jobs at once when given), key `b`
+/// beside it, two sandboxes, and a catalog (written into `dir`) of every
+/// language plus COBOL, whose image no worker has.
+pub fn piston_settings(
+    dir: &std::path::Path,
+    max_active: Option<u32>,
+) -> Vec<(&'static str, String)> {
+    use crate::common::client::{KEY_A, KEY_B};
+    let keys = match max_active {
+        Some(n) => format!("a:{KEY_A}:{n},b:{KEY_B}"),
+        None => format!("a:{KEY_A},b:{KEY_B}"),
+    };
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let mut catalog = std::fs::read_to_string(root.join("runner-images/languages.toml"))
+        .expect("runner-images/languages.toml reads");
+    catalog.push_str(
+        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
+         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
+    );
+    let path = dir.join("languages.toml");
+    std::fs::write(&path, catalog).expect("the catalog is written");
+    vec![
+        ("CODE_RUNNER_API_KEYS", keys),
+        ("CODE_RUNNER_PISTON_LOOPBACK_KEY", "a".to_string()),
+        ("CODE_RUNNER_WORKER_MAX_SANDBOXES", "2".to_string()),
+        ("CODE_RUNNER_LANGUAGES_FILE", path.display().to_string()),
+    ]
+}

@@ -16,6 +16,7 @@
 //! |---|---|
 //! | [`scripted`] | a scripted sandbox engine: no dockerd |
 //! | [`in_process`] | a whole `code-runner` process inside the test, on the scripted engine |
+//! | [`worker_world`] | a worker run in the test, on either engine, and its Redis |
 //! | [`client`] | the API client of both kinds of process |
 //! | [`logs`] | what a process run in the test logs (its tracing, captured) |
 //! | [`daemon`] | the real binary as a child process (needs Docker for its sandboxes) |
@@ -46,6 +47,7 @@ pub mod redis_server;
 pub mod redis_tls;
 pub mod scripted;
 pub mod up_keys;
+pub mod worker_world;
 
 use std::time::{Duration, Instant};
 

@@ -7,25 +7,10 @@
 
 use crate::common;
 
-use common::compat::piston_client;
-use common::daemon::{self, Daemon, DaemonBuilder, KEY_A, Role, metric};
+use common::compat::{piston_client, piston_settings};
+use common::daemon::{Daemon, DaemonBuilder, Role, metric};
 use common::redis_server::RedisServer;
 use serde_json::{Value, json};
-
-/// A catalog with every language plus one whose image no worker has.
-fn catalog_with_a_missing_image(dir: &std::path::Path) -> std::path::PathBuf {
-    let mut text = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runner-images/languages.toml"),
-    )
-    .unwrap();
-    text.push_str(
-        "\n[[language]]\nid = \"cobol\"\nname = \"COBOL\"\nversion = \"3.1\"\n\
-         image = \"code-runner/does-not-exist\"\nsource_file = \"main.cob\"\nrun = [\"cobc\"]\n",
-    );
-    let path = dir.join("languages.toml");
-    std::fs::write(&path, text).unwrap();
-    path
-}
 
 struct Piston {
     daemon: Daemon,
@@ -39,20 +24,11 @@ impl Piston {
     async fn start(max_active: Option<u32>) -> Self {
         let redis = RedisServer::start();
         let dir = tempfile::tempdir().unwrap();
-        let keys = match max_active {
-            Some(n) => format!("a:{KEY_A}:{n},b:{}", daemon::KEY_B),
-            None => format!("a:{KEY_A},b:{}", daemon::KEY_B),
-        };
-        let daemon = DaemonBuilder::new(Role::Serve, &redis)
-            .env("CODE_RUNNER_API_KEYS", keys)
-            .env("CODE_RUNNER_PISTON_LOOPBACK_KEY", "a")
-            .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
-            .env(
-                "CODE_RUNNER_LANGUAGES_FILE",
-                catalog_with_a_missing_image(dir.path()).display(),
-            )
-            .start()
-            .await;
+        let mut builder = DaemonBuilder::new(Role::Serve, &redis);
+        for (name, value) in piston_settings(dir.path(), max_active) {
+            builder = builder.env(name, value);
+        }
+        let daemon = builder.start().await;
         Self {
             daemon,
             _redis: redis,

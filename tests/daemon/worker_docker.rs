@@ -10,183 +10,50 @@
 //! it uses), its own Redis and its own key prefix; the guards kill the
 //! redis-server and remove leftover containers also when a test fails.
 
+use std::ops::Deref;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use code_runner::job::events::{JobEvent, StoredEvent};
 use code_runner::job::limits::LimitsRequest;
 use code_runner::job::{JobResult, JobSpec, StartKind, Status};
-use code_runner::metrics::Metrics;
 use code_runner::sandbox::{LABEL_JOB, LABEL_WORKER};
-use code_runner::store::{
-    Admission, CancelOutcome, JobRecord, NewJob, Quotas, Store, SubmitOutcome,
-};
-use code_runner::worker::{Worker, WorkerConfig};
-use redis::AsyncCommands;
-use tokio_util::sync::CancellationToken;
+use code_runner::store::CancelOutcome;
 
 use crate::common::containers::list_labelled;
-use crate::common::redis_server::RedisServer;
+use crate::common::worker_world::{JOB_DEADLINE, POLL, WorkerWorld, run_stdout, wait_for_stdout};
 use crate::common::{Harness, python, wait_for};
-
-const POLL: Duration = Duration::from_millis(50);
-/// Long enough for a cold container start on a loaded CI machine.
-const JOB_DEADLINE: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------
 // The test's world: redis, queue, docker, worker
 // ---------------------------------------------------------------------------
 
+/// The worker's world on the real dockerd: what [`WorkerWorld`] has, and
+/// the harness that removes the test's containers.
 struct World {
     harness: Harness,
-    redis: RedisServer,
-    store: Store,
-    metrics: Metrics,
+    base: WorkerWorld,
 }
 
-/// A worker running in-process; shut down (without waiting) on drop.
-struct RunningWorker {
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<()>>,
-}
+impl Deref for World {
+    type Target = WorkerWorld;
 
-impl RunningWorker {
-    /// Begins the graceful shutdown (as SIGTERM does).
-    fn shut_down(&self) {
-        self.shutdown.cancel();
-    }
-
-    /// Waits until `Worker::run` returned; fails the test after `within`.
-    async fn stopped(&mut self, within: Duration) -> Duration {
-        let started = Instant::now();
-        let handle = self.handle.take().expect("the worker is running");
-        tokio::time::timeout(within, handle)
-            .await
-            .unwrap_or_else(|_| panic!("the worker did not stop within {within:?}"))
-            .expect("the worker task did not panic");
-        started.elapsed()
-    }
-}
-
-impl Drop for RunningWorker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+    fn deref(&self) -> &WorkerWorld {
+        &self.base
     }
 }
 
 impl World {
     async fn new() -> Self {
-        let redis = RedisServer::start();
-        let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
-        let store = Store::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
-            .expect("queue settings are valid");
+        let harness = Harness::new().await;
         Self {
-            harness: Harness::new().await,
-            redis,
-            store,
-            metrics: Metrics::new().expect("metrics"),
+            base: WorkerWorld::new(
+                harness.worker_id.clone(),
+                Arc::new(harness.engine.clone()),
+                harness.catalog.clone(),
+                harness.policy.clone(),
+            ),
+            harness,
         }
-    }
-
-    fn worker_id(&self) -> &str {
-        &self.harness.worker_id
-    }
-
-    fn start_worker(&self, max_sandboxes: usize, drain_timeout: Duration) -> RunningWorker {
-        self.start_worker_with(max_sandboxes, drain_timeout, |_| {})
-    }
-
-    /// A worker whose configuration `adjust` changed (a warm pool, say).
-    fn start_worker_with(
-        &self,
-        max_sandboxes: usize,
-        drain_timeout: Duration,
-        adjust: impl FnOnce(&mut WorkerConfig),
-    ) -> RunningWorker {
-        let mut config = WorkerConfig {
-            id: self.worker_id().to_string(),
-            max_sandboxes,
-            heartbeat_interval: Duration::from_millis(500),
-            heartbeat_ttl: Duration::from_secs(5),
-            drain_timeout,
-            warm_floors: Default::default(),
-            warm_max: 0,
-            warm_lifetime: Duration::from_secs(600),
-            warm_runtimes: true,
-            yield_while_busy: true,
-            refill_hold: code_runner::worker::REFILL_HOLD,
-            warm_memory_reserve: 0,
-            max_requeues: 3,
-        };
-        adjust(&mut config);
-        let worker = Worker::new(
-            config,
-            self.harness
-                .services(self.store.clone(), self.metrics.clone()),
-        );
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(worker.run(shutdown.clone()));
-        RunningWorker {
-            shutdown,
-            handle: Some(handle),
-        }
-    }
-
-    async fn submit(&self, spec: &JobSpec) -> String {
-        let id = uuid::Uuid::new_v4().to_string();
-        let outcome = self
-            .store
-            .jobs()
-            .submit(NewJob {
-                id: &id,
-                spec,
-                api_key: "test",
-                user: "",
-                language: &spec.language,
-                idempotency: None,
-                admission: Admission {
-                    max_queue_depth: 1000,
-                    key_limit: None,
-                    max_attempts: 1,
-                    output_limit_bytes: 0,
-                    storage_budget: u64::MAX >> 1,
-                    // The default wall limit, as the API resolves it.
-                    wall_budget_ms: 10_000,
-                    weight: 1,
-                    user_limit: None,
-                    user_rate_per_minute: None,
-                    quotas: Quotas::default(),
-                },
-            })
-            .await
-            .expect("submit");
-        assert_eq!(outcome, SubmitOutcome::Accepted);
-        id
-    }
-
-    async fn record(&self, id: &str) -> JobRecord {
-        self.store
-            .jobs()
-            .get(id)
-            .await
-            .expect("redis answers")
-            .unwrap_or_else(|| panic!("job {id} exists"))
-    }
-
-    async fn wait_status(&self, id: &str, within: Duration, done: fn(Status) -> bool) -> JobRecord {
-        wait_for(&format!("job {id} to reach the status"), within, || async {
-            self.store
-                .jobs()
-                .get(id)
-                .await
-                .ok()
-                .flatten()
-                .filter(|record| done(record.status))
-        })
-        .await
-    }
-
-    async fn wait_terminal(&self, id: &str, within: Duration) -> JobRecord {
-        self.wait_status(id, within, Status::is_terminal).await
     }
 
     /// Waits until the job is running and its container exists.
@@ -200,43 +67,6 @@ impl World {
                 .then_some(())
         })
         .await;
-    }
-
-    async fn processing_len(&self) -> u64 {
-        let mut conn = self.redis.conn().await;
-        conn.llen(self.store.keys().processing(self.worker_id()))
-            .await
-            .expect("LLEN")
-    }
-
-    async fn job_ttl(&self, id: &str) -> i64 {
-        let mut conn = self.redis.conn().await;
-        conn.ttl(self.store.keys().job(id)).await.expect("TTL")
-    }
-
-    async fn heartbeat(&self) -> Option<serde_json::Value> {
-        let mut conn = self.redis.conn().await;
-        let value: Option<String> = conn
-            .get(self.store.keys().heartbeat(self.worker_id()))
-            .await
-            .expect("GET");
-        value.map(|v| serde_json::from_str(&v).expect("the heartbeat is JSON"))
-    }
-
-    /// What must hold for every job that ended: it left the processing
-    /// list, and its key expires.
-    async fn assert_settled(&self, id: &str) {
-        let mut conn = self.redis.conn().await;
-        let processing: Vec<String> = conn
-            .lrange(self.store.keys().processing(self.worker_id()), 0, -1)
-            .await
-            .expect("LRANGE");
-        assert!(
-            !processing.contains(&id.to_string()),
-            "job {id} is still in the processing list {processing:?}"
-        );
-        let ttl = self.job_ttl(id).await;
-        assert!(ttl > 0, "job {id} has no TTL ({ttl})");
     }
 }
 
@@ -263,53 +93,8 @@ fn interactive(source: &str) -> JobSpec {
     }
 }
 
-fn run_stdout(record: &JobRecord) -> String {
-    let result = record.result.as_ref().expect("a terminal job has a result");
-    crate::common::stdout(result)
-}
-
 fn cancelled_result(language: &str) -> JobResult {
     JobResult::without_stages(Status::Cancelled, language, "")
-}
-
-/// Every event of the job's stream, from the start (`seq` 0), read in pages.
-async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
-    let mut events: Vec<StoredEvent> = Vec::new();
-    loop {
-        let after = events.last().map_or(0, |e| e.seq);
-        let page = world
-            .store
-            .events()
-            .since(id, after, 1000)
-            .await
-            .expect("XRANGE");
-        if page.is_empty() {
-            return events;
-        }
-        events.extend(page);
-    }
-}
-
-/// Waits until the job's streamed stdout is `expected`.
-async fn wait_for_stdout(world: &World, id: &str, expected: &[u8]) {
-    wait_for("the output in the events stream", JOB_DEADLINE, || async {
-        let events: Vec<JobEvent> = stream_events(world, id)
-            .await
-            .iter()
-            .filter_map(|e| e.event().ok())
-            .collect();
-        (streamed_stdout(&events) == expected).then_some(())
-    })
-    .await;
-}
-
-/// The concatenated bytes of the stdout events.
-fn streamed_stdout(events: &[JobEvent]) -> Vec<u8> {
-    events
-        .iter()
-        .filter(|e| matches!(e, JobEvent::Stdout { .. }))
-        .flat_map(|e| e.output_bytes().expect("output decodes"))
-        .collect()
 }
 
 /// Appends stdin messages to the job's control stream in one round trip,

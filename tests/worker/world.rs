@@ -1,212 +1,69 @@
-//! A test's world for the worker run in the test itself: a redis-server of
-//! its own, a store with a key prefix of its own, and a scripted host
-//! whose engine the worker runs its jobs on ([`crate::common::scripted`]).
-//! Jobs are scripts; the worker's sandboxes are the host's.
+//! A test's world for the worker run in the test itself
+//! ([`crate::common::worker_world`]) on a scripted host whose engine the
+//! worker runs its jobs on ([`crate::common::scripted`]). Jobs are
+//! scripts; the worker's sandboxes are the host's.
 //!
 //! Also what several topics read of it: the job's events stream, the
 //! control stream a client writes, and who is blocked in which Redis
 //! command.
 
 use std::collections::HashSet;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use code_runner::job::events::{JobEvent, StoredEvent};
+use code_runner::job::events::JobEvent;
 use code_runner::job::limits::LimitPolicy;
 use code_runner::job::{JobSpec, Status};
 use code_runner::languages::LanguageCatalog;
-use code_runner::metrics::Metrics;
-use code_runner::store::{Admission, JobRecord, NewJob, Quotas, Store, SubmitOutcome};
-use code_runner::worker::{Services, Worker, WorkerConfig};
+use code_runner::store::JobRecord;
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::in_process::InProcess;
-use crate::common::redis_server::RedisServer;
 use crate::common::scripted::{self, ScriptedHost};
 use crate::common::wait_for;
+pub use crate::common::worker_world::{
+    JOB_DEADLINE, POLL, WorkerWorld, run_stdout, stream_events, streamed_stdout, wait_for_stdout,
+};
 
-pub const POLL: Duration = Duration::from_millis(50);
-/// An upper bound for a job's start and end (a scripted one takes
-/// milliseconds; this is for a loaded machine).
-pub const JOB_DEADLINE: Duration = Duration::from_secs(60);
-
+/// The worker's world on a scripted host: what [`WorkerWorld`] has, and
+/// the host whose sandboxes the test looks at.
 pub struct World {
     pub host: Arc<ScriptedHost>,
-    pub redis: RedisServer,
-    pub store: Store,
-    pub metrics: Metrics,
-    worker_id: String,
+    base: WorkerWorld,
 }
 
-/// A worker running in-process; shut down (without waiting) on drop.
-pub struct RunningWorker {
-    shutdown: CancellationToken,
-    handle: Option<tokio::task::JoinHandle<()>>,
-}
+impl Deref for World {
+    type Target = WorkerWorld;
 
-impl RunningWorker {
-    /// Begins the graceful shutdown (as SIGTERM does).
-    pub fn shut_down(&self) {
-        self.shutdown.cancel();
-    }
-
-    /// Waits until `Worker::run` returned; fails the test after `within`.
-    pub async fn stopped(&mut self, within: Duration) -> Duration {
-        let started = Instant::now();
-        let handle = self.handle.take().expect("the worker is running");
-        tokio::time::timeout(within, handle)
-            .await
-            .unwrap_or_else(|_| panic!("the worker did not stop within {within:?}"))
-            .expect("the worker task did not panic");
-        started.elapsed()
+    fn deref(&self) -> &WorkerWorld {
+        &self.base
     }
 }
 
-impl Drop for RunningWorker {
-    fn drop(&mut self) {
-        self.shutdown.cancel();
+impl DerefMut for World {
+    fn deref_mut(&mut self) -> &mut WorkerWorld {
+        &mut self.base
     }
 }
 
 impl World {
+    /// A redis-server and a scripted host of the test's own; the worker
+    /// runs the embedded catalog with the default limits.
     pub async fn new() -> Self {
-        let redis = RedisServer::start();
-        let prefix = format!("test-{}:", uuid::Uuid::new_v4().simple());
-        let store = Store::new(&redis.url(), &prefix, Duration::from_secs(3600), 8)
-            .expect("queue settings are valid");
+        let host = ScriptedHost::new();
+        let worker_id = format!("test-{}", uuid::Uuid::new_v4());
+        let engine = Arc::new(host.engine(&worker_id));
         Self {
-            host: ScriptedHost::new(),
-            redis,
-            store,
-            metrics: Metrics::new().expect("metrics"),
-            worker_id: format!("test-{}", uuid::Uuid::new_v4()),
+            base: WorkerWorld::new(
+                worker_id,
+                engine,
+                LanguageCatalog::embedded().expect("the embedded catalog"),
+                LimitPolicy::default(),
+            ),
+            host,
         }
-    }
-
-    pub fn worker_id(&self) -> &str {
-        &self.worker_id
-    }
-
-    /// What a worker needs: this world's store, metrics and an engine of
-    /// its host; the embedded catalog and the default limits.
-    fn services(&self) -> Services {
-        Services {
-            store: self.store.clone(),
-            engine: Arc::new(self.host.engine(&self.worker_id)),
-            catalog: LanguageCatalog::embedded().expect("the embedded catalog"),
-            policy: LimitPolicy::default(),
-            metrics: self.metrics.clone(),
-            carried: None,
-        }
-    }
-
-    pub fn start_worker(&self, max_sandboxes: usize, drain_timeout: Duration) -> RunningWorker {
-        self.start_worker_with(max_sandboxes, drain_timeout, |_| {})
-    }
-
-    /// A worker whose configuration `adjust` changed.
-    pub fn start_worker_with(
-        &self,
-        max_sandboxes: usize,
-        drain_timeout: Duration,
-        adjust: impl FnOnce(&mut WorkerConfig),
-    ) -> RunningWorker {
-        let mut config = WorkerConfig {
-            id: self.worker_id.clone(),
-            max_sandboxes,
-            heartbeat_interval: Duration::from_millis(500),
-            heartbeat_ttl: Duration::from_secs(5),
-            drain_timeout,
-            warm_floors: Default::default(),
-            warm_max: 0,
-            warm_lifetime: Duration::from_secs(600),
-            warm_runtimes: true,
-            yield_while_busy: true,
-            refill_hold: code_runner::worker::REFILL_HOLD,
-            warm_memory_reserve: 0,
-            max_requeues: 3,
-        };
-        adjust(&mut config);
-        let worker = Worker::new(config, self.services());
-        let shutdown = CancellationToken::new();
-        let handle = tokio::spawn(worker.run(shutdown.clone()));
-        RunningWorker {
-            shutdown,
-            handle: Some(handle),
-        }
-    }
-
-    pub async fn submit(&self, spec: &JobSpec) -> String {
-        let id = uuid::Uuid::new_v4().to_string();
-        let outcome = self
-            .store
-            .jobs()
-            .submit(NewJob {
-                id: &id,
-                spec,
-                api_key: "test",
-                user: "",
-                language: &spec.language,
-                idempotency: None,
-                admission: Admission {
-                    max_queue_depth: 1000,
-                    key_limit: None,
-                    max_attempts: 1,
-                    output_limit_bytes: 0,
-                    storage_budget: u64::MAX >> 1,
-                    // The default wall limit, as the API resolves it.
-                    wall_budget_ms: 10_000,
-                    weight: 1,
-                    user_limit: None,
-                    user_rate_per_minute: None,
-                    quotas: Quotas::default(),
-                },
-            })
-            .await
-            .expect("submit");
-        assert_eq!(outcome, SubmitOutcome::Accepted);
-        id
-    }
-
-    pub async fn record(&self, id: &str) -> JobRecord {
-        self.store
-            .jobs()
-            .get(id)
-            .await
-            .expect("redis answers")
-            .unwrap_or_else(|| panic!("job {id} exists"))
-    }
-
-    pub async fn wait_status(
-        &self,
-        id: &str,
-        within: Duration,
-        done: fn(Status) -> bool,
-    ) -> JobRecord {
-        wait_for(&format!("job {id} to reach the status"), within, || async {
-            self.store
-                .jobs()
-                .get(id)
-                .await
-                .ok()
-                .flatten()
-                .filter(|record| done(record.status))
-        })
-        .await
-    }
-
-    pub async fn wait_terminal(&self, id: &str, within: Duration) -> JobRecord {
-        self.wait_status(id, within, Status::is_terminal).await
-    }
-
-    /// Waits for the job's end: it succeeded, printed `stdout` and left
-    /// nothing behind in Redis.
-    pub async fn assert_succeeded(&self, id: &str, stdout: &str, within: Duration) {
-        let record = self.wait_terminal(id, within).await;
-        assert_eq!(record.status, Status::Succeeded, "{record:#?}");
-        assert_eq!(run_stdout(&record), stdout);
-        self.assert_settled(id).await;
     }
 
     /// Waits until the job is running and its sandbox exists.
@@ -249,48 +106,6 @@ impl World {
         )
         .await;
         assert!(left.is_empty(), "sandboxes left behind: {left:?}");
-    }
-
-    pub async fn processing_len(&self) -> u64 {
-        let mut conn = self.redis.conn().await;
-        conn.llen(self.store.keys().processing(&self.worker_id))
-            .await
-            .expect("LLEN")
-    }
-
-    pub async fn queue_len(&self) -> u64 {
-        let mut conn = self.redis.conn().await;
-        conn.llen(self.store.keys().queue()).await.expect("LLEN")
-    }
-
-    pub async fn job_ttl(&self, id: &str) -> i64 {
-        let mut conn = self.redis.conn().await;
-        conn.ttl(self.store.keys().job(id)).await.expect("TTL")
-    }
-
-    pub async fn heartbeat(&self) -> Option<serde_json::Value> {
-        let mut conn = self.redis.conn().await;
-        let value: Option<String> = conn
-            .get(self.store.keys().heartbeat(&self.worker_id))
-            .await
-            .expect("GET");
-        value.map(|v| serde_json::from_str(&v).expect("the heartbeat is JSON"))
-    }
-
-    /// What must hold for every job that ended: it left the processing
-    /// list, and its key expires.
-    pub async fn assert_settled(&self, id: &str) {
-        let mut conn = self.redis.conn().await;
-        let processing: Vec<String> = conn
-            .lrange(self.store.keys().processing(&self.worker_id), 0, -1)
-            .await
-            .expect("LRANGE");
-        assert!(
-            !processing.contains(&id.to_string()),
-            "job {id} is still in the processing list {processing:?}"
-        );
-        let ttl = self.job_ttl(id).await;
-        assert!(ttl > 0, "job {id} has no TTL ({ttl})");
     }
 }
 
@@ -351,32 +166,9 @@ pub fn interactive(script: &str) -> JobSpec {
     }
 }
 
-pub fn run_stdout(record: &JobRecord) -> String {
-    let result = record.result.as_ref().expect("a terminal job has a result");
-    crate::common::stdout(result)
-}
-
 // ---------------------------------------------------------------------------
 // the events stream
 // ---------------------------------------------------------------------------
-
-/// Every event of the job's stream, from the start (`seq` 0), read in pages.
-pub async fn stream_events(world: &World, id: &str) -> Vec<StoredEvent> {
-    let mut events: Vec<StoredEvent> = Vec::new();
-    loop {
-        let after = events.last().map_or(0, |e| e.seq);
-        let page = world
-            .store
-            .events()
-            .since(id, after, 1000)
-            .await
-            .expect("XRANGE");
-        if page.is_empty() {
-            return events;
-        }
-        events.extend(page);
-    }
-}
 
 /// Checks what every finished job's stream must be — `seq` 1..N without
 /// gaps; `queued`, then `running` on this worker, first; the `exit` event
@@ -429,28 +221,6 @@ pub async fn checked_stream(world: &World, record: &JobRecord) -> Vec<JobEvent> 
         );
     }
     middle
-}
-
-/// Waits until the job's streamed stdout is `expected`.
-pub async fn wait_for_stdout(world: &World, id: &str, expected: &[u8]) {
-    wait_for("the output in the events stream", JOB_DEADLINE, || async {
-        let events: Vec<JobEvent> = stream_events(world, id)
-            .await
-            .iter()
-            .filter_map(|e| e.event().ok())
-            .collect();
-        (streamed_stdout(&events) == expected).then_some(())
-    })
-    .await;
-}
-
-/// The concatenated bytes of the stdout events.
-pub fn streamed_stdout(events: &[JobEvent]) -> Vec<u8> {
-    events
-        .iter()
-        .filter(|e| matches!(e, JobEvent::Stdout { .. }))
-        .flat_map(|e| e.output_bytes().expect("output decodes"))
-        .collect()
 }
 
 // ---------------------------------------------------------------------------
