@@ -270,6 +270,24 @@ pub fn pool_settings(max: usize) -> PoolSettings {
     }
 }
 
+/// What the store's submit checks a test's job against: a queue of 1000,
+/// one attempt, no output or storage limit to speak of, the API's default
+/// wall limit (10 s), weight 1, no per-user limit and no quotas.
+pub fn admission() -> code_runner::store::Admission {
+    code_runner::store::Admission {
+        max_queue_depth: 1000,
+        key_limit: None,
+        max_attempts: 1,
+        output_limit_bytes: 0,
+        storage_budget: 1 << 40,
+        wall_budget_ms: 10_000,
+        weight: 1,
+        user_limit: None,
+        user_rate_per_minute: None,
+        quotas: code_runner::store::Quotas::default(),
+    }
+}
+
 pub fn job(language: &str, name: &str, source: &str) -> JobSpec {
     JobSpec {
         language: language.to_string(),

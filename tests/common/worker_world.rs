@@ -14,7 +14,7 @@ use code_runner::job::{JobSpec, Status};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
 use code_runner::sandbox::Engine;
-use code_runner::store::{Admission, JobRecord, NewJob, Quotas, Store, SubmitOutcome};
+use code_runner::store::{JobRecord, NewJob, Store, SubmitOutcome};
 use code_runner::worker::{Services, Worker, WorkerConfig};
 use redis::AsyncCommands;
 use tokio_util::sync::CancellationToken;
@@ -157,19 +157,7 @@ impl WorkerWorld {
                 user: "",
                 language: &spec.language,
                 idempotency: None,
-                admission: Admission {
-                    max_queue_depth: 1000,
-                    key_limit: None,
-                    max_attempts: 1,
-                    output_limit_bytes: 0,
-                    storage_budget: u64::MAX >> 1,
-                    // The default wall limit, as the API resolves it.
-                    wall_budget_ms: 10_000,
-                    weight: 1,
-                    user_limit: None,
-                    user_rate_per_minute: None,
-                    quotas: Quotas::default(),
-                },
+                admission: crate::common::admission(),
             })
             .await
             .expect("submit");

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use code_runner::job::{JobResult, JobSpec, Status};
 use code_runner::store::{
-    Admission, NewJob, Quotas, ReleaseOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome,
+    NewJob, ReleaseOutcome, Skipped, StartOutcome, Started, Store, SubmitOutcome,
 };
 use redis::AsyncCommands;
 
@@ -30,19 +30,7 @@ async fn submit(store: &Store, spec: &JobSpec) -> String {
             user: "",
             language: &spec.language,
             idempotency: None,
-            admission: Admission {
-                max_queue_depth: 1000,
-                key_limit: None,
-                max_attempts: 1,
-                output_limit_bytes: 0,
-                storage_budget: 1 << 40,
-                // The default wall limit, as the API resolves it.
-                wall_budget_ms: 10_000,
-                weight: 1,
-                user_limit: None,
-                user_rate_per_minute: None,
-                quotas: Quotas::default(),
-            },
+            admission: crate::common::admission(),
         })
         .await
         .expect("redis answers");

@@ -15,7 +15,7 @@ use code_runner::job::limits::{LimitPolicy, LimitsRequest};
 use code_runner::languages::LanguageCatalog;
 use code_runner::metrics::Metrics;
 use code_runner::reaper::{Reaper, ReaperConfig, ReaperHandles};
-use code_runner::store::{Admission, NewJob, Quotas, ReapOutcome, Store, SubmitOutcome, now_ms};
+use code_runner::store::{Admission, NewJob, ReapOutcome, Store, SubmitOutcome, now_ms};
 use redis::AsyncCommands;
 use serde_json::Value;
 
@@ -48,16 +48,7 @@ pub async fn submit(store: &Store, spec: &JobSpec) -> String {
             idempotency: None,
             admission: Admission {
                 max_queue_depth: 10_000,
-                key_limit: None,
-                max_attempts: 1,
-                output_limit_bytes: 0,
-                storage_budget: 1 << 40,
-                // The default wall limit, as the API resolves it.
-                wall_budget_ms: 10_000,
-                weight: 1,
-                user_limit: None,
-                user_rate_per_minute: None,
-                quotas: Quotas::default(),
+                ..crate::common::admission()
             },
         })
         .await
