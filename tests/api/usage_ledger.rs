@@ -336,11 +336,13 @@ async fn a_job_cancelled_while_queued_is_not_counted_and_one_cancelled_while_run
 
 /// The day a job ends is computed in Lua (`usage_day` in lib.lua), the day
 /// `/v1/usage` reads in Rust (`Day`): they agree on every day of 1970 to
-/// 2270, at its first and last millisecond and once in between.
+/// 2270, at its first and last millisecond and once in between. (A script
+/// of 20,000 days can take more than the client's default half second on a
+/// loaded machine: the connection waits up to a minute.)
 #[tokio::test]
 async fn the_ledger_day_lua_computes_is_the_utc_date() {
     let redis = RedisServer::start();
-    let mut conn = redis.conn().await;
+    let mut conn = redis.patient_conn(Duration::from_secs(60)).await;
     let script = redis::Script::new(&format!(
         "{}\nlocal out = {{}}\nfor i, ms in ipairs(ARGV) do out[i] = usage_day(ms) end\nreturn out",
         include_str!("../../src/store/job/lib.lua")

@@ -146,6 +146,21 @@ impl RedisServer {
             .expect("the test's redis-server answers")
     }
 
+    /// A connection that waits up to `timeout` for an answer (the client's
+    /// default is half a second): for a script that takes long on a loaded
+    /// machine.
+    pub async fn patient_conn(
+        &self,
+        timeout: std::time::Duration,
+    ) -> redis::aio::MultiplexedConnection {
+        let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(timeout));
+        self.client()
+            .expect("redis url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("the test's redis-server answers")
+    }
+
     /// Runs `redis-cli -p <port> ARGS…` and returns its output, trimmed.
     pub fn cli(&self, args: &[&str]) -> String {
         let output = Command::new("redis-cli")
