@@ -16,7 +16,9 @@ const MAX_ARGS: usize = 64;
 const MAX_ARG_BYTES: usize = 4096;
 const MAX_ENV: usize = 64;
 
-/// Checks a file name: relative, no `..` or `.` parts, no empty parts, sane length.
+/// Checks a file name: relative, no `..` or `.` parts, no empty parts, no
+/// control characters (a newline, a tab or an escape in a name would forge
+/// lines of a listing or a terminal's output), sane length.
 pub fn check_file_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("file name is empty".into());
@@ -29,6 +31,11 @@ pub fn check_file_name(name: &str) -> Result<(), String> {
     }
     if name.contains('\0') || name.contains('\\') {
         return Err(format!("{name:?} contains a NUL or backslash"));
+    }
+    if let Some(bad) = name.chars().find(|c| c.is_control()) {
+        return Err(format!(
+            "{name:?} contains the control character {bad:?}; file names must be printable"
+        ));
     }
     let parts: Vec<&str> = name.split('/').collect();
     if parts.len() > MAX_PATH_DEPTH {
@@ -246,6 +253,25 @@ mod tests {
             refuse(&spec("python", &[("a//b", "")])).field,
             "files[0].name"
         );
+        // Control characters, C0 and C1 and DEL, anywhere in the name.
+        for (name, shown) in [
+            ("a\nb.py", "'\\n'"),
+            ("tab\t.py", "'\\t'"),
+            ("\u{1b}[31mred.py", "'\\u{1b}'"),
+            ("del\u{7f}.py", "'\\u{7f}'"),
+            ("dir/c1\u{85}.py", "'\\u{85}'"),
+        ] {
+            let error = refuse(&spec("python", &[("main.py", ""), (name, "")]));
+            assert_eq!(error.field, "files[1].name", "{name:?}");
+            assert_eq!(
+                error.message,
+                format!(
+                    "{name:?} contains the control character {shown}; file names must be printable"
+                )
+            );
+        }
+        // Printable characters beyond ASCII stay allowed.
+        check_file_name("données/résumé é.py").unwrap();
     }
 
     #[test]

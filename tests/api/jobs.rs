@@ -127,6 +127,27 @@ async fn bad_bodies_are_400_naming_the_problem() {
     let (_, _, body) = answer(api.submit(ALICE, &job).await).await;
     assert_eq!(body["error"]["field"], "files[0].name");
     assert_eq!(body["error"]["message"], "\"../x.py\" contains \"..\"");
+    // A control character in a name (a newline, a tab, an escape) is a 400
+    // naming the file.
+    for (name, shown) in [
+        ("a\nb.py", "\\n"),
+        ("t\tab.py", "\\t"),
+        ("\u{1b}[2J.py", "\\u{1b}"),
+    ] {
+        let job = json!({"language": "python", "files": [
+            {"name": "main.py", "content": "print(1)"},
+            {"name": name, "content": ""},
+        ]});
+        let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_job");
+        assert_eq!(body["error"]["field"], "files[1].name");
+        assert_eq!(
+            body["error"]["message"],
+            format!(
+                "{name:?} contains the control character '{shown}'; file names must be printable"
+            )
+        );
+    }
 
     // `user`: 1-128 printable characters.
     for (user, message) in [
@@ -198,7 +219,7 @@ async fn bad_bodies_are_400_naming_the_problem() {
 
     assert!(api.queued_ids().await.is_empty(), "nothing was queued");
     let metrics = api.metrics().await;
-    for (reason, count) in [("malformed", 5.0), ("invalid", 10.0), ("too_large", 1.0)] {
+    for (reason, count) in [("malformed", 5.0), ("invalid", 13.0), ("too_large", 1.0)] {
         assert_eq!(
             metric(
                 &metrics,

@@ -223,6 +223,12 @@ async fn errors_are_pistons_messages() {
             json!({"files": [{"content": "eA==", "encoding": "base64"}]}),
             "files must include at least one utf8 encoded file",
         ),
+        // A control character in a file's name, named with the file.
+        (
+            json!({"files": [{"content": "print 1"}, {"name": "a\tb.py", "content": ""}]}),
+            "files[1].name: \"a\\tb.py\" contains the control character '\\t'; \
+             file names must be printable",
+        ),
     ];
     for (extra, message) in cases {
         let (status, body) = piston.post("/execute", &job(extra.clone()), None).await;
