@@ -69,7 +69,7 @@ use crate::languages::LanguageCatalog;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
-pub use compat::CompatConfig;
+pub use compat::{CompatConfig, CorsOrigins};
 pub use http::auth::{ApiKeys, Caller};
 pub use http::error::ApiError;
 pub use http::refusals::REJECTION_REASONS;

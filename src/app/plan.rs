@@ -328,6 +328,10 @@ mod tests {
                 "CODE_RUNNER_PLAYGROUND_KEY",
             ),
             (&["--judge0-prefix", "/v1"], "CODE_RUNNER_JUDGE0_PREFIX"),
+            (
+                &["--judge0-cors-origins", "quiz.example.edu"],
+                "CODE_RUNNER_JUDGE0_CORS_ORIGINS",
+            ),
         ] {
             let s = settings(args);
             let error = plan(&s, serve(&s)).err().unwrap();

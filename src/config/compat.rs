@@ -21,6 +21,13 @@ pub struct CompatSettings {
     /// Where the Judge0 CE API is served (`off`: not at all).
     #[arg(long, env = "CODE_RUNNER_JUDGE0_PREFIX", default_value = "/judge0")]
     pub judge0_prefix: String,
+
+    /// Which origins' pages may call the Judge0 API from a browser: `*` any
+    /// (Judge0's default), `off` none, or origins separated by commas
+    /// (`https://quiz.example.edu,http://localhost:8080`). Preflights are
+    /// answered for them; any method and request header is allowed.
+    #[arg(long, env = "CODE_RUNNER_JUDGE0_CORS_ORIGINS", default_value = "*")]
+    pub judge0_cors_origins: String,
 }
 
 impl CompatSettings {
@@ -73,10 +80,13 @@ impl CompatSettings {
                 format!("{name:?} is not the name of a key in CODE_RUNNER_API_KEYS"),
             ));
         }
+        let judge0_cors = crate::api::CorsOrigins::parse(&self.judge0_cors_origins)
+            .map_err(|message| ConfigError::new("CODE_RUNNER_JUDGE0_CORS_ORIGINS", message))?;
         Ok(crate::api::CompatConfig {
             piston_prefix: piston,
             piston_loopback_key: self.piston_loopback_key.clone(),
             judge0_prefix: judge0,
+            judge0_cors,
         })
     }
 }

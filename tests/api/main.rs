@@ -22,6 +22,7 @@ mod ws;
 mod admission;
 mod capacity;
 mod compat_edges;
+mod cors;
 mod fanout;
 mod grading;
 mod history;

@@ -11,8 +11,11 @@
 //! Each adapter answers in its original's shapes, errors included; what
 //! differs from the original is written in `docs/migrating.md`.
 
+mod cors;
 mod judge0;
 mod piston;
+
+pub use cors::CorsOrigins;
 
 use std::net::SocketAddr;
 
@@ -38,6 +41,8 @@ pub struct CompatConfig {
     /// served as this key.
     pub piston_loopback_key: Option<String>,
     pub judge0_prefix: Option<String>,
+    /// Which origins' pages may call the Judge0 API from a browser.
+    pub judge0_cors: CorsOrigins,
 }
 
 impl Default for CompatConfig {
@@ -46,6 +51,7 @@ impl Default for CompatConfig {
             piston_prefix: Some("/api/v2".into()),
             piston_loopback_key: None,
             judge0_prefix: Some("/judge0".into()),
+            judge0_cors: CorsOrigins::Any,
         }
     }
 }
@@ -57,7 +63,16 @@ pub(super) fn router(config: &CompatConfig) -> Router<ApiState> {
         router = router.nest(prefix, piston::router());
     }
     if let Some(prefix) = &config.judge0_prefix {
-        router = router.nest(prefix, judge0::router());
+        let mut judge0 = judge0::router();
+        if let Some(cors) = config.judge0_cors.layer() {
+            // The 405 is set here, before the layer, so that a preflight
+            // (OPTIONS, which no route takes) reaches the layer: the whole
+            // API's 405 replaces only the routes' default ones.
+            judge0 = judge0
+                .method_not_allowed_fallback(crate::api::http::method_not_allowed)
+                .layer(cors);
+        }
+        router = router.nest(prefix, judge0);
     }
     router
 }
