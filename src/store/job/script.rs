@@ -24,7 +24,9 @@ use deadpool_redis::redis::{Script, ScriptInvocation};
 use crate::job::lifecycle::{MOVES, Step, TERMINAL};
 use crate::store::StoreError;
 
-const LIBRARY: &str = include_str!("lib.lua");
+/// `storage.lua` (the storage account every script of a key's bytes
+/// shares, the files' too), then `lib.lua`.
+const LIBRARY: &str = concat!(include_str!("../storage.lua"), include_str!("lib.lua"));
 
 /// A step's keys and arguments, in the order the script binds them.
 pub(super) trait Inputs {

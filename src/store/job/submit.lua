@@ -51,13 +51,7 @@ if rate > 0 then
   end
   next_arrival = arrival + interval
 end
-local expired = redis.call('ZRANGEBYSCORE', expiry_key, '-inf', now, 'LIMIT', 0, 1000)
-for _, member in ipairs(expired) do
-  local bytes = tonumber(redis.call('HGET', stored_key, member) or '0')
-  redis.call('HDEL', stored_key, member)
-  redis.call('HINCRBY', stored_key, 'total', -bytes)
-  redis.call('ZREM', expiry_key, member)
-end
+sweep_storage(stored_key, expiry_key, now)
 local held = tonumber(redis.call('HGET', stored_key, 'total') or '0')
 local need = tonumber(reserve)
 if idempotency_key ~= '' then
