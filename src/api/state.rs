@@ -58,6 +58,10 @@ pub struct ApiLimits {
     /// `max_active` times what a job of the language defaults reserves
     /// ([`ApiState::storage_budget`]).
     pub key_storage_bytes: Option<u64>,
+    /// Most bytes of one stored file (`PUT /v1/files/{sha256}`).
+    pub file_max_bytes: u64,
+    /// How long a stored file is kept after its last use.
+    pub file_keep: Duration,
     /// Requests per second per key, and the burst above it.
     pub key_rate: u64,
     pub key_burst: u32,
@@ -75,6 +79,8 @@ impl Default for ApiLimits {
             max_attempts: 1,
             key_max_active: 500,
             key_storage_bytes: None,
+            file_max_bytes: 64 << 20,
+            file_keep: Duration::from_secs(86_400),
             key_rate: 100,
             key_burst: 500,
             streams: StreamLimits {

@@ -62,6 +62,17 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB")]
     pub key_max_stored_mb: Option<u64>,
 
+    /// Most MiB one file of `PUT /v1/files/{sha256}` may have; a larger one
+    /// gets 413 naming this setting. Files count in their key's
+    /// CODE_RUNNER_KEY_MAX_STORED_MB with its jobs.
+    #[arg(long, env = "CODE_RUNNER_FILE_MAX_MB", default_value_t = 64)]
+    pub file_max_mb: u64,
+
+    /// How long a file is kept after its last use, in seconds: its put, a
+    /// read, a check that it is there.
+    #[arg(long, env = "CODE_RUNNER_FILE_KEEP_SECS", default_value_t = 86_400)]
+    pub file_keep_secs: u64,
+
     /// The hosts each key's jobs may ask to reach through the egress proxy
     /// (docs/egress.md), as `name=host *.domain host:port;name2=host`.
     /// Unset, and for a key not named: none, and a job asking for a
@@ -162,6 +173,18 @@ impl ApiSettings {
                 "must be between 1 and 1048576",
             ));
         }
+        if !(1..=512).contains(&self.file_max_mb) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_FILE_MAX_MB",
+                "must be between 1 and 512 (the most a Redis value holds)",
+            ));
+        }
+        if !(1..=31_536_000).contains(&self.file_keep_secs) {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_FILE_KEEP_SECS",
+                "must be between 1 and 31536000 (a year)",
+            ));
+        }
         if self.key_rate == 0 || self.key_rate > 1_000_000 {
             return Err(ConfigError::new(
                 "CODE_RUNNER_KEY_RATE",
@@ -199,6 +222,8 @@ impl ApiSettings {
             max_attempts: self.max_attempts,
             key_max_active: self.key_max_active,
             key_storage_bytes: self.key_max_stored_mb.map(|mb| mb << 20),
+            file_max_bytes: self.file_max_mb << 20,
+            file_keep: std::time::Duration::from_secs(self.file_keep_secs),
             key_rate: self.key_rate,
             key_burst: self.key_burst,
             streams: crate::api::StreamLimits {

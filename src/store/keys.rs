@@ -110,6 +110,10 @@ impl Keys {
     pub fn expiry(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:expiry", self.prefix)
     }
+    /// The bytes of `api_key`'s file `digest` (a SHA-256 in hex).
+    pub fn file(&self, api_key: &str, digest: &str) -> String {
+        format!("{}file:{api_key}:{digest}", self.prefix)
+    }
     /// The run history of an API key: its jobs by `created_ms`.
     pub fn history(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:history", self.prefix)

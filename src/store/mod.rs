@@ -18,6 +18,8 @@
 //!   ([`history`]);
 //! - [`Store::usage`] — the usage ledger's reads ([`usage`]; the steps
 //!   write it);
+//! - [`Store::files`] — files by digest, in the key's storage account
+//!   ([`files`]);
 //! - [`Store::redis_health`] and [`Store::redis_uptime`] — what the Redis
 //!   in use keeps ([`health`]).
 //!
@@ -64,9 +66,12 @@
 //!   (`cancel`, stdin, stdin close, signals); never trimmed, every message
 //!   counted against the job's budgets instead.
 //! - `job:<id>:events` — stream of the job's events (see [`events`]).
-//! - `apikey:<name>:stored` — hash: the bytes each live job (`j:<id>`) and
-//!   idempotency record (`i:<key>`) of the key holds, and their `total`;
-//!   `apikey:<name>:expiry` — sorted set: when each of them expires.
+//! - `apikey:<name>:stored` — hash: the bytes each live job (`j:<id>`),
+//!   idempotency record (`i:<key>`) and file (`f:<sha256>`) of the key
+//!   holds, and their `total`; `apikey:<name>:expiry` — sorted set: when
+//!   each of them expires (`storage.lua` releases them).
+//! - `file:<name>:<sha256>` — string: the bytes of a key's file, expiring
+//!   when unused for its keep time (see [`files`]).
 //! - `feeds:<instance>:doorbell` — a tiny stream an API process rings to
 //!   wake its own events reader (expires on its own); see [`doorbell`].
 //! - `worker:<wid>:doorbell` — the same for a worker's control reader.
@@ -109,6 +114,7 @@ pub mod capacity;
 pub mod compat;
 mod doorbell;
 pub mod events;
+pub mod files;
 pub mod health;
 pub mod history;
 pub mod job;
@@ -121,6 +127,7 @@ pub mod workers;
 
 pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
 pub use events::{Events, FeedRead};
+pub use files::{FilePut, Files};
 pub use health::{RedisHealth, RedisWarning};
 pub use history::{History, HistoryEntry, HistoryPage, HistoryPosition, HistoryQuery};
 pub use job::cancel::CancelOutcome;
@@ -225,6 +232,7 @@ pub struct Store {
     overview: Overview,
     history: History,
     usage: Usage,
+    files: Files,
 }
 
 impl Store {
@@ -251,6 +259,7 @@ impl Store {
             overview: Overview::new(redis.clone()),
             history: History::new(redis.clone()),
             usage: Usage::new(redis.clone()),
+            files: Files::new(redis.clone()),
             redis,
         }
     }
@@ -316,6 +325,11 @@ impl Store {
     /// The usage ledger's reads.
     pub fn usage(&self) -> &Usage {
         &self.usage
+    }
+
+    /// Files by digest.
+    pub fn files(&self) -> &Files {
+        &self.files
     }
 
     pub fn keys(&self) -> &Keys {

@@ -24,6 +24,7 @@ mod capacity;
 mod compat_edges;
 mod cors;
 mod fanout;
+mod files;
 mod grading;
 mod history;
 mod history_filters;

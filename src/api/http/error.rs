@@ -76,6 +76,14 @@ pub enum ApiError {
         "this api key's jobs hold {held} bytes in the job store and this job may need {needed} more, over the key's budget of {budget} bytes (CODE_RUNNER_KEY_MAX_STORED_MB); space comes back as finished jobs expire (CODE_RUNNER_RESULT_TTL_SECS) or as running ones end"
     )]
     KeyStorage { held: u64, needed: u64, budget: u64 },
+    #[error(
+        "this api key's jobs and files hold {held} bytes and this file has {needed}, over the key's budget of {budget} bytes (CODE_RUNNER_KEY_MAX_STORED_MB); delete files (DELETE /v1/files/{{sha256}}), or wait for unused ones to expire (CODE_RUNNER_FILE_KEEP_SECS) and finished jobs too"
+    )]
+    FileStorage { held: u64, needed: u64, budget: u64 },
+    #[error(
+        "the file has more than {limit} bytes, the most a file may have (CODE_RUNNER_FILE_MAX_MB)"
+    )]
+    FileTooLarge { limit: u64 },
     /// A daily quota of the key entry is used up until `resets_ms` (the
     /// next UTC midnight).
     #[error("{}", quota_message(*.quota, .user, *.limit, *.used, *.resets_ms))]
@@ -187,12 +195,15 @@ impl ApiError {
             | ApiError::IdempotencyConflict
             | ApiError::IdempotencyExpired
             | ApiError::ScheduleFull { .. } => StatusCode::CONFLICT,
-            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge { .. } | ApiError::FileTooLarge { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             ApiError::QueueFull { .. }
             | ApiError::KeyLimit { .. }
             | ApiError::UserActiveLimit { .. }
             | ApiError::UserRateLimit { .. }
             | ApiError::KeyStorage { .. }
+            | ApiError::FileStorage { .. }
             | ApiError::QuotaExceeded { .. }
             | ApiError::TooManyStreams { .. }
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -213,12 +224,12 @@ impl ApiError {
             ApiError::AlreadyFinished { .. } => "already_finished",
             ApiError::IdempotencyConflict => "idempotency_conflict",
             ApiError::IdempotencyExpired => "idempotency_expired",
-            ApiError::TooLarge { .. } => "too_large",
+            ApiError::TooLarge { .. } | ApiError::FileTooLarge { .. } => "too_large",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::KeyLimit { .. } => "key_limit",
             ApiError::UserActiveLimit { .. } => "user_active_limit",
             ApiError::UserRateLimit { .. } => "user_rate_limit",
-            ApiError::KeyStorage { .. } => "key_storage",
+            ApiError::KeyStorage { .. } | ApiError::FileStorage { .. } => "key_storage",
             ApiError::QuotaExceeded { .. } => "quota_exceeded",
             ApiError::TooManyStreams { .. } => "too_many_streams",
             ApiError::RateLimited { .. } => "rate_limited",
@@ -236,12 +247,12 @@ impl ApiError {
             ApiError::Unauthorized(_) | ApiError::Forbidden(_) => Some("unauthorized"),
             ApiError::MalformedBody { .. } => Some("malformed"),
             ApiError::InvalidJob(_) | ApiError::InvalidRequest { .. } => Some("invalid"),
-            ApiError::TooLarge { .. } => Some("too_large"),
+            ApiError::TooLarge { .. } | ApiError::FileTooLarge { .. } => Some("too_large"),
             ApiError::QueueFull { .. } => Some("queue_full"),
             ApiError::KeyLimit { .. } => Some("key_limit"),
             ApiError::UserActiveLimit { .. } => Some("user_active_limit"),
             ApiError::UserRateLimit { .. } => Some("user_rate_limit"),
-            ApiError::KeyStorage { .. } => Some("key_storage"),
+            ApiError::KeyStorage { .. } | ApiError::FileStorage { .. } => Some("key_storage"),
             ApiError::QuotaExceeded { .. } => Some("quota_exceeded"),
             ApiError::RateLimited { .. } => Some("rate_limited"),
             ApiError::TooManyStreams { .. } => Some("too_many_streams"),
@@ -273,7 +284,7 @@ impl ApiError {
             ApiError::KeyLimit { .. } => Some(1),
             ApiError::UserActiveLimit { .. } => Some(1),
             ApiError::UserRateLimit { wait_secs, .. } => Some((*wait_secs).max(1)),
-            ApiError::KeyStorage { .. } => Some(30),
+            ApiError::KeyStorage { .. } | ApiError::FileStorage { .. } => Some(30),
             ApiError::QuotaExceeded {
                 retry_after_secs, ..
             } => Some((*retry_after_secs).max(1)),
@@ -331,6 +342,16 @@ impl ApiError {
             } => detail(
                 "CODE_RUNNER_KEY_MAX_STORED_MB",
                 "bytes the api key's jobs hold in the job store (with this job's)",
+                *budget,
+                held + needed,
+            ),
+            ApiError::FileStorage {
+                held,
+                needed,
+                budget,
+            } => detail(
+                "CODE_RUNNER_KEY_MAX_STORED_MB",
+                "bytes the api key's jobs and files hold (with this file's)",
                 *budget,
                 held + needed,
             ),

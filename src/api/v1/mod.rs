@@ -17,6 +17,7 @@
 //! `dashboard`) in [`super::pages`].
 
 pub(crate) mod capacity;
+pub(crate) mod files;
 pub(crate) mod history;
 pub(crate) mod jobs;
 pub(crate) mod languages;

@@ -1,0 +1,164 @@
+//! `/v1/files/{sha256}`: files a key uploads once and names by their
+//! SHA-256 afterwards (Jobe's and CodeRunner's support files, a judge's
+//! large test data).
+//!
+//! - `PUT` with the raw bytes as the body: 201 when kept now, 200 when the
+//!   key had it already; the body must hash to the digest of the path (a
+//!   400 names both), have at most `CODE_RUNNER_FILE_MAX_MB` (413), and fit
+//!   in the key's storage budget with its jobs (429 `key_storage`).
+//! - `HEAD` and `GET`: the file's size, or its bytes
+//!   (`application/octet-stream`); 404 when the key has no such file.
+//! - `DELETE`: 204, or 404.
+//!
+//! A file belongs to the key that put it: another key sees 404 for it
+//! and keeps a copy of its own. Every put and read renews the file's time;
+//! a file unused for `CODE_RUNNER_FILE_KEEP_SECS` goes, and its bytes with
+//! it from the key's budget.
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::api::ApiState;
+use crate::api::http::auth::Caller;
+use crate::api::http::error::ApiError;
+use crate::store::FilePut;
+
+/// The digest of the path: 64 hex digits, taken in either case and named
+/// in lower case afterwards.
+fn digest(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    let Path(digest) = path.map_err(|_| ApiError::NotFound("file not found"))?;
+    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(ApiError::InvalidRequest {
+            field: "sha256",
+            message: format!(
+                "{:?} is not a SHA-256: the path names a file by 64 hex digits",
+                digest.chars().take(80).collect::<String>()
+            ),
+        });
+    }
+    Ok(digest.to_ascii_lowercase())
+}
+
+pub(crate) async fn put(
+    State(state): State<ApiState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let digest = digest(path)?;
+    let limits = &state.inner.limits;
+    let body = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::FileTooLarge {
+                limit: limits.file_max_bytes,
+            }
+        } else {
+            ApiError::MalformedBody {
+                message: format!("cannot read the file: {rejection}").to_lowercase(),
+            }
+        }
+    })?;
+    let actual = hex::encode(Sha256::digest(&body));
+    if actual != digest {
+        return Err(ApiError::InvalidRequest {
+            field: "sha256",
+            message: format!(
+                "the body's SHA-256 is {actual}, not {digest} as the path says: the file was not kept"
+            ),
+        });
+    }
+    let budget = state.storage_budget(caller.max_active);
+    let size = body.len() as u64;
+    let status = match state
+        .inner
+        .store
+        .files()
+        .put(&caller.name, &digest, &body, limits.file_keep, budget)
+        .await?
+    {
+        FilePut::Created => StatusCode::CREATED,
+        FilePut::Existed => StatusCode::OK,
+        FilePut::OverBudget { held } => {
+            return Err(ApiError::FileStorage {
+                held,
+                needed: size,
+                budget,
+            });
+        }
+    };
+    Ok((status, Json(json!({"sha256": digest, "size": size}))).into_response())
+}
+
+pub(crate) async fn get(
+    State(state): State<ApiState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let digest = digest(path)?;
+    let bytes = state
+        .inner
+        .store
+        .files()
+        .get(&caller.name, &digest, state.inner.limits.file_keep)
+        .await?
+        .ok_or(ApiError::NotFound("file not found"))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/octet-stream"),
+        )],
+        Body::from(bytes),
+    )
+        .into_response())
+}
+
+pub(crate) async fn head(
+    State(state): State<ApiState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let digest = digest(path)?;
+    let size = state
+        .inner
+        .store
+        .files()
+        .size(&caller.name, &digest, state.inner.limits.file_keep)
+        .await?
+        .ok_or(ApiError::NotFound("file not found"))?;
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::CONTENT_LENGTH, HeaderValue::from(size)),
+        ],
+        Body::empty(),
+    )
+        .into_response())
+}
+
+pub(crate) async fn delete(
+    State(state): State<ApiState>,
+    caller: Caller,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let digest = digest(path)?;
+    if state
+        .inner
+        .store
+        .files()
+        .delete(&caller.name, &digest)
+        .await?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::NotFound("file not found"))
+    }
+}

@@ -1,0 +1,312 @@
+//! Files by digest (`/v1/files/{sha256}`) against a whole `code-runner
+//! serve` in the test: put (201, then 200), the digest checked, read back
+//! byte for byte, another key's 404, delete, the size limit and the key's
+//! storage budget (shared with its jobs) with the refusal naming each, and
+//! a file unused for its keep time gone with its bytes given back.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::common::client::{ApiClient, KEY_A, KEY_B};
+use crate::common::daemon::Role;
+use crate::common::in_process::{InProcess, InProcessBuilder};
+use crate::common::redis_server::RedisServer;
+
+async fn serve(redis: &RedisServer, settings: &[(&str, &str)]) -> InProcess {
+    let mut builder = InProcessBuilder::new(Role::Serve, redis)
+        .env("CODE_RUNNER_API_KEYS", format!("a:{KEY_A},b:{KEY_B}"));
+    for (name, value) in settings {
+        builder = builder.env(name, value);
+    }
+    builder.start().await
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// `method /v1/files/{digest}` as `key` with `body`: the status, the
+/// headers and the body's bytes.
+async fn call(
+    daemon: &ApiClient,
+    method: Method,
+    digest: &str,
+    key: &str,
+    body: Option<Vec<u8>>,
+) -> (StatusCode, reqwest::header::HeaderMap, Vec<u8>) {
+    let mut request = daemon
+        .http
+        .request(method, format!("{}/v1/files/{digest}", daemon.url))
+        .bearer_auth(key);
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    (status, headers, response.bytes().await.unwrap().to_vec())
+}
+
+fn json_of(body: &[u8]) -> Value {
+    serde_json::from_slice(body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_is_put_once_read_back_whole_and_deleted_by_its_key_only() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis, &[]).await;
+    // Every byte value, so nothing on the way may treat it as text.
+    let content: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    let digest = sha256(&content);
+
+    let (status, _, body) = call(&daemon, Method::PUT, &digest, KEY_A, Some(content.clone())).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(json_of(&body), json!({"sha256": digest, "size": 70_000}));
+    let (status, _, body) = call(&daemon, Method::PUT, &digest, KEY_A, Some(content.clone())).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json_of(&body), json!({"sha256": digest, "size": 70_000}));
+    // The digest in capitals names the same file.
+    let (status, _, _) = call(
+        &daemon,
+        Method::PUT,
+        &digest.to_uppercase(),
+        KEY_A,
+        Some(content.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, headers, body) = call(&daemon, Method::GET, &digest, KEY_A, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-type"], "application/octet-stream");
+    assert_eq!(body, content);
+    let (status, headers, body) = call(&daemon, Method::HEAD, &digest, KEY_A, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(headers["content-length"], "70000");
+    assert!(body.is_empty());
+
+    // Another key sees nothing, cannot delete it, and keeps a copy of its own.
+    for method in [Method::GET, Method::HEAD, Method::DELETE] {
+        let (status, _, body) = call(&daemon, method.clone(), &digest, KEY_B, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method}");
+        if method != Method::HEAD {
+            assert_eq!(json_of(&body)["error"]["code"], "not_found", "{method}");
+        }
+    }
+    let (status, _, _) = call(&daemon, Method::PUT, &digest, KEY_B, Some(content.clone())).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    let (status, _, body) = call(&daemon, Method::DELETE, &digest, KEY_A, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert!(body.is_empty());
+    for method in [Method::GET, Method::HEAD, Method::DELETE] {
+        let (status, _, _) = call(&daemon, method.clone(), &digest, KEY_A, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method}");
+    }
+    let (status, _, body) = call(&daemon, Method::GET, &digest, KEY_B, None).await;
+    assert_eq!((status, body), (StatusCode::OK, content));
+
+    // An empty file is a file.
+    let empty = sha256(b"");
+    let (status, _, _) = call(&daemon, Method::PUT, &empty, KEY_A, Some(Vec::new())).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, headers, _) = call(&daemon, Method::HEAD, &empty, KEY_A, None).await;
+    assert_eq!(
+        (status, &headers["content-length"]),
+        (StatusCode::OK, &"0".parse().unwrap())
+    );
+
+    // Without a key: 401.
+    let response = daemon
+        .http
+        .get(format!("{}/v1/files/{digest}", daemon.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_digest_or_a_name_that_is_none_is_a_400_naming_it() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis, &[]).await;
+    let claimed = sha256(b"what the client meant");
+    let (status, _, body) = call(
+        &daemon,
+        Method::PUT,
+        &claimed,
+        KEY_A,
+        Some(b"what it sent".to_vec()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let error = &json_of(&body)["error"];
+    assert_eq!(error["code"], "invalid_request");
+    assert_eq!(error["field"], "sha256");
+    assert_eq!(
+        error["message"],
+        format!(
+            "the body's SHA-256 is {}, not {claimed} as the path says: the file was not kept",
+            sha256(b"what it sent")
+        )
+    );
+    let (status, _, _) = call(&daemon, Method::GET, &claimed, KEY_A, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    for bad in ["abc", &"g".repeat(64), &"a".repeat(65)] {
+        let (status, _, body) = call(&daemon, Method::PUT, bad, KEY_A, Some(b"x".to_vec())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        let error = &json_of(&body)["error"];
+        assert_eq!(error["field"], "sha256", "{bad}");
+        assert_eq!(
+            error["message"],
+            format!("{bad:?} is not a SHA-256: the path names a file by 64 hex digits")
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_over_its_limit_or_the_keys_budget_is_refused_naming_the_limit() {
+    let redis = RedisServer::start();
+    let daemon = serve(
+        &redis,
+        &[
+            ("CODE_RUNNER_FILE_MAX_MB", "1"),
+            ("CODE_RUNNER_KEY_MAX_STORED_MB", "2"),
+        ],
+    )
+    .await;
+    let too_big = vec![7u8; (1 << 20) + 1];
+    let (status, _, body) = call(
+        &daemon,
+        Method::PUT,
+        &sha256(&too_big),
+        KEY_A,
+        Some(too_big),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    let error = &json_of(&body)["error"];
+    assert_eq!(error["code"], "too_large");
+    assert_eq!(
+        error["message"],
+        "the file has more than 1048576 bytes, the most a file may have (CODE_RUNNER_FILE_MAX_MB)"
+    );
+
+    // Two files of 1 MiB fill the budget of 2 MiB; a third byte is over.
+    let first = vec![1u8; 1 << 20];
+    let second = vec![2u8; (1 << 20) - 10];
+    for file in [&first, &second] {
+        let (status, _, _) = call(
+            &daemon,
+            Method::PUT,
+            &sha256(file),
+            KEY_A,
+            Some(file.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let third = vec![3u8; 11];
+    let (status, headers, body) = call(
+        &daemon,
+        Method::PUT,
+        &sha256(&third),
+        KEY_A,
+        Some(third.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(headers["retry-after"], "30");
+    let error = &json_of(&body)["error"];
+    assert_eq!(error["code"], "key_storage");
+    assert_eq!(error["reason"], "key_storage");
+    let held = 2 * (1 << 20) - 10;
+    assert_eq!(
+        error["message"],
+        format!(
+            "this api key's jobs and files hold {held} bytes and this file has 11, over the key's budget of 2097152 bytes (CODE_RUNNER_KEY_MAX_STORED_MB); delete files (DELETE /v1/files/{{sha256}}), or wait for unused ones to expire (CODE_RUNNER_FILE_KEEP_SECS) and finished jobs too"
+        )
+    );
+    assert_eq!(
+        error["limit"],
+        json!({"setting": "CODE_RUNNER_KEY_MAX_STORED_MB", "unit": "bytes the api key's jobs and files hold (with this file's)", "value": 2_097_152, "counted": held + 11})
+    );
+    // The files count against the key's jobs too: a job no longer fits.
+    let response = daemon
+        .http
+        .post(format!("{}/v1/jobs", daemon.url))
+        .bearer_auth(KEY_A)
+        .json(&json!({"language": "python", "files": [{"name": "main.py", "content": "print 1"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "key_storage", "{body}");
+    // Another key has its own budget.
+    let (status, _, _) = call(
+        &daemon,
+        Method::PUT,
+        &sha256(&third),
+        KEY_B,
+        Some(third.clone()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Deleting a file gives its bytes back.
+    let (status, _, _) = call(&daemon, Method::DELETE, &sha256(&first), KEY_A, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _, _) = call(&daemon, Method::PUT, &sha256(&third), KEY_A, Some(third)).await;
+    assert_eq!(status, StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_unused_for_its_keep_time_goes_and_gives_its_bytes_back() {
+    let redis = RedisServer::start();
+    let daemon = serve(
+        &redis,
+        &[
+            ("CODE_RUNNER_FILE_KEEP_SECS", "2"),
+            ("CODE_RUNNER_KEY_MAX_STORED_MB", "1"),
+        ],
+    )
+    .await;
+    let kept = vec![5u8; 600_000];
+    let used = vec![6u8; 300_000];
+    for file in [&kept, &used] {
+        let (status, _, _) = call(
+            &daemon,
+            Method::PUT,
+            &sha256(file),
+            KEY_A,
+            Some(file.clone()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    // `used` is read every half second: each read renews its time.
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, _, _) = call(&daemon, Method::HEAD, &sha256(&used), KEY_A, None).await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    // `kept`, unused for 3 s, is gone, and so are its bytes from the
+    // budget: 600 000 more fit again beside `used`.
+    let (status, _, _) = call(&daemon, Method::GET, &sha256(&kept), KEY_A, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let other = vec![8u8; 600_000];
+    let (status, _, body) = call(&daemon, Method::PUT, &sha256(&other), KEY_A, Some(other)).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    let (status, _, body) = call(&daemon, Method::GET, &sha256(&used), KEY_A, None).await;
+    assert_eq!((status, body), (StatusCode::OK, used));
+}
