@@ -56,6 +56,7 @@ fn sleeper(job_ms: u64, user: Option<&str>) -> JobSpec {
             name: "main.py".to_string(),
             content: format!("import time\ntime.sleep({})\n", job_ms as f64 / 1000.0),
             encoding: Encoding::Utf8,
+            reference: None,
         }],
         user: user.map(str::to_string),
         ..Default::default()

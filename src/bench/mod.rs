@@ -241,6 +241,7 @@ fn job_spec(args: &BenchArgs, catalog: &LanguageCatalog) -> Result<(JobSpec, Str
                 name: language.source_file.clone(),
                 content: source.to_string(),
                 encoding: Encoding::Utf8,
+                reference: None,
             };
             let what = if args.interactive {
                 "built-in echo"

@@ -139,6 +139,7 @@ fn read_source_named(path: &Path, name: String) -> Result<FileSpec, String> {
         name,
         content,
         encoding,
+        reference: None,
     })
 }
 

@@ -120,6 +120,7 @@ mod tests {
             files: vec![FileSpec {
                 name: "main.py".into(),
                 content: "x".repeat(content_bytes),
+                reference: None,
                 ..Default::default()
             }],
             ..Default::default()

@@ -27,6 +27,7 @@ pub mod events;
 pub mod grading;
 pub mod lifecycle;
 pub mod limits;
+pub mod refs;
 pub mod result;
 mod stages;
 mod validate;
@@ -195,9 +196,16 @@ pub const MAX_ATTEMPTS_LIMIT: u32 = 10;
 #[serde(deny_unknown_fields)]
 pub struct FileSpec {
     pub name: String,
+    /// The file's bytes, in `encoding`; empty for a file named by `ref`.
+    #[serde(default)]
     pub content: String,
     #[serde(default)]
     pub encoding: Encoding,
+    /// A file the job's key stored (`PUT /v1/files/{sha256}`), named by its
+    /// SHA-256 instead of its content: the worker reads its bytes when the
+    /// job starts ([`refs`]).
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 /// A refused job: which field, and why.
@@ -460,6 +468,7 @@ mod tests {
                     name: name.to_string(),
                     content: content.to_string(),
                     encoding: Encoding::Utf8,
+                    reference: None,
                 })
                 .collect(),
             ..Default::default()

@@ -69,6 +69,9 @@ pub(super) fn decode_files(
             ),
         ));
     }
+    // A file named by reference is empty here: the API counts its stored
+    // size, the worker gives it its bytes before it prepares the job.
+    super::refs::references(spec)?;
     let mut names = HashSet::new();
     let mut total: u64 = 0;
     let mut files = Vec::with_capacity(spec.files.len());
@@ -82,6 +85,7 @@ pub(super) fn decode_files(
             ));
         }
         let content = match file.encoding {
+            _ if file.reference.is_some() => Vec::new(),
             Encoding::Utf8 => file.content.as_bytes().to_vec(),
             Encoding::Base64 => STANDARD.decode(&file.content).map_err(|e| {
                 InvalidJob::new(

@@ -117,7 +117,7 @@ impl Shared {
         };
         let mut job = match carried {
             Some(job) => job,
-            None => match self.prepare_stored(id, &spec) {
+            None => match self.prepare_stored(id, &spec, &api_key).await {
                 Ok(job) => job,
                 Err(result) => return self.conclude(id, attempts, *result, &[], None).await,
             },
@@ -160,17 +160,67 @@ impl Shared {
         }
     }
 
-    /// The job from the spec stored in Redis, validated here; the result to
-    /// store when it cannot run.
-    fn prepare_stored(&self, id: &str, spec: &str) -> Result<PreparedJob, Box<JobResult>> {
+    /// The job from the spec stored in Redis, validated here, with the
+    /// bytes of the files it names by reference read from `api_key`'s
+    /// files; the result to store when it cannot run.
+    async fn prepare_stored(
+        &self,
+        id: &str,
+        spec: &str,
+        api_key: &str,
+    ) -> Result<PreparedJob, Box<JobResult>> {
         let spec: JobSpec = serde_json::from_str(spec).map_err(|error| {
             let message = format!("the job's spec in redis cannot be read: {error}");
             tracing::warn!(job.id = %id, %message, "cannot start the job");
             Box::new(refused("unknown", None, message))
         })?;
+        let spec = self.with_stored_files(id, spec, api_key).await?;
         prepare(&spec, &self.catalog, &self.policy).map_err(|invalid| {
             let message = format!("the job cannot run on this worker: {invalid}");
             Box::new(refused(&spec.language, spec.version.as_deref(), message))
+        })
+    }
+
+    /// `spec` with the bytes of the files it names by reference; a file
+    /// gone since the job was taken (deleted, or unused for its keep time)
+    /// is the job's error, naming it.
+    async fn with_stored_files(
+        &self,
+        id: &str,
+        spec: JobSpec,
+        api_key: &str,
+    ) -> Result<JobSpec, Box<JobResult>> {
+        let fail = |message: String| {
+            tracing::warn!(job.id = %id, %message, "cannot start the job");
+            Box::new(refused(&spec.language, spec.version.as_deref(), message))
+        };
+        let digests = crate::job::refs::references(&spec)
+            .map_err(|invalid| fail(format!("the job cannot run on this worker: {invalid}")))?;
+        if digests.is_empty() {
+            return Ok(spec);
+        }
+        let mut contents = std::collections::HashMap::new();
+        for digest in digests {
+            match self.store.files().read(api_key, &digest).await {
+                Ok(Some(bytes)) => {
+                    contents.insert(digest, bytes);
+                }
+                Ok(None) => {
+                    return Err(fail(format!(
+                        "the stored file {digest} the job names is gone (deleted, or unused for its keep time) since the job was taken; put it again and resubmit"
+                    )));
+                }
+                Err(error) => {
+                    return Err(fail(format!(
+                        "the stored file {digest} the job names cannot be read: {error}"
+                    )));
+                }
+            }
+        }
+        crate::job::refs::with_contents(&spec, &contents).map_err(|digest| {
+            fail(format!(
+                "the stored file {digest} the job names was not read"
+            ))
         })
     }
 

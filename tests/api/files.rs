@@ -2,7 +2,10 @@
 //! serve` in the test: put (201, then 200), the digest checked, read back
 //! byte for byte, another key's 404, delete, the size limit and the key's
 //! storage budget (shared with its jobs) with the refusal naming each, and
-//! a file unused for its keep time gone with its bytes given back.
+//! a file unused for its keep time gone with its bytes given back; jobs
+//! that name stored files by `ref` (run on their bytes, refused before
+//! queueing when one is missing, an error naming it when one went before
+//! the job started).
 
 use std::time::Duration;
 
@@ -309,4 +312,139 @@ async fn a_file_unused_for_its_keep_time_goes_and_gives_its_bytes_back() {
     );
     let (status, _, body) = call(&daemon, Method::GET, &sha256(&used), KEY_A, None).await;
     assert_eq!((status, body), (StatusCode::OK, used));
+}
+
+/// Puts `content` as key `a`'s file; its digest.
+async fn stored(daemon: &ApiClient, content: &[u8]) -> String {
+    let digest = sha256(content);
+    let (status, _, body) = call(daemon, Method::PUT, &digest, KEY_A, Some(content.to_vec())).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    digest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_names_stored_files_by_ref_and_runs_on_their_bytes() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis, &[]).await;
+    // The scripted engine runs the job's first file: stored, not sent.
+    let program = stored(&daemon, b"print from the store\nprint twice\n").await;
+    let data = stored(&daemon, &[0u8, 159, 146, 150]).await;
+    let job = json!({"language": "python", "files": [
+        {"name": "main.py", "ref": program},
+        {"name": "data/in.bin", "ref": data},
+        {"name": "copy.bin", "ref": data.to_uppercase()},
+    ]});
+    let answer = daemon.submit_wait(&job).await;
+    assert_eq!(answer.status, StatusCode::OK, "{:#}", answer.body);
+    assert_eq!(answer.body["status"], "succeeded", "{:#}", answer.body);
+    assert_eq!(
+        answer.body["result"]["run"]["stdout"],
+        "from the store\ntwice\n"
+    );
+    // The job's record keeps the refs, not the bytes.
+    let id = answer.body["id"].as_str().unwrap();
+    let spec: String = redis.cli(&["HGET", &format!("job:{id}"), "spec"]);
+    assert!(
+        spec.contains(&program) && !spec.contains("from the store"),
+        "{spec}"
+    );
+
+    // Every file named by a ref that is not stored is listed, before
+    // anything is queued; another key's file is not this key's.
+    let (status, _, _) = call(
+        &daemon,
+        Method::PUT,
+        &sha256(b"b's"),
+        KEY_B,
+        Some(b"b's".to_vec()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let absent = sha256(b"never stored");
+    let job = json!({"language": "python", "files": [
+        {"name": "main.py", "ref": program},
+        {"name": "a.in", "ref": absent},
+        {"name": "b.in", "ref": sha256(b"b's")},
+    ]});
+    let answer = daemon.submit(&job).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{:#}", answer.body);
+    assert_eq!(answer.body["error"]["code"], "invalid_job");
+    assert_eq!(answer.body["error"]["field"], "files");
+    assert_eq!(
+        answer.body["error"]["message"],
+        format!(
+            "2 of the files named by ref are not stored for this key: {absent}, {} (PUT /v1/files/{{sha256}} first)",
+            sha256(b"b's")
+        )
+    );
+    // A ref that is no digest, or one beside content, names its file.
+    for (file, field, message) in [
+        (
+            json!({"name": "a.in", "ref": "abc"}),
+            "files[1].ref",
+            "\"abc\" is not a SHA-256 (64 hex digits)",
+        ),
+        (
+            json!({"name": "a.in", "ref": data, "content": "x"}),
+            "files[1]",
+            "a file has content or a ref, not both",
+        ),
+    ] {
+        let job =
+            json!({"language": "python", "files": [{"name": "main.py", "ref": program}, file]});
+        let answer = daemon.submit(&job).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{:#}", answer.body);
+        assert_eq!(answer.body["error"]["field"], field);
+        assert_eq!(answer.body["error"]["message"], message);
+    }
+    // Stored files count in the job's limits.files_bytes: the program (33
+    // bytes) and the big one twice.
+    let big = stored(&daemon, &vec![b'#'; 600_000]).await;
+    let job = json!({"language": "python", "files": [
+        {"name": "main.py", "ref": program},
+        {"name": "a.in", "ref": big},
+        {"name": "b.in", "ref": big},
+    ]});
+    let answer = daemon.submit(&job).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{:#}", answer.body);
+    assert_eq!(
+        answer.body["error"]["message"],
+        "files total more than 1048576 bytes (limits.files_bytes): 1200033 of them stored files'"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_file_deleted_before_its_job_starts_is_the_jobs_error_naming_it() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis, &[("CODE_RUNNER_WORKER_MAX_SANDBOXES", "1")]).await;
+    // One slot, held by a job that sleeps: the next one waits its turn.
+    let first = daemon
+        .submit(&json!({"language": "python", "files": [{"name": "main.py", "content": "sleep 1500\nprint slept"}]}))
+        .await;
+    assert_eq!(first.status, StatusCode::ACCEPTED, "{:#}", first.body);
+    let program = stored(&daemon, b"print never\n").await;
+    let second = daemon
+        .submit(&json!({"language": "python", "files": [{"name": "main.py", "ref": program}]}))
+        .await;
+    assert_eq!(second.status, StatusCode::ACCEPTED, "{:#}", second.body);
+    let (status, _, _) = call(&daemon, Method::DELETE, &program, KEY_A, None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let id = second.body["id"].as_str().unwrap();
+    let view = daemon.wait_terminal(id, Duration::from_secs(30)).await;
+    assert_eq!(view["status"], "error", "{view:#}");
+    assert_eq!(
+        view["result"]["error"],
+        format!(
+            "the stored file {program} the job names is gone (deleted, or unused for its keep time) since the job was taken; put it again and resubmit"
+        )
+    );
+    let first = daemon
+        .wait_terminal(first.body["id"].as_str().unwrap(), Duration::from_secs(30))
+        .await;
+    assert_eq!(first["result"]["run"]["stdout"], "slept\n");
 }

@@ -295,6 +295,7 @@ pub fn job(language: &str, name: &str, source: &str) -> JobSpec {
             name: name.to_string(),
             content: source.to_string(),
             encoding: Encoding::Utf8,
+            reference: None,
         }],
         ..Default::default()
     }

@@ -107,6 +107,7 @@ pub fn job(script: &str) -> JobSpec {
             name: "main.py".to_string(),
             content: script.to_string(),
             encoding: Encoding::Utf8,
+            reference: None,
         }],
         ..Default::default()
     }

@@ -146,11 +146,13 @@ async fn several_files_in_directories_are_written() {
         name: "pkg/helper.py".into(),
         content: "def word():\n    return 'nested'\n".into(),
         encoding: code_runner::job::Encoding::Utf8,
+        reference: None,
     });
     spec.files.push(code_runner::job::FileSpec {
         name: "pkg/__init__.py".into(),
         content: String::new(),
         encoding: code_runner::job::Encoding::Utf8,
+        reference: None,
     });
     let result = harness.run(&spec).await;
     assert_eq!(result.status, Status::Succeeded, "{result:#?}");

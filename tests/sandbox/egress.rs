@@ -137,6 +137,7 @@ fn network_job(source: &str, allow: &[String], files: &[(&str, &str)], args: &[S
             name: name.to_string(),
             content: content.to_string(),
             encoding: Encoding::Utf8,
+            reference: None,
         });
     }
     spec.args = args.to_vec();

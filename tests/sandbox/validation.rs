@@ -51,6 +51,7 @@ fn file(name: &str, content: &str) -> FileSpec {
         name: name.to_string(),
         content: content.to_string(),
         encoding: Encoding::Utf8,
+        reference: None,
     }
 }
 
@@ -200,6 +201,7 @@ async fn too_many_files_or_bytes_are_refused() {
         name: "data.bin".into(),
         content: base64(&vec![0u8; 1 << 20]),
         encoding: Encoding::Base64,
+        reference: None,
     };
     prepare(&spec, &harness.catalog, &harness.policy)
         .expect("1 MiB decoded is allowed, though its base64 is longer");

@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
+use crate::job::{InvalidJob, JobSpec, PreparedJob, refs};
 use crate::store::FilePut;
 
 /// The digest of the path: 64 hex digits, taken in either case and named
@@ -161,4 +162,66 @@ pub(crate) async fn delete(
     } else {
         Err(ApiError::NotFound("file not found"))
     }
+}
+
+/// Checks the files `spec` names by reference before the job is queued:
+/// every one stored for the caller's key (a 400 lists each digest that is
+/// not), and the job's files, with their stored sizes, within
+/// `limits.files_bytes`. Each is a use of the file. Whether the job names
+/// any.
+pub(crate) async fn check_references(
+    state: &ApiState,
+    caller: &Caller,
+    spec: &JobSpec,
+    prepared: &PreparedJob,
+) -> Result<bool, ApiError> {
+    let digests = refs::references(spec)?;
+    if digests.is_empty() {
+        return Ok(false);
+    }
+    let files = state.inner.store.files();
+    let keep = state.inner.limits.file_keep;
+    let mut sizes = std::collections::HashMap::new();
+    let mut missing = Vec::new();
+    for digest in digests {
+        match files.size(&caller.name, &digest, keep).await? {
+            Some(size) => {
+                sizes.insert(digest, size);
+            }
+            None => missing.push(digest),
+        }
+    }
+    if !missing.is_empty() {
+        return Err(ApiError::InvalidJob(InvalidJob::new(
+            "files",
+            format!(
+                "{} of the files named by ref {} not stored for this key: {} (PUT /v1/files/{{sha256}} first)",
+                missing.len(),
+                if missing.len() == 1 { "is" } else { "are" },
+                missing.join(", ")
+            ),
+        )));
+    }
+    let inline: u64 = prepared
+        .bundle
+        .files
+        .iter()
+        .map(|f| f.content.len() as u64)
+        .sum();
+    let stored: u64 = spec
+        .files
+        .iter()
+        .filter_map(|f| f.reference.as_deref())
+        .map(|digest| sizes[&digest.to_ascii_lowercase()])
+        .sum();
+    let limit = prepared.limits.files_bytes;
+    if inline + stored > limit {
+        return Err(ApiError::InvalidJob(InvalidJob::new(
+            "files",
+            format!(
+                "files total more than {limit} bytes (limits.files_bytes): {stored} of them stored files'"
+            ),
+        )));
+    }
+    Ok(true)
 }

@@ -272,6 +272,7 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
     let body = read_body(state, Request::from_parts(parts, body)).await?;
     let spec = parse_spec(&body)?;
     let prepared = prepare(&spec, &config.catalog, &config.policy)?;
+    let by_reference = super::files::check_references(state, &caller, &spec, &prepared).await?;
 
     // The body's hash is only needed to tell a retry from a conflict.
     let body_hash = idempotency
@@ -285,7 +286,9 @@ async fn submit_job(state: &ApiState, request: Request) -> Result<Response, ApiE
             spec: &spec,
             prepared,
             idempotency: idempotency.as_deref().zip(body_hash.as_deref()),
-            carry: true,
+            // A job whose files are stored is prepared again by the worker,
+            // once it has read their bytes.
+            carry: !by_reference,
             via: None,
         },
     )

@@ -138,6 +138,18 @@ impl Files {
             .map(|(_, bytes)| bytes))
     }
 
+    /// The bytes of `api_key`'s file `digest` as a worker reads them for a
+    /// job that names it (the API renewed its time when it took the job).
+    pub async fn read(&self, api_key: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        let bytes: Option<Vec<u8>> = deadpool_redis::redis::AsyncCommands::get(
+            &mut conn,
+            self.redis.keys.file(api_key, digest),
+        )
+        .await?;
+        Ok(bytes)
+    }
+
     async fn touch(
         &self,
         api_key: &str,

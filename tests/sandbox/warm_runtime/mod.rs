@@ -112,6 +112,7 @@ fn spec_of(language: &str, entry: &str, case: &Case) -> JobSpec {
             name: name.to_string(),
             content: content.to_string(),
             encoding: code_runner::job::Encoding::Utf8,
+            reference: None,
         });
     }
     spec

@@ -410,6 +410,7 @@ fn job_spec(
             name: language.source_file.clone(),
             content,
             encoding,
+            reference: None,
         }],
         stdin,
         stdin_encoding,

@@ -236,6 +236,7 @@ fn spec_files(
             name,
             content,
             encoding,
+            reference: None,
         });
     }
     let entry = files
