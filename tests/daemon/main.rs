@@ -23,6 +23,7 @@ mod cli;
 mod docker_restart;
 mod drain;
 mod end_to_end;
+mod files;
 mod fleet;
 mod fly_worker;
 mod notify;
