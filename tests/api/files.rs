@@ -448,3 +448,44 @@ async fn a_stored_file_deleted_before_its_job_starts_is_the_jobs_error_naming_it
         .await;
     assert_eq!(first["result"]["run"]["stdout"], "slept\n");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tests_stored_input_must_exist_and_fit_the_stdin_limit() {
+    let redis = RedisServer::start();
+    let daemon = serve(&redis, &[]).await;
+    let absent = sha256(b"no such input");
+    let job = |tests: Value| json!({"language": "python", "files": [{"name": "main.py", "content": "print 1"}], "tests": tests});
+    let answer = daemon
+        .submit(&job(
+            json!([{"stdin_ref": absent, "expected_stdout": "1\n"}]),
+        ))
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{:#}", answer.body);
+    assert_eq!(
+        answer.body["error"]["message"],
+        format!(
+            "1 of the files named by ref is not stored for this key: {absent} (PUT /v1/files/{{sha256}} first)"
+        )
+    );
+    // 5 MiB of input twice passes the server's 8 MiB for tests.
+    let big = stored(&daemon, &vec![b'7'; 5 << 20]).await;
+    let answer = daemon
+        .submit(&job(
+            json!([{"stdin_ref": big}, {"stdin_ref": big, "expected_stdout": "1\n"}]),
+        ))
+        .await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{:#}", answer.body);
+    assert_eq!(answer.body["error"]["field"], "tests");
+    assert_eq!(
+        answer.body["error"]["message"],
+        "the tests' stdin and expected output come to more than the limit of 8388608 bytes: 10485760 of them stored files'"
+    );
+    let answer = daemon
+        .submit(&job(json!([{"stdin_ref": big, "stdin": "x"}])))
+        .await;
+    assert_eq!(
+        answer.body["error"]["field"], "tests[0]",
+        "{:#}",
+        answer.body
+    );
+}

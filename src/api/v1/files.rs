@@ -166,8 +166,9 @@ pub(crate) async fn delete(
 
 /// Checks the files `spec` names by reference before the job is queued:
 /// every one stored for the caller's key (a 400 lists each digest that is
-/// not), and the job's files, with their stored sizes, within
-/// `limits.files_bytes`. Each is a use of the file. Whether the job names
+/// not), the job's files, with their stored sizes, within
+/// `limits.files_bytes`, and its tests' input and expected output within
+/// the server's stdin limit. Each is a use of the file. Whether the job names
 /// any.
 pub(crate) async fn check_references(
     state: &ApiState,
@@ -202,24 +203,34 @@ pub(crate) async fn check_references(
             ),
         )));
     }
+    let (stored_files, stored_tests) = refs::referenced_bytes(spec, |digest| sizes[digest]);
     let inline: u64 = prepared
         .bundle
         .files
         .iter()
         .map(|f| f.content.len() as u64)
         .sum();
-    let stored: u64 = spec
-        .files
-        .iter()
-        .filter_map(|f| f.reference.as_deref())
-        .map(|digest| sizes[&digest.to_ascii_lowercase()])
-        .sum();
     let limit = prepared.limits.files_bytes;
-    if inline + stored > limit {
+    if inline + stored_files > limit {
         return Err(ApiError::InvalidJob(InvalidJob::new(
             "files",
             format!(
-                "files total more than {limit} bytes (limits.files_bytes): {stored} of them stored files'"
+                "files total more than {limit} bytes (limits.files_bytes): {stored_files} of them stored files'"
+            ),
+        )));
+    }
+    let inline_tests: u64 = prepared
+        .tests
+        .iter()
+        .flat_map(|t| &t.tests)
+        .map(|t| (t.input.len() + t.expected.as_ref().map_or(0, Vec::len)) as u64)
+        .sum();
+    let limit = state.inner.policy.max_stdin_bytes as u64;
+    if inline_tests + stored_tests > limit {
+        return Err(ApiError::InvalidJob(InvalidJob::new(
+            "tests",
+            format!(
+                "the tests' stdin and expected output come to more than the limit of {limit} bytes: {stored_tests} of them stored files'"
             ),
         )));
     }

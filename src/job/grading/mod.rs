@@ -51,6 +51,13 @@ pub struct TestSpec {
     pub expected_stdout: Option<String>,
     #[serde(default)]
     pub expected_stdout_encoding: Encoding,
+    /// The test's stdin as a file the job's key stored, by its SHA-256
+    /// (instead of `stdin`; see [`crate::job::refs`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin_ref: Option<String>,
+    /// The expected stdout as a stored file (instead of `expected_stdout`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_stdout_ref: Option<String>,
     /// The program's arguments for this test (instead of the job's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args: Option<Vec<String>>,
