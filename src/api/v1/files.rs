@@ -34,7 +34,7 @@ use crate::store::FilePut;
 /// in lower case afterwards.
 fn digest(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
     let Path(digest) = path.map_err(|_| ApiError::NotFound("file not found"))?;
-    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if !refs::is_digest(&digest) {
         return Err(ApiError::InvalidRequest {
             field: "sha256",
             message: format!(
