@@ -42,6 +42,19 @@ async fn preflight(daemon: &ApiClient, path: &str, origin: &str) -> (StatusCode,
     (response.status(), response.headers().clone())
 }
 
+/// A page of [`PAGE`] submits to Judge0 and waits, with `key` if given.
+async fn submission(daemon: &ApiClient, key: Option<&str>) -> reqwest::Response {
+    let mut request = daemon
+        .http
+        .post(format!("{}/judge0/submissions?wait=true", daemon.url))
+        .header("origin", PAGE)
+        .json(&json!({"source_code": "print 42", "language_id": 71}));
+    if let Some(key) = key {
+        request = request.header("x-auth-token", key);
+    }
+    request.send().await.unwrap()
+}
+
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).map(|v| v.to_str().unwrap())
 }
@@ -80,15 +93,7 @@ async fn judge0_answers_any_origin_by_default_and_v1_none() {
     }
     // The request itself: its answer is marked, a refusal too (so that the
     // page can read why).
-    let response = daemon
-        .http
-        .post(format!("{}/judge0/submissions?wait=true", daemon.url))
-        .header("origin", PAGE)
-        .header("x-auth-token", KEY_A)
-        .json(&json!({"source_code": "print 42", "language_id": 71}))
-        .send()
-        .await
-        .unwrap();
+    let response = submission(&daemon, Some(KEY_A)).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(
         header(response.headers(), "access-control-allow-origin"),
@@ -97,14 +102,7 @@ async fn judge0_answers_any_origin_by_default_and_v1_none() {
     let body: Value = response.json().await.unwrap();
     assert_eq!(body["status"]["description"], "Accepted", "{body}");
     assert_eq!(body["stdout"], "42\n", "{body}");
-    let response = daemon
-        .http
-        .post(format!("{}/judge0/submissions", daemon.url))
-        .header("origin", PAGE)
-        .json(&json!({"source_code": "print 42", "language_id": 71}))
-        .send()
-        .await
-        .unwrap();
+    let response = submission(&daemon, None).await;
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
         header(response.headers(), "access-control-allow-origin"),
