@@ -1,10 +1,10 @@
-//! The settings of the Piston- and Judge0-compatible APIs.
+//! The settings of the Piston-, Judge0- and Jobe-compatible APIs.
 
 use clap::Args;
 
 use super::ConfigError;
 
-/// The Piston- and Judge0-compatible APIs (`src/api/compat/`).
+/// The Piston-, Judge0- and Jobe-compatible APIs (`src/api/compat/`).
 #[derive(Debug, Clone, Args)]
 pub struct CompatSettings {
     /// Where the Piston v2 API is served (`off`: not at all).
@@ -28,13 +28,34 @@ pub struct CompatSettings {
     /// answered for them; any method and request header is allowed.
     #[arg(long, env = "CODE_RUNNER_JUDGE0_CORS_ORIGINS", default_value = "*")]
     pub judge0_cors_origins: String,
+
+    /// Where Jobe's REST API is served (`off`: not at all); the default is
+    /// the path Moodle's CodeRunner builds.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_JOBE_PREFIX",
+        default_value = "/jobe/index.php/restapi"
+    )]
+    pub jobe_prefix: String,
+
+    /// The name of a configured API key: Jobe requests whose `X-API-KEY` is
+    /// not a code-runner key (or that have none) are served as this key,
+    /// as a Jobe without API keys serves everyone. Unset: the Jobe API
+    /// needs a code-runner key in `X-API-KEY`.
+    #[arg(long, env = "CODE_RUNNER_JOBE_KEY")]
+    pub jobe_key: Option<String>,
+
+    /// Which origins' pages may call the Jobe API from a browser: `*` any
+    /// (Jobe's default), `off` none, or origins separated by commas.
+    #[arg(long, env = "CODE_RUNNER_JOBE_CORS_ORIGINS", default_value = "*")]
+    pub jobe_cors_origins: String,
 }
 
 impl CompatSettings {
     /// The checked settings; `keys` are the configured API key names.
     pub fn validate<'a>(
         &self,
-        mut keys: impl Iterator<Item = &'a str>,
+        keys: impl Iterator<Item = &'a str>,
     ) -> Result<crate::api::CompatConfig, ConfigError> {
         let prefix = |setting: &'static str, text: &str| -> Result<Option<String>, ConfigError> {
             if text == "off" {
@@ -72,21 +93,39 @@ impl CompatSettings {
                 "the Piston and Judge0 APIs cannot share a prefix",
             ));
         }
-        if let Some(name) = &self.piston_loopback_key
-            && !keys.any(|k| k == name)
-        {
+        let jobe = prefix("CODE_RUNNER_JOBE_PREFIX", &self.jobe_prefix)?;
+        if jobe.is_some() && (jobe == piston || jobe == judge0) {
             return Err(ConfigError::new(
-                "CODE_RUNNER_PISTON_LOOPBACK_KEY",
-                format!("{name:?} is not the name of a key in CODE_RUNNER_API_KEYS"),
+                "CODE_RUNNER_JOBE_PREFIX",
+                "the Jobe API cannot share a prefix with the Piston or Judge0 API",
             ));
         }
-        let judge0_cors = crate::api::CorsOrigins::parse(&self.judge0_cors_origins)
-            .map_err(|message| ConfigError::new("CODE_RUNNER_JUDGE0_CORS_ORIGINS", message))?;
+        let keys: Vec<&str> = keys.collect();
+        for (setting, name) in [
+            ("CODE_RUNNER_PISTON_LOOPBACK_KEY", &self.piston_loopback_key),
+            ("CODE_RUNNER_JOBE_KEY", &self.jobe_key),
+        ] {
+            if let Some(name) = name
+                && !keys.contains(&name.as_str())
+            {
+                return Err(ConfigError::new(
+                    setting,
+                    format!("{name:?} is not the name of a key in CODE_RUNNER_API_KEYS"),
+                ));
+            }
+        }
+        let cors = |setting: &'static str, text: &str| {
+            crate::api::CorsOrigins::parse(text)
+                .map_err(|message| ConfigError::new(setting, message))
+        };
         Ok(crate::api::CompatConfig {
             piston_prefix: piston,
             piston_loopback_key: self.piston_loopback_key.clone(),
             judge0_prefix: judge0,
-            judge0_cors,
+            judge0_cors: cors("CODE_RUNNER_JUDGE0_CORS_ORIGINS", &self.judge0_cors_origins)?,
+            jobe_prefix: jobe,
+            jobe_key: self.jobe_key.clone(),
+            jobe_cors: cors("CODE_RUNNER_JOBE_CORS_ORIGINS", &self.jobe_cors_origins)?,
         })
     }
 }

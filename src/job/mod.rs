@@ -70,6 +70,16 @@ pub struct JobSpec {
     pub stdin_encoding: Encoding,
     #[serde(default)]
     pub args: Vec<String>,
+    /// Arguments added to the end of the language's compile command (a
+    /// compiled language's flags: `["-std=c89"]`, `["-lcrypt"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compile_args: Vec<String>,
+    /// Arguments given to the language's runtime before the entry file in
+    /// the run command (`python3 -u <these> main.py`); for a compiled
+    /// program, its first arguments. A job with them never runs on a
+    /// pre-started runtime.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interpreter_args: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -366,7 +376,15 @@ pub fn prepare(
     let files = decode_files(spec, policy, &limits)?;
     let entry = choose_entry(spec, language, &files)?;
     let stdin = decode_stdin(spec, policy)?;
-    check_args(&spec.args)?;
+    check_args("args", &spec.args)?;
+    check_args("compile_args", &spec.compile_args)?;
+    check_args("interpreter_args", &spec.interpreter_args)?;
+    if language.compile.is_none() && !spec.compile_args.is_empty() {
+        return Err(InvalidJob::new(
+            "compile_args",
+            format!("{} has no compile stage", language.id),
+        ));
+    }
     check_env(&spec.env)?;
     let metadata_bytes = serde_json::to_vec(&spec.metadata).map_or(0, |v| v.len());
     if metadata_bytes > MAX_METADATA_BYTES {

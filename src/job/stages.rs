@@ -120,6 +120,24 @@ pub fn runs_on(prestart: &Prestart, bundle: &Bundle) -> bool {
             .is_some_and(|stage| prestart.args_of(stage).is_some())
 }
 
+/// The run command `run` (expanded from the catalog's `template`) with
+/// the job's `interpreter_args` before the first argument that names the
+/// entry (`{entry…}`), or right after the program when none does (a
+/// compiled program's first arguments).
+fn with_interpreter_args(run: Vec<String>, template: &[String], args: &[String]) -> Vec<String> {
+    if args.is_empty() {
+        return run;
+    }
+    let at = template
+        .iter()
+        .position(|arg| arg.contains("{entry"))
+        .unwrap_or(1)
+        .min(run.len());
+    let mut argv = run;
+    argv.splice(at..at, args.iter().cloned());
+    argv
+}
+
 pub(super) fn build_stages(
     spec: &JobSpec,
     language: &Language,
@@ -134,9 +152,11 @@ pub(super) fn build_stages(
 
     let mut stages = Vec::new();
     if let (Some(compile), Some(compile_limits)) = (&language.compile, compile_limits) {
+        let mut argv = expand(compile, entry, sources);
+        argv.extend(spec.compile_args.iter().cloned());
         stages.push(StageSpec {
             name: "compile".into(),
-            argv: expand(compile, entry, sources),
+            argv,
             env: env.clone(),
             cwd: WORKSPACE.into(),
             stdin: false,
@@ -153,7 +173,11 @@ pub(super) fn build_stages(
             },
         });
     }
-    let mut run = expand(&language.run, entry, sources);
+    let mut run = with_interpreter_args(
+        expand(&language.run, entry, sources),
+        &language.run,
+        &spec.interpreter_args,
+    );
     run.extend(spec.args.iter().cloned());
     stages.push(StageSpec {
         name: "run".into(),
@@ -198,6 +222,42 @@ mod tests {
         assert!(job.bundle.stages[0].argv.contains(&"main.c".to_string()));
         assert!(!job.bundle.stages[0].stdin);
         assert_eq!(job.bundle.stages[1].argv, ["./main"]);
+    }
+
+    #[test]
+    fn compile_args_end_the_compile_command_and_interpreter_args_precede_the_entry() {
+        let catalog = LanguageCatalog::embedded().unwrap();
+        let policy = LimitPolicy::default();
+        let mut c = spec("c", &[("main.c", "int main(){}")]);
+        c.compile_args = vec!["-std=c89".into(), "-lcrypt".into()];
+        c.interpreter_args = vec!["-v".into()];
+        c.args = vec!["x".into()];
+        let job = prepare(&c, &catalog, &policy).unwrap();
+        assert!(job.bundle.stages[0].argv.ends_with(&[
+            "-lm".to_string(),
+            "-lpthread".to_string(),
+            "-std=c89".to_string(),
+            "-lcrypt".to_string()
+        ]));
+        assert_eq!(job.bundle.stages[1].argv, ["./main", "-v", "x"]);
+
+        let mut python = spec("python", &[("test.py", "")]);
+        python.interpreter_args = vec!["-c".into(), "print(1)".into()];
+        python.args = vec!["a".into()];
+        let job = prepare(&python, &catalog, &policy).unwrap();
+        assert_eq!(
+            job.bundle.stages[0].argv,
+            ["python3", "-u", "-c", "print(1)", "test.py", "a"]
+        );
+
+        python.compile_args = vec!["-O".into()];
+        let refused = prepare(&python, &catalog, &policy).unwrap_err();
+        assert_eq!(refused.field, "compile_args");
+        assert_eq!(refused.message, "python has no compile stage");
+        python.compile_args.clear();
+        python.interpreter_args = vec!["a\0b".into()];
+        let refused = prepare(&python, &catalog, &policy).unwrap_err();
+        assert_eq!(refused.field, "interpreter_args[0]");
     }
 
     #[test]

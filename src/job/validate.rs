@@ -184,17 +184,20 @@ pub(super) fn decode_stdin(spec: &JobSpec, policy: &LimitPolicy) -> Result<Vec<u
     Ok(stdin)
 }
 
-pub(super) fn check_args(args: &[String]) -> Result<(), InvalidJob> {
+/// Checks the arguments of `field` (`args`, `compile_args`,
+/// `interpreter_args`): at most [`MAX_ARGS`], each at most
+/// [`MAX_ARG_BYTES`] with no NUL.
+pub(super) fn check_args(field: &str, args: &[String]) -> Result<(), InvalidJob> {
     if args.len() > MAX_ARGS {
         return Err(InvalidJob::new(
-            "args",
+            field,
             format!("{} arguments is more than {MAX_ARGS}", args.len()),
         ));
     }
     for (index, arg) in args.iter().enumerate() {
         if arg.len() > MAX_ARG_BYTES || arg.contains('\0') {
             return Err(InvalidJob::new(
-                format!("args[{index}]"),
+                format!("{field}[{index}]"),
                 format!("must be at most {MAX_ARG_BYTES} bytes with no NUL"),
             ));
         }

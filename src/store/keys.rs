@@ -98,6 +98,10 @@ impl Keys {
     pub fn compat(&self, id: &str) -> String {
         format!("{}compat:{id}", self.prefix)
     }
+    /// A Jobe file id of `api_key`'s: the SHA-256 of the file it names.
+    pub fn jobe_file(&self, api_key: &str, id: &str) -> String {
+        format!("{}compat:jobe-file:{api_key}:{id}", self.prefix)
+    }
     pub fn token_secret(&self) -> String {
         format!("{}config:token_secret", self.prefix)
     }

@@ -1,4 +1,5 @@
-//! APIs compatible with Piston v2 ([`piston`]) and Judge0 CE ([`judge0`]):
+//! APIs compatible with Piston v2 ([`piston`]), Judge0 CE ([`judge0`]) and
+//! Jobe ([`jobe`], Moodle CodeRunner's server):
 //! thin adapters that turn the other product's request into an ordinary
 //! [`JobSpec`], submit it through the same path as `POST /v1/jobs`
 //! (`prepare`, then the one submit path, [`crate::api::v1::submit`]: an
@@ -12,6 +13,7 @@
 //! differs from the original is written in `docs/migrating.md`.
 
 mod cors;
+mod jobe;
 mod judge0;
 mod piston;
 
@@ -43,6 +45,12 @@ pub struct CompatConfig {
     pub judge0_prefix: Option<String>,
     /// Which origins' pages may call the Judge0 API from a browser.
     pub judge0_cors: CorsOrigins,
+    pub jobe_prefix: Option<String>,
+    /// A key name: Jobe requests without a code-runner key are served as
+    /// this key (Jobe without API keys); `None`: a key is required.
+    pub jobe_key: Option<String>,
+    /// Which origins' pages may call the Jobe API from a browser.
+    pub jobe_cors: CorsOrigins,
 }
 
 impl Default for CompatConfig {
@@ -52,6 +60,9 @@ impl Default for CompatConfig {
             piston_loopback_key: None,
             judge0_prefix: Some("/judge0".into()),
             judge0_cors: CorsOrigins::Any,
+            jobe_prefix: Some("/jobe/index.php/restapi".into()),
+            jobe_key: None,
+            jobe_cors: CorsOrigins::Any,
         }
     }
 }
@@ -63,18 +74,25 @@ pub(super) fn router(config: &CompatConfig) -> Router<ApiState> {
         router = router.nest(prefix, piston::router());
     }
     if let Some(prefix) = &config.judge0_prefix {
-        let mut judge0 = judge0::router();
-        if let Some(cors) = config.judge0_cors.layer() {
-            // The 405 is set here, before the layer, so that a preflight
-            // (OPTIONS, which no route takes) reaches the layer: the whole
-            // API's 405 replaces only the routes' default ones.
-            judge0 = judge0
-                .method_not_allowed_fallback(crate::api::http::method_not_allowed)
-                .layer(cors);
-        }
-        router = router.nest(prefix, judge0);
+        router = router.nest(prefix, with_cors(judge0::router(), &config.judge0_cors));
+    }
+    if let Some(prefix) = &config.jobe_prefix {
+        router = router.nest(prefix, with_cors(jobe::router(), &config.jobe_cors));
     }
     router
+}
+
+/// `routes` answering cross-origin requests and preflights of `origins`.
+fn with_cors(routes: Router<ApiState>, origins: &CorsOrigins) -> Router<ApiState> {
+    match origins.layer() {
+        // The 405 is set here, before the layer, so that a preflight
+        // (OPTIONS, which no route takes) reaches the layer: the whole
+        // API's 405 replaces only the routes' default ones.
+        Some(cors) => routes
+            .method_not_allowed_fallback(crate::api::http::method_not_allowed)
+            .layer(cors),
+        None => routes,
+    }
 }
 
 /// A credential presented in the header `name` or, as Judge0 reads them,
@@ -237,6 +255,7 @@ async fn submit_uncounted(
         _ => spec,
     };
     let prepared = prepare(spec, catalog, &state.inner.policy)?;
+    crate::api::v1::files::check_references(state, caller, spec, &prepared).await?;
     let via = spec
         .metadata
         .get("via")

@@ -260,8 +260,7 @@ pub(super) fn prepare_tests(
             ));
         }
         let args = test.args.as_ref().unwrap_or(&spec.args);
-        check_args(args)
-            .map_err(|e| InvalidJob::new(e.field.replacen("args", &field("args"), 1), e.message))?;
+        check_args(&field("args"), args)?;
         let points = test.points.unwrap_or(1.0);
         if !points.is_finite() || !(0.0..=MAX_POINTS).contains(&points) {
             return Err(InvalidJob::new(
