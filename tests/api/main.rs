@@ -29,6 +29,7 @@ mod grading;
 mod history;
 mod history_filters;
 mod http_limits;
+mod jobe;
 mod jobs;
 mod judge0;
 mod judge0_ops;

@@ -16,6 +16,7 @@
 //! | `print TEXT` / `write TEXT` | TEXT and a newline / TEXT alone to stdout |
 //! | `eprint TEXT` / `ewrite TEXT` | the same to stderr |
 //! | `flood N` | N bytes of `y` to stdout, in chunks of 4 KiB |
+//! | `cat PATH` | the bytes of the job's file PATH to stdout (`cat: PATH: No such file or directory` to stderr when it has none) |
 //! | `sleep MS` | waits MS milliseconds |
 //! | `readline [upper] [PREFIX]` | reads a line of stdin (says `input_wanted` when none is buffered) and prints PREFIX and the line (upper-cased with `upper`); at EOF, ends with exit 1 and `EOFError` on stderr |
 //! | `echo [upper]` | copies stdin to stdout (upper-cased with `upper`) until it is closed |

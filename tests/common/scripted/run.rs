@@ -279,6 +279,16 @@ impl<'a> Run<'a> {
     async fn step(&mut self, step: &Step, i: Option<u64>) -> Option<End> {
         match step {
             Step::Out { text, stderr } => self.out(with_iteration(text, i), *stderr).await,
+            Step::Cat(path) => {
+                let file = self.job.bundle.files.iter().find(|f| &f.path == path);
+                match file.map(|f| f.content.clone()) {
+                    Some(content) => self.out(content, false).await,
+                    None => {
+                        let said = format!("cat: {path}: No such file or directory\n");
+                        self.out(said.into_bytes(), true).await
+                    }
+                }
+            }
             Step::Flood(bytes) => {
                 let mut left = *bytes;
                 while left > 0 {

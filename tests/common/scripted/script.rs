@@ -7,6 +7,7 @@ use std::time::Duration;
 pub(super) enum Step {
     Out { text: Vec<u8>, stderr: bool },
     Flood(u64),
+    Cat(String),
     Sleep(Duration),
     ReadLine { upper: bool, prefix: Vec<u8> },
     Read,
@@ -72,6 +73,7 @@ fn parse_block(
                 stderr: word == "ewrite",
             },
             "flood" => Step::Flood(number_arg()?),
+            "cat" => Step::Cat(rest.trim().to_string()),
             "sleep" => Step::Sleep(Duration::from_millis(number_arg()?)),
             "readline" => {
                 let (upper, prefix) = match rest.strip_prefix("upper") {

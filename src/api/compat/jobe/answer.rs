@@ -110,7 +110,8 @@ fn php_parse_error(run: &StageResult) -> Option<String> {
 /// platform failed, or one cancelled, is an internal error (20).
 pub(super) fn jobe_result(id: &str, jobe_id: &str, result: &JobResult) -> ResultObject {
     let run_id = Some(id.to_string());
-    let internal = |message: String| ResultObject::bare(run_id.clone(), outcome::INTERNAL_ERROR, message);
+    let internal =
+        |message: String| ResultObject::bare(run_id.clone(), outcome::INTERNAL_ERROR, message);
     if matches!(result.status, Status::Error | Status::Cancelled) {
         return internal(
             result
@@ -246,7 +247,11 @@ mod tests {
         assert_eq!(outcome_of("c", Some(ok()), sys).outcome, 19);
         for reason in [Reason::CpuTimeout, Reason::WallTimeout, Reason::OutputLimit] {
             let answer = outcome_of("c", Some(ok()), stage(b"x", b"late", reason, None));
-            assert_eq!((answer.outcome, answer.stderr.as_str()), (13, ""), "{reason:?}");
+            assert_eq!(
+                (answer.outcome, answer.stderr.as_str()),
+                (13, ""),
+                "{reason:?}"
+            );
             assert_eq!(answer.stdout, "x");
         }
         let memory = stage(b"", b"", Reason::MemoryLimit, None);
@@ -258,7 +263,12 @@ mod tests {
     #[test]
     fn compile_errors_are_found_as_jobe_finds_them() {
         let run = || stage(b"", b"", Reason::Exited, Some(0));
-        let failed = stage(b"", b"prog.c:3: error: expected ';'\n", Reason::Exited, Some(1));
+        let failed = stage(
+            b"",
+            b"prog.c:3: error: expected ';'\n",
+            Reason::Exited,
+            Some(1),
+        );
         let answer = outcome_of("c", Some(failed), run());
         assert_eq!(answer.outcome, 11);
         assert_eq!(answer.cmpinfo, "prog.c:3: error: expected ';'\n");
@@ -276,8 +286,13 @@ mod tests {
         let answer = outcome_of("python3", None, stage(b"", syntax, Reason::Exited, Some(1)));
         assert_eq!(answer.outcome, 11);
         assert_eq!(answer.cmpinfo.as_bytes(), syntax);
-        let traceback = b"Traceback (most recent call last):\n  File \"test.py\", line 1\nSyntaxError: x\n";
-        let answer = outcome_of("python3", None, stage(b"", traceback, Reason::Exited, Some(1)));
+        let traceback =
+            b"Traceback (most recent call last):\n  File \"test.py\", line 1\nSyntaxError: x\n";
+        let answer = outcome_of(
+            "python3",
+            None,
+            stage(b"", traceback, Reason::Exited, Some(1)),
+        );
         assert_eq!(answer.outcome, 12);
 
         let php = stage(b"", b"PHP Parse error:  syntax error, unexpected end of file in /workspace/prog.php on line 3\n", Reason::Exited, Some(255));

@@ -54,7 +54,10 @@ pub(super) async fn put(
         }
     };
     let Some(contents) = file_contents(&body) else {
-        return jobe_error(StatusCode::BAD_REQUEST, "put: missing file_contents parameter");
+        return jobe_error(
+            StatusCode::BAD_REQUEST,
+            "put: missing file_contents parameter",
+        );
     };
     let Ok(contents) = STANDARD.decode(contents.trim()) else {
         return jobe_error(
@@ -81,7 +84,12 @@ fn file_contents(body: &Bytes) -> Option<String> {
 }
 
 /// Stores `contents` for `caller` and names it `id`.
-async fn keep(state: &ApiState, caller: &Caller, id: &str, contents: &[u8]) -> Result<(), Response> {
+async fn keep(
+    state: &ApiState,
+    caller: &Caller,
+    id: &str,
+    contents: &[u8],
+) -> Result<(), Response> {
     let digest = hex::encode(Sha256::digest(contents));
     let keep = state.inner.limits.file_keep;
     let budget = state.storage_budget(caller.max_active);

@@ -148,8 +148,12 @@ async fn runs(State(state): State<ApiState>, request: Request) -> Response {
         }
     };
     if run.overload_test {
-        return Json(ResultObject::bare(None, outcome::SERVER_OVERLOAD, String::new()))
-            .into_response();
+        return Json(ResultObject::bare(
+            None,
+            outcome::SERVER_OVERLOAD,
+            String::new(),
+        ))
+        .into_response();
     }
     let mut spec = run.spec;
     for (index, (id, _)) in run.file_list.iter().enumerate() {

@@ -27,9 +27,10 @@ pub(super) const OVERLOAD_TEST: &str = "!** TESTING OVERLOAD EXCEPTION **!";
 const MIN_FILE_ID: usize = 8;
 
 /// Jobe's defaults where a request sets no parameter.
+/// (Jobe's `streamsize` and `disklimit` defaults, 2 and 20 MB, are not
+/// copied: unset, the server's own defaults apply, so that a Jobe run
+/// holds no more of its key's storage budget than any other job.)
 const DEFAULT_CPUTIME_SECS: f64 = 5.0;
-const DEFAULT_STREAMSIZE_MB: f64 = 2.0;
-const DEFAULT_DISKLIMIT_MB: f64 = 20.0;
 
 /// A checked run: the job, and the files it names by Jobe id (`[id,
 /// name]`), still to be found in the store.
@@ -104,10 +105,7 @@ pub(super) fn jobe_run(
     };
     let file_list = match run.get("file_list") {
         None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(files)) => files
-            .iter()
-            .map(file_specifier)
-            .collect::<Result<_, _>>()?,
+        Some(Value::Array(files)) => files.iter().map(file_specifier).collect::<Result<_, _>>()?,
         Some(other) => return Err(format!("Invalid file specifier: {}", print_r(other))),
     };
 
@@ -203,8 +201,9 @@ fn compile_args(jobe_id: &str, parameters: &Map<String, Value>) -> Result<Vec<St
 /// The job's limits from Jobe's parameters: `cputime` seconds of CPU and
 /// twice that of wall time (Jobe's kill time), `memorylimit` (MB; 0 or
 /// unset: the language's own), `numprocs` (Java at least 256, as Jobe),
-/// `streamsize` (MB of output) and `disklimit` (MB), each kept within the
-/// server's maximum — except `cputime`, refused above it before this.
+/// `streamsize` (MB of output) and `disklimit` (MB; -1: the maximum), each
+/// kept within the server's maximum — except `cputime`, refused above it
+/// before this. Unset, each but `cputime` is the server's default.
 fn limits(
     jobe_id: &str,
     parameters: &Map<String, Value>,
@@ -220,29 +219,22 @@ fn limits(
     };
     let cpu_ms = (cputime * 1000.0) as u64;
     let memory = number(parameters, "memorylimit").filter(|mb| *mb > 0.0 && jobe_id != "java");
-    let numprocs = number(parameters, "numprocs").map(|n| {
-        if jobe_id == "java" {
-            n.max(256.0)
-        } else {
-            n
-        }
-    });
-    let mb = |name, default| number(parameters, name).unwrap_or(default);
-    let disk = mb("disklimit", DEFAULT_DISKLIMIT_MB);
+    let numprocs =
+        number(parameters, "numprocs").map(|n| if jobe_id == "java" { n.max(256.0) } else { n });
     LimitsRequest {
         cpu_ms: within(cpu_ms as f64, max.cpu_ms),
         wall_ms: within((cpu_ms * 2) as f64, max.wall_ms),
         memory_mb: memory.and_then(|mb| within(mb, max.memory_mb)),
         pids: numprocs.and_then(|n| within(n, max.pids)),
-        output_bytes: within(
-            mb("streamsize", DEFAULT_STREAMSIZE_MB) * 1024.0 * 1024.0,
-            max.output_bytes,
-        ),
-        disk_mb: if disk < 0.0 {
-            Some(max.disk_mb)
-        } else {
-            within(disk, max.disk_mb)
-        },
+        output_bytes: number(parameters, "streamsize")
+            .and_then(|mb| within(mb * 1024.0 * 1024.0, max.output_bytes)),
+        disk_mb: number(parameters, "disklimit").and_then(|mb| {
+            if mb < 0.0 {
+                Some(max.disk_mb)
+            } else {
+                within(mb, max.disk_mb)
+            }
+        }),
         ..Default::default()
     }
 }
@@ -305,10 +297,7 @@ fn java_main_class(source: &str) -> Option<String> {
         if !before_ok {
             continue;
         }
-        let Some(after) = after
-            .strip_prefix(char::is_whitespace)
-            .map(str::trim_start)
-        else {
+        let Some(after) = after.strip_prefix(char::is_whitespace).map(str::trim_start) else {
             continue;
         };
         let Some(after) = after
@@ -353,9 +342,7 @@ fn is_valid_source_filename(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(['.', '-'])
         && !name.chars().any(|c| {
-            RESERVED.contains(c)
-                || (c as u32) < 0x20
-                || matches!(c as u32, 0x7f | 0xa0 | 0xad)
+            RESERVED.contains(c) || (c as u32) < 0x20 || matches!(c as u32, 0x7f | 0xa0 | 0xad)
         })
 }
 
@@ -424,7 +411,11 @@ mod tests {
     }
 
     fn run(spec: Value) -> Result<JobeRun, String> {
-        jobe_run(&json!({ "run_spec": spec }), &catalog(), &LimitPolicy::default())
+        jobe_run(
+            &json!({ "run_spec": spec }),
+            &catalog(),
+            &LimitPolicy::default(),
+        )
     }
 
     #[test]
@@ -512,19 +503,26 @@ mod tests {
         assert_eq!(spec.limits.wall_ms, Some(30_000));
         assert_eq!(spec.limits.pids, Some(20));
         assert_eq!(spec.limits.memory_mb, Some(300));
-        assert_eq!(spec.limits.output_bytes, Some(2 << 20));
-        assert_eq!(spec.limits.disk_mb, Some(20));
+        assert_eq!(spec.limits.output_bytes, None);
+        assert_eq!(spec.limits.disk_mb, None);
         assert!(!job.overload_test);
 
         let c = run(json!({"language_id": "C", "sourcecode": "int main(){}",
-            "parameters": {"linkargs": ["-lm"]}}))
+            "parameters": {"linkargs": ["-lm"], "streamsize": 4, "disklimit": -1}}))
         .unwrap();
+        assert_eq!(c.spec.limits.output_bytes, Some(4 << 20));
+        assert_eq!(
+            c.spec.limits.disk_mb,
+            Some(LimitPolicy::default().maximum.disk_mb)
+        );
         assert_eq!(c.spec.entry.as_deref(), Some("prog.c"));
         assert_eq!(c.spec.compile_args, ["-Wall", "-Werror", "-std=c99", "-lm"]);
         assert_eq!(c.spec.limits.cpu_ms, Some(5_000));
         assert_eq!(c.spec.limits.memory_mb, None);
-        let c = run(json!({"language_id": "c", "sourcecode": "", "sourcefilename": "__tester__",
-            "parameters": {"compileargs": ["std=c89"]}}))
+        let c = run(
+            json!({"language_id": "c", "sourcecode": "", "sourcefilename": "__tester__",
+            "parameters": {"compileargs": ["std=c89"]}}),
+        )
         .unwrap();
         assert_eq!(c.spec.entry.as_deref(), Some("__tester__.c"));
         assert_eq!(c.spec.compile_args, ["std=c89"]);
