@@ -49,6 +49,12 @@ pub struct CompatSettings {
     /// (Jobe's default), `off` none, or origins separated by commas.
     #[arg(long, env = "CODE_RUNNER_JOBE_CORS_ORIGINS", default_value = "*")]
     pub jobe_cors_origins: String,
+
+    /// The most `cputime` (seconds) a Jobe run may ask for, as Jobe's
+    /// `cputime_upper_limit_secs` (120 in Jobe 2.2); a run asking more is
+    /// refused in Jobe's words. The server's CPU maximum caps it too.
+    #[arg(long, env = "CODE_RUNNER_JOBE_MAX_CPUTIME_SECS", default_value_t = 120)]
+    pub jobe_max_cputime_secs: u64,
 }
 
 impl CompatSettings {
@@ -114,6 +120,12 @@ impl CompatSettings {
                 ));
             }
         }
+        if self.jobe_max_cputime_secs == 0 {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_JOBE_MAX_CPUTIME_SECS",
+                "must be at least 1",
+            ));
+        }
         let cors = |setting: &'static str, text: &str| {
             crate::api::CorsOrigins::parse(text)
                 .map_err(|message| ConfigError::new(setting, message))
@@ -126,6 +138,7 @@ impl CompatSettings {
             jobe_prefix: jobe,
             jobe_key: self.jobe_key.clone(),
             jobe_cors: cors("CODE_RUNNER_JOBE_CORS_ORIGINS", &self.jobe_cors_origins)?,
+            jobe_max_cputime_secs: self.jobe_max_cputime_secs,
         })
     }
 }

@@ -86,6 +86,13 @@ pub struct JobSpec {
     pub interactive: bool,
     #[serde(default)]
     pub limits: LimitsRequest,
+    /// An address-space limit (RLIMIT_AS) on each process of the run, in
+    /// MiB ([`VIRTUAL_MEMORY_MB`]), as Jobe's and older judges' memory
+    /// limits are: an allocation past it fails (`malloc` returns NULL)
+    /// where the memory limit, of real memory, stops the program. Unset:
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub virtual_memory_mb: Option<u64>,
     #[serde(default)]
     pub compile_limits: CompileLimitsRequest,
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
@@ -198,6 +205,9 @@ pub fn check_user(user: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// The range of [`JobSpec::virtual_memory_mb`].
+pub const VIRTUAL_MEMORY_MB: std::ops::RangeInclusive<u64> = 16..=1 << 20;
 
 /// The most `max_attempts` a job or the server may ask for.
 pub const MAX_ATTEMPTS_LIMIT: u32 = 10;
@@ -386,6 +396,18 @@ pub fn prepare(
         ));
     }
     check_env(&spec.env)?;
+    if let Some(mb) = spec.virtual_memory_mb
+        && !VIRTUAL_MEMORY_MB.contains(&mb)
+    {
+        return Err(InvalidJob::new(
+            "virtual_memory_mb",
+            format!(
+                "{mb} is not between {} and {}",
+                VIRTUAL_MEMORY_MB.start(),
+                VIRTUAL_MEMORY_MB.end()
+            ),
+        ));
+    }
     let metadata_bytes = serde_json::to_vec(&spec.metadata).map_or(0, |v| v.len());
     if metadata_bytes > MAX_METADATA_BYTES {
         return Err(InvalidJob::new(

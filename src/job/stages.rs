@@ -170,6 +170,7 @@ pub(super) fn build_stages(
                 nofile,
                 nproc: None,
                 cpu_quota_millis: None,
+                address_space_bytes: None,
             },
         });
     }
@@ -196,6 +197,7 @@ pub(super) fn build_stages(
             nofile,
             nproc: None,
             cpu_quota_millis: None,
+            address_space_bytes: spec.virtual_memory_mb.map(|mb| mb << 20),
         },
     });
     stages

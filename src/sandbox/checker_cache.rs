@@ -333,6 +333,7 @@ mod tests {
                 nofile: 1,
                 nproc: None,
                 cpu_quota_millis: None,
+                address_space_bytes: None,
             },
         }
     }

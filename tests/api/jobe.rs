@@ -215,7 +215,7 @@ async fn refusals_are_jobes_words_as_json_strings() {
         ),
         (
             python(json!({"parameters": {"cputime": 1000}})),
-            "cputime exceeds maximum allowed on this Jobe server (300 secs)",
+            "cputime exceeds maximum allowed on this Jobe server (120 secs)",
         ),
         (
             python(json!({"sourcefilename": "../escape.py"})),

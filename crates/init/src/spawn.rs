@@ -21,6 +21,7 @@ pub(crate) struct StageRlimits {
     pub fsize: (u64, u64),
     pub nofile: (u64, u64),
     pub nproc: Option<(u64, u64)>,
+    pub address_space: Option<(u64, u64)>,
 }
 
 impl StageRlimits {
@@ -36,6 +37,9 @@ impl StageRlimits {
             fsize: clamp(own.fsize, limits.fsize_bytes, limits.fsize_bytes),
             nofile: clamp(own.nofile, limits.nofile, limits.nofile),
             nproc: limits.nproc.map(|nproc| clamp(own.nproc, nproc, nproc)),
+            address_space: limits
+                .address_space_bytes
+                .map(|bytes| clamp(own.address_space, bytes, bytes)),
         }
     }
 
@@ -48,6 +52,9 @@ impl StageRlimits {
         setrlimit(Resource::RLIMIT_CORE, 0, 0)?;
         if let Some((soft, hard)) = self.nproc {
             setrlimit(Resource::RLIMIT_NPROC, soft, hard)?;
+        }
+        if let Some((soft, hard)) = self.address_space {
+            setrlimit(Resource::RLIMIT_AS, soft, hard)?;
         }
         Ok(())
     }
@@ -69,6 +76,9 @@ impl StageRlimits {
         ];
         if let Some(nproc) = self.nproc {
             limits.push((libc::RLIMIT_NPROC, nproc));
+        }
+        if let Some(address_space) = self.address_space {
+            limits.push((libc::RLIMIT_AS, address_space));
         }
         for (resource, (soft, hard)) in limits {
             let new = libc::rlimit {
@@ -99,6 +109,7 @@ struct OwnHardLimits {
     fsize: u64,
     nofile: u64,
     nproc: u64,
+    address_space: u64,
 }
 
 /// Read once: nothing in the supervisor changes its own limits (only a
@@ -114,6 +125,7 @@ fn own_hard_limits() -> OwnHardLimits {
             fsize: hard(Resource::RLIMIT_FSIZE),
             nofile: hard(Resource::RLIMIT_NOFILE),
             nproc: hard(Resource::RLIMIT_NPROC),
+            address_space: hard(Resource::RLIMIT_AS),
         }
     })
 }
@@ -393,6 +405,7 @@ mod tests {
             nofile: 64,
             nproc: None,
             cpu_quota_millis: None,
+            address_space_bytes: None,
         };
         let rlimits = StageRlimits::for_limits(&limits);
         assert_eq!(rlimits.cpu, (3, 4));

@@ -155,6 +155,11 @@ pub struct StageLimits {
     /// time spent waiting for the quota as CPU time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_quota_millis: Option<u64>,
+    /// Address space of each process (RLIMIT_AS), when the job asks for
+    /// one: an allocation past it fails instead of the program being
+    /// stopped at the memory limit (Jobe's memory limit works so).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_space_bytes: Option<u64>,
 }
 
 /// Serde helper: `Vec<u8>` as a standard base64 string in JSON.
@@ -190,6 +195,7 @@ pub(crate) mod tests {
             nofile: 64,
             nproc: None,
             cpu_quota_millis: None,
+            address_space_bytes: None,
         }
     }
 
@@ -204,6 +210,7 @@ pub(crate) mod tests {
         // A field a newer worker adds is ignored by this supervisor.
         let mut newer = serde_json::to_value(StageLimits {
             cpu_quota_millis: Some(1500),
+            address_space_bytes: None,
             ..limits()
         })
         .unwrap();

@@ -51,6 +51,9 @@ pub struct CompatConfig {
     pub jobe_key: Option<String>,
     /// Which origins' pages may call the Jobe API from a browser.
     pub jobe_cors: CorsOrigins,
+    /// The most `cputime` a Jobe run may ask for (Jobe's
+    /// `cputime_upper_limit_secs`), within the server's CPU maximum.
+    pub jobe_max_cputime_secs: u64,
 }
 
 impl Default for CompatConfig {
@@ -63,6 +66,7 @@ impl Default for CompatConfig {
             jobe_prefix: Some("/jobe/index.php/restapi".into()),
             jobe_key: None,
             jobe_cors: CorsOrigins::Any,
+            jobe_max_cputime_secs: 120,
         }
     }
 }

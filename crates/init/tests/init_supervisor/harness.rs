@@ -67,6 +67,7 @@ pub fn limits() -> StageLimits {
         nofile: 64,
         nproc: None,
         cpu_quota_millis: None,
+        address_space_bytes: None,
     }
 }
 

@@ -140,7 +140,8 @@ async fn runs(State(state): State<ApiState>, request: Request) -> Response {
     };
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let catalog = state.offered_catalog().await;
-    let run = match jobe_run(&body, &catalog, &state.inner.policy) {
+    let max_cputime = state.compat.jobe_max_cputime_secs;
+    let run = match jobe_run(&body, &catalog, &state.inner.policy, max_cputime) {
         Ok(run) => run,
         Err(message) => {
             count_refusal(&state, "invalid");

@@ -58,6 +58,7 @@ pub(super) fn jobe_run(
     body: &Value,
     catalog: &LanguageCatalog,
     policy: &LimitPolicy,
+    max_cputime_secs: u64,
 ) -> Result<JobeRun, String> {
     let body = body.as_object().ok_or("Non-JSON post data received")?;
     let run = body
@@ -88,7 +89,7 @@ pub(super) fn jobe_run(
         Some(Value::Array(items)) if items.is_empty() => &empty,
         Some(_) => return Err("run_spec attribute 'parameters' must be an object".into()),
     };
-    let max_cpu_secs = policy.maximum.cpu_ms / 1000;
+    let max_cpu_secs = max_cputime_secs.min(policy.maximum.cpu_ms / 1000);
     let cputime = number(parameters, "cputime").unwrap_or(DEFAULT_CPUTIME_SECS);
     if cputime.trunc() > max_cpu_secs as f64 {
         return Err(format!(
@@ -136,6 +137,7 @@ pub(super) fn jobe_run(
         compile_args: compile_args(&jobe_id, parameters)?,
         interpreter_args: words(parameters, "interpreterargs")?,
         limits: limits(&jobe_id, parameters, cputime, policy),
+        virtual_memory_mb: virtual_memory(&jobe_id, parameters),
         metadata,
         ..Default::default()
     };
@@ -182,9 +184,15 @@ fn words(parameters: &Map<String, Value>, name: &str) -> Result<Vec<String>, Str
 }
 
 /// `compileargs` (Jobe's defaults when unset: warnings are errors, C99 for
-/// C) then `linkargs`.
+/// C) then `linkargs`. C and C++ are compiled without optimisation first,
+/// as Jobe compiles them (our `-O2` finds more to warn about, and Jobe's
+/// `-Werror` would make that an error), unless `compileargs` asks.
 fn compile_args(jobe_id: &str, parameters: &Map<String, Value>) -> Result<Vec<String>, String> {
-    let mut args = if parameters.contains_key("compileargs") {
+    let mut args = match jobe_id {
+        "c" | "cpp" => vec!["-O0".to_string()],
+        _ => Vec::new(),
+    };
+    args.extend(if parameters.contains_key("compileargs") {
         words(parameters, "compileargs")?
     } else {
         let defaults: &[&str] = match jobe_id {
@@ -193,7 +201,7 @@ fn compile_args(jobe_id: &str, parameters: &Map<String, Value>) -> Result<Vec<St
             _ => &[],
         };
         defaults.iter().map(|s| s.to_string()).collect()
-    };
+    });
     args.extend(words(parameters, "linkargs")?);
     Ok(args)
 }
@@ -237,6 +245,27 @@ fn limits(
         }),
         ..Default::default()
     }
+}
+
+/// Jobe's memory limit is on each process's address space: `memorylimit`
+/// MB (Jobe's default 400 for C, C++ and Pascal, whose `malloc` then fails
+/// as under Jobe); for the interpreted languages only when asked (their
+/// runtimes' reservations differ from Jobe's machines'); never for Java
+/// (Jobe lets the JVM manage its memory).
+fn virtual_memory(jobe_id: &str, parameters: &Map<String, Value>) -> Option<u64> {
+    const DEFAULT_MEMORYLIMIT_MB: f64 = 400.0;
+    let asked = number(parameters, "memorylimit");
+    let mb = match jobe_id {
+        "java" => return None,
+        "c" | "cpp" | "pascal" => asked.unwrap_or(DEFAULT_MEMORYLIMIT_MB),
+        _ => asked?,
+    };
+    (mb > 0.0).then(|| {
+        (mb as u64).clamp(
+            *crate::job::VIRTUAL_MEMORY_MB.start(),
+            *crate::job::VIRTUAL_MEMORY_MB.end(),
+        )
+    })
 }
 
 /// The name the source is saved as: the request's, or Jobe's default
@@ -415,13 +444,14 @@ mod tests {
             &json!({ "run_spec": spec }),
             &catalog(),
             &LimitPolicy::default(),
+            120,
         )
     }
 
     #[test]
     fn refusals_come_in_jobes_order_and_words() {
         let refused = |body: Value| {
-            jobe_run(&body, &catalog(), &LimitPolicy::default())
+            jobe_run(&body, &catalog(), &LimitPolicy::default(), 120)
                 .map(|_| ())
                 .unwrap_err()
         };
@@ -443,9 +473,9 @@ mod tests {
             "Language 'cobol' is not known"
         );
         assert_eq!(
-            run(json!({"sourcecode": "", "language_id": "c", "parameters": {"cputime": 301}}))
+            run(json!({"sourcecode": "", "language_id": "c", "parameters": {"cputime": 121}}))
                 .unwrap_err(),
-            "cputime exceeds maximum allowed on this Jobe server (300 secs)"
+            "cputime exceeds maximum allowed on this Jobe server (120 secs)"
         );
         for name in ["../x.c", ".hidden", "a b?c", "tab\there", "a/b"] {
             assert_eq!(
@@ -503,6 +533,7 @@ mod tests {
         assert_eq!(spec.limits.wall_ms, Some(30_000));
         assert_eq!(spec.limits.pids, Some(20));
         assert_eq!(spec.limits.memory_mb, Some(300));
+        assert_eq!(spec.virtual_memory_mb, Some(300));
         assert_eq!(spec.limits.output_bytes, None);
         assert_eq!(spec.limits.disk_mb, None);
         assert!(!job.overload_test);
@@ -516,7 +547,11 @@ mod tests {
             Some(LimitPolicy::default().maximum.disk_mb)
         );
         assert_eq!(c.spec.entry.as_deref(), Some("prog.c"));
-        assert_eq!(c.spec.compile_args, ["-Wall", "-Werror", "-std=c99", "-lm"]);
+        assert_eq!(
+            c.spec.compile_args,
+            ["-O0", "-Wall", "-Werror", "-std=c99", "-lm"]
+        );
+        assert_eq!(c.spec.virtual_memory_mb, Some(400));
         assert_eq!(c.spec.limits.cpu_ms, Some(5_000));
         assert_eq!(c.spec.limits.memory_mb, None);
         let c = run(
@@ -525,7 +560,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.spec.entry.as_deref(), Some("__tester__.c"));
-        assert_eq!(c.spec.compile_args, ["std=c89"]);
+        assert_eq!(c.spec.compile_args, ["-O0", "std=c89"]);
 
         let overload = run(json!({"language_id": "python3", "sourcecode": OVERLOAD_TEST}));
         assert!(overload.unwrap().overload_test);
@@ -540,6 +575,7 @@ mod tests {
         assert_eq!(java.spec.entry.as_deref(), Some("Hello.java"));
         assert_eq!(java.spec.files[0].name, "Hello.java");
         assert_eq!(java.spec.limits.pids, Some(256));
+        assert_eq!(java.spec.virtual_memory_mb, None);
         assert_eq!(java_main_class("public class Thing { void f() {} }"), None);
         assert_eq!(
             java_main_class("class A {}\npublic class B{static public void main (String[] a){}}"),
