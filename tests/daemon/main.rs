@@ -36,6 +36,7 @@ mod warm_capacity;
 // per file added to this folder, in alphabetical order.
 mod durability;
 mod grading_api;
+mod jobe;
 mod judge0;
 mod piston;
 mod removals;

@@ -298,8 +298,36 @@ async fn the_wall_limit_still_caps_an_interactive_job(harness: Harness) {
     harness.assert_clean().await;
 }
 
+/// A job's `virtual_memory_mb` (RLIMIT_AS): an allocation past it fails
+/// and the program goes on; without it the same allocation succeeds, its
+/// pages untouched, within the memory limit.
+pub(crate) async fn an_allocation_past_the_address_space_limit_fails(harness: Harness) {
+    let source = r#"#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+int main(void) {
+    char *big = malloc(512u << 20);
+    char *small = malloc(16u << 20);
+    if (small) memset(small, 1, 16u << 20);
+    printf("%s %s\n", big ? "big" : "NULL", small ? "small" : "NULL");
+    return 0;
+}
+"#;
+    let mut spec = job("c", "main.c", source);
+    spec.virtual_memory_mb = Some(128);
+    let result = harness.run(&spec).await;
+    assert_eq!(result.status, Status::Succeeded, "{result:#?}");
+    assert_eq!(stdout(&result), "NULL small\n");
+    spec.virtual_memory_mb = None;
+    let result = harness.run(&spec).await;
+    assert_eq!(result.status, Status::Succeeded, "{result:#?}");
+    assert_eq!(stdout(&result), "big small\n");
+    harness.assert_clean().await;
+}
+
 // Each test above, once per start path.
 on_every_start_path!(
+    an_allocation_past_the_address_space_limit_fails,
     fork_bomb_is_contained_by_the_pids_limit,
     memory_bomb_hits_the_memory_limit,
     filling_the_workspace_and_tmp_gets_enospc_and_the_job_still_reports,

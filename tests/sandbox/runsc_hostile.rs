@@ -160,3 +160,14 @@ async fn cpu_time_follows_the_containers_quota_under_gvisor() {
     );
     harness.assert_clean().await;
 }
+
+/// gVisor's kernel holds a job to its address-space limit too.
+#[tokio::test]
+async fn an_allocation_past_the_address_space_limit_fails_under_gvisor() {
+    let Some(harness) =
+        runsc_harness("an_allocation_past_the_address_space_limit_fails_under_gvisor").await
+    else {
+        return;
+    };
+    crate::limits::an_allocation_past_the_address_space_limit_fails(harness).await;
+}
