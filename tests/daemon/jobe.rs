@@ -74,7 +74,7 @@ async fn c_programs_get_jobes_outcomes() {
         missing_semicolon["cmpinfo"]
             .as_str()
             .unwrap()
-            .contains("error: expected ';'"),
+            .contains("error: expected ‘;’"),
         "{missing_semicolon}"
     );
     // Jobe's defaults make warnings errors.
