@@ -10,6 +10,7 @@
 //!   key's job and a second user's.
 //! - [`grading`](mod@grading): `--scenario grading`, one job with many tests against as
 //!   many separate jobs.
+//! - [`jobe`](mod@jobe): `--scenario jobe`, CodeRunner's bursts on the Jobe API.
 //! - [`exam`](mod@exam): `--exam N`, N students answering questions at once, each
 //!   typing when its program says `input_wanted`.
 //! - [`echo`]: the interactive round trip, as pure state.
@@ -32,6 +33,7 @@ mod echo;
 mod exam;
 mod fairness;
 mod grading;
+mod jobe;
 mod load;
 mod programs;
 mod report;
@@ -95,6 +97,9 @@ pub enum Scenario {
     /// sums of --tests tests each, sent together, --rounds times (a new
     /// checker each round); each round's time and the checker compiles.
     Class,
+    /// Moodle CodeRunner's load on the Jobe API: --jobs runs at once (with
+    /// --ladder, bursts doubling up to it); --language is a Jobe id.
+    Jobe,
 }
 
 #[derive(Debug, Args)]
@@ -111,6 +116,9 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(2..=500))]
     pub tests: u32,
+    /// --scenario jobe: bursts of 1, 2, 4, … up to --jobs.
+    #[arg(long)]
+    pub ladder: bool,
     /// --scenario grading: how many times each way runs.
     #[arg(long, default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..=100))]
@@ -272,6 +280,9 @@ pub async fn run(args: BenchArgs) -> u8 {
     }
     if args.scenario == Scenario::Class {
         return class(&args).await;
+    }
+    if args.scenario == Scenario::Jobe {
+        return jobe::bench(&args).await;
     }
     if args.engine && args.via == Via::Wait {
         return fail(

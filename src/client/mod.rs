@@ -425,6 +425,11 @@ pub(crate) struct Api {
 }
 
 impl Api {
+    /// The HTTP client, for the routes of the compatible APIs.
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     fn new(base: String, key: String, request_timeout: Duration) -> Result<Self, reqwest::Error> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)

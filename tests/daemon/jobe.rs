@@ -325,3 +325,80 @@ async fn java_php_node_and_pascal_as_jobe_runs_them() {
     assert_eq!(pascal["outcome"], 11, "{pascal}");
     assert!(!pascal["cmpinfo"].as_str().unwrap().is_empty());
 }
+
+/// `bench --scenario jobe`, the quiz burst's bench set: every run of every
+/// burst is counted by its outcome and timed; a key that may hold fewer
+/// runs than the burst gets Jobe's overload (21) for the rest, reported
+/// and failing the run, never hidden.
+#[tokio::test]
+async fn the_jobe_bench_counts_every_run_of_every_burst() {
+    let redis = RedisServer::start();
+    let daemon = DaemonBuilder::new(Role::Serve, &redis)
+        .env("CODE_RUNNER_WORKER_MAX_SANDBOXES", 2)
+        .env(
+            "CODE_RUNNER_API_KEYS",
+            format!("a:{KEY_A},small:small-key-0123456789:2"),
+        )
+        .start()
+        .await;
+    let url = daemon.url.clone();
+    let bench = |key: &'static str, language: &'static str, jobs: &'static str| {
+        let url = url.clone();
+        tokio::task::spawn_blocking(move || {
+            let args = [
+                "--url",
+                &url,
+                "--key",
+                key,
+                "--scenario",
+                "jobe",
+                "--language",
+                language,
+                "--jobs",
+                jobs,
+                "--ladder",
+            ];
+            common::daemon::bench_json(&args)
+        })
+    };
+    let (out, report) = bench(KEY_A, "python3", "6").await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(report["scenario"], "jobe");
+    let sizes: Vec<u64> = report["bursts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["size"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1, 2, 4, 6]);
+    for burst in report["bursts"].as_array().unwrap() {
+        let size = burst["size"].as_u64().unwrap();
+        assert_eq!(burst["outcomes"], json!({"15": size}), "{report:#}");
+        assert_eq!(burst["wrong_output"], 0);
+        assert_eq!(burst["request_ms"]["samples"], size);
+        assert!(
+            burst["request_ms"]["p99"].as_f64().unwrap()
+                <= burst["all_answered_ms"].as_f64().unwrap()
+        );
+    }
+    assert_eq!(report["largest_clean_burst"], 6);
+    assert_eq!(report["problems"], json!([]));
+
+    let (out, report) = bench(KEY_A, "c", "2").await.unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report:#}");
+    assert_eq!(report["bursts"][1]["outcomes"], json!({"15": 2}));
+
+    // A key that may hold 2 active jobs: a burst of 8 is partly refused.
+    let (out, report) = bench("small-key-0123456789", "python3", "8").await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{report:#}");
+    let last = &report["bursts"][3];
+    assert_eq!(last["size"], 8);
+    let outcomes = last["outcomes"].as_object().unwrap();
+    let (ok, overload) = (
+        outcomes.get("15").and_then(Value::as_u64).unwrap_or(0),
+        outcomes.get("21").and_then(Value::as_u64).unwrap_or(0),
+    );
+    assert_eq!(ok + overload, 8, "{report:#}");
+    assert!(overload >= 1, "{report:#}");
+    assert!(!report["problems"].as_array().unwrap().is_empty());
+}
