@@ -127,7 +127,8 @@ impl Plan {
             .reaper()
             .map(|r| r.validate(worker_id.clone()))
             .transpose()?;
-        let api_limits = roles.api().map(ApiSettings::limits).transpose()?;
+        let file_max_mb = redis.files.max_file_mb();
+        let api_limits = roles.api().map(|api| api.limits(file_max_mb)).transpose()?;
         // The sandboxes are labelled with the worker's id (a process
         // without a worker creates none).
         let default_id = if reaper.is_some() { "reaper" } else { "api" };
