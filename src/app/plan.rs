@@ -340,6 +340,9 @@ mod tests {
         }
         // The file store's settings, with the S3 backend.
         let s3 = ["--file-backend", "s3", "--s3-bucket", "files-1"];
+        let s = settings(&["--file-backend", "s3", "--s3-bucket", "No_Such"]);
+        let error = plan(&s, serve(&s)).err().unwrap();
+        assert_eq!(error.setting, "CODE_RUNNER_S3_BUCKET");
         let keys = [
             "--s3-access-key-id",
             "id",
@@ -347,16 +350,24 @@ mod tests {
             "secret",
         ];
         for (extra, setting) in [
-            (&["--file-backend", "disk"][..], "CODE_RUNNER_FILE_BACKEND"),
-            (&["--file-backend", "s3"], "CODE_RUNNER_S3_BUCKET"),
-            (&["--s3-bucket", "No_Such"], "CODE_RUNNER_S3_BUCKET"),
-            (&["--s3-endpoint", "minio:9000"], "CODE_RUNNER_S3_ENDPOINT"),
+            (
+                &["--s3-endpoint", "minio:9000"][..],
+                "CODE_RUNNER_S3_ENDPOINT",
+            ),
             (&["--s3-prefix", "/files"], "CODE_RUNNER_S3_PREFIX"),
             (&["--s3-path-style", "maybe"], "CODE_RUNNER_S3_PATH_STYLE"),
             (&["--file-max-mb", "4097"], "CODE_RUNNER_FILE_MAX_MB"),
         ] {
             let args: Vec<&str> = s3.iter().chain(&keys).chain(extra).copied().collect();
             let s = settings(&args);
+            let error = plan(&s, serve(&s)).err().unwrap();
+            assert_eq!(error.setting, setting, "{args:?}: {error}");
+        }
+        for (args, setting) in [
+            (&["--file-backend", "disk"][..], "CODE_RUNNER_FILE_BACKEND"),
+            (&["--file-backend", "s3"], "CODE_RUNNER_S3_BUCKET"),
+        ] {
+            let s = settings(args);
             let error = plan(&s, serve(&s)).err().unwrap();
             assert_eq!(error.setting, setting, "{args:?}: {error}");
         }

@@ -57,7 +57,8 @@ impl FileStoreSettings {
     /// error names the first bad setting. Connects to nothing.
     pub fn s3(&self) -> Result<Option<S3Config>, ConfigError> {
         match self.file_backend.as_str() {
-            "redis" => return Ok(None),
+            // Empty: as unset.
+            "redis" | "" => return Ok(None),
             "s3" => {}
             other => {
                 return Err(ConfigError::new(
