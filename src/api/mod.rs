@@ -98,16 +98,15 @@ pub fn router(state: ApiState) -> Router {
         )
         .route("/v1/usage", get(v1::usage::show))
         // A file's body has a limit of its own (CODE_RUNNER_FILE_MAX_MB),
-        // set on its route so that it replaces the API's.
+        // counted by its handler as the bytes come (they are streamed to
+        // the backend): the API's limit is off on its route.
         .route(
             "/v1/files/{sha256}",
             axum::routing::put(v1::files::put)
                 .get(v1::files::get)
                 .head(v1::files::head)
                 .delete(v1::files::delete)
-                .layer(DefaultBodyLimit::max(
-                    usize::try_from(state.inner.limits.file_max_bytes).unwrap_or(usize::MAX),
-                )),
+                .layer(DefaultBodyLimit::disable()),
         )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),

@@ -127,7 +127,8 @@ impl Plan {
             .reaper()
             .map(|r| r.validate(worker_id.clone()))
             .transpose()?;
-        let api_limits = roles.api().map(ApiSettings::limits).transpose()?;
+        let file_max_mb = redis.files.max_file_mb();
+        let api_limits = roles.api().map(|api| api.limits(file_max_mb)).transpose()?;
         // The sandboxes are labelled with the worker's id (a process
         // without a worker creates none).
         let default_id = if reaper.is_some() { "reaper" } else { "api" };
@@ -337,6 +338,56 @@ mod tests {
             let error = plan(&s, serve(&s)).err().unwrap();
             assert_eq!(error.setting, setting, "{args:?}: {error}");
         }
+        // The file store's settings, with the S3 backend.
+        let s3 = ["--file-backend", "s3", "--s3-bucket", "files-1"];
+        let s = settings(&["--file-backend", "s3", "--s3-bucket", "No_Such"]);
+        let error = plan(&s, serve(&s)).err().unwrap();
+        assert_eq!(error.setting, "CODE_RUNNER_S3_BUCKET");
+        let keys = [
+            "--s3-access-key-id",
+            "id",
+            "--s3-secret-access-key",
+            "secret",
+        ];
+        for (extra, setting) in [
+            (
+                &["--s3-endpoint", "minio:9000"][..],
+                "CODE_RUNNER_S3_ENDPOINT",
+            ),
+            (&["--s3-prefix", "/files"], "CODE_RUNNER_S3_PREFIX"),
+            (&["--s3-path-style", "maybe"], "CODE_RUNNER_S3_PATH_STYLE"),
+            (&["--file-max-mb", "4097"], "CODE_RUNNER_FILE_MAX_MB"),
+        ] {
+            let args: Vec<&str> = s3.iter().chain(&keys).chain(extra).copied().collect();
+            let s = settings(&args);
+            let error = plan(&s, serve(&s)).err().unwrap();
+            assert_eq!(error.setting, setting, "{args:?}: {error}");
+        }
+        for (args, setting) in [
+            (&["--file-backend", "disk"][..], "CODE_RUNNER_FILE_BACKEND"),
+            (&["--file-backend", "s3"], "CODE_RUNNER_S3_BUCKET"),
+        ] {
+            let s = settings(args);
+            let error = plan(&s, serve(&s)).err().unwrap();
+            assert_eq!(error.setting, setting, "{args:?}: {error}");
+        }
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+            let s = settings(&s3);
+            let error = plan(&s, serve(&s)).err().unwrap();
+            assert_eq!(error.setting, "CODE_RUNNER_S3_ACCESS_KEY_ID");
+        }
+        // Up to 4096 MiB a file with S3, 512 with Redis.
+        let args: Vec<&str> = s3
+            .iter()
+            .chain(&keys)
+            .chain(&["--file-max-mb", "4096"])
+            .copied()
+            .collect();
+        let s = settings(&args);
+        assert!(plan(&s, serve(&s)).is_ok());
+        let s = settings(&["--file-max-mb", "513"]);
+        let error = plan(&s, serve(&s)).err().unwrap();
+        assert_eq!(error.setting, "CODE_RUNNER_FILE_MAX_MB");
         // Keys are parsed only for the API: their setting names them.
         let s = Settings::try_parse_from(["code-runner", "--api-keys", "ops"]).unwrap();
         let error = plan(&s, Roles::Api { api: &s.api }).err().unwrap();

@@ -129,6 +129,9 @@ impl Plan {
     }
 }
 
+/// How often an API process deletes the objects of files that went.
+const FILE_COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What the roles of a running process share, and the root cancellation
 /// token and task tracker that stop them.
 struct Process {
@@ -165,6 +168,7 @@ impl Process {
         let http_stop = self.stop_http_after_drain(worker_task);
         let served = match api {
             Some(api) => {
+                self.start_file_collector();
                 let state = match self.api_state(api).await {
                     Ok(state) => state,
                     Err(code) => return self.stop(code).await,
@@ -200,6 +204,32 @@ impl Process {
             }
         };
         self.stop(code).await
+    }
+
+    /// With files' bytes apart from their metadata (the S3 backend), deletes
+    /// the bytes of files that went, every second, in each API process: the
+    /// metadata's expiry cannot reach the bucket (`store::files::s3`).
+    fn start_file_collector(&self) {
+        if self.store.files().backend() == "redis" {
+            return;
+        }
+        let files = self.store.files().clone();
+        let stop = self.root.clone();
+        self.tracker.spawn(async move {
+            let mut tick = tokio::time::interval(FILE_COLLECT_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                match files.collect_garbage().await {
+                    Ok(0) => {}
+                    Ok(deleted) => tracing::debug!(deleted, "deleted the objects of files that went"),
+                    Err(error) => tracing::warn!(%error, "cannot delete the objects of files that went; trying again"),
+                }
+            }
+        });
     }
 
     /// Stops every task and waits for them; returns `code`.

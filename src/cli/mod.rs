@@ -30,9 +30,9 @@ pub enum Command {
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// List the languages this server offers.
-    Languages(LanguagesArgs),
+    Languages(Box<LanguagesArgs>),
     /// Check Docker, runtimes, images and the seccomp profile; one line per problem.
-    Doctor(DoctorArgs),
+    Doctor(Box<DoctorArgs>),
     /// API + worker + reaper in one process (the single-machine default).
     Serve(Box<ServeArgs>),
     /// The HTTP API only.

@@ -62,8 +62,9 @@ pub struct ApiSettings {
     #[arg(long, env = "CODE_RUNNER_KEY_MAX_STORED_MB")]
     pub key_max_stored_mb: Option<u64>,
 
-    /// Most MiB one file of `PUT /v1/files/{sha256}` may have; a larger one
-    /// gets 413 naming this setting. Files count in their key's
+    /// Most MiB one file of `PUT /v1/files/{sha256}` may have (1–512 with
+    /// the Redis backend, 1–4096 with S3); a larger one gets 413 naming
+    /// this setting. Files count in their key's
     /// CODE_RUNNER_KEY_MAX_STORED_MB with its jobs.
     #[arg(long, env = "CODE_RUNNER_FILE_MAX_MB", default_value_t = 64)]
     pub file_max_mb: u64,
@@ -150,8 +151,9 @@ impl ApiSettings {
         self.web.build(self.api_keys.as_deref().unwrap_or(""), keys)
     }
 
-    /// The API's limits, checked.
-    pub fn limits(&self) -> Result<crate::api::ApiLimits, ConfigError> {
+    /// The API's limits, checked; a file may have at most `file_max_mb`,
+    /// what its backend holds.
+    pub fn limits(&self, file_max_mb: u64) -> Result<crate::api::ApiLimits, ConfigError> {
         if !(1..=crate::job::MAX_ATTEMPTS_LIMIT).contains(&self.max_attempts) {
             return Err(ConfigError::new(
                 "CODE_RUNNER_MAX_ATTEMPTS",
@@ -173,10 +175,14 @@ impl ApiSettings {
                 "must be between 1 and 1048576",
             ));
         }
-        if !(1..=512).contains(&self.file_max_mb) {
+        if !(1..=file_max_mb).contains(&self.file_max_mb) {
             return Err(ConfigError::new(
                 "CODE_RUNNER_FILE_MAX_MB",
-                "must be between 1 and 512 (the most a Redis value holds)",
+                if file_max_mb == super::files::MAX_FILE_MB_REDIS {
+                    "must be between 1 and 512 (the most a Redis value holds; up to 4096 with CODE_RUNNER_FILE_BACKEND=s3)".to_string()
+                } else {
+                    format!("must be between 1 and {file_max_mb}")
+                },
             ));
         }
         if !(1..=31_536_000).contains(&self.file_keep_secs) {

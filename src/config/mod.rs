@@ -13,6 +13,7 @@
 
 mod api;
 mod compat;
+mod files;
 mod reaper;
 mod redis;
 mod sandbox;
@@ -21,6 +22,7 @@ mod worker;
 
 pub use api::{ApiSettings, MAX_TOKEN_TTL_SECS};
 pub use compat::CompatSettings;
+pub use files::FileStoreSettings;
 pub use reaper::ReaperSettings;
 pub use redis::RedisSettings;
 pub use sandbox::{SandboxSettings, SandboxSetup};

@@ -3,7 +3,7 @@
 
 use clap::Args;
 
-use super::ConfigError;
+use super::{ConfigError, FileStoreSettings};
 
 /// Where the shared state lives.
 #[derive(Debug, Clone, Args)]
@@ -39,6 +39,10 @@ pub struct RedisSettings {
     /// kept after it ends; also the longest range `/v1/usage` answers.
     #[arg(long, env = "CODE_RUNNER_USAGE_RETENTION_DAYS", default_value_t = crate::store::usage::DEFAULT_RETENTION_DAYS)]
     pub usage_retention_days: u64,
+
+    /// Where files' bytes live (the store's, so every role has it).
+    #[command(flatten)]
+    pub files: FileStoreSettings,
 }
 
 /// The longest history window, in days.
@@ -86,11 +90,20 @@ impl RedisSettings {
             self.redis_pool_size,
         )
         .map_err(|e| ConfigError::new("CODE_RUNNER_REDIS_URL", e.to_string()))?;
-        Ok(store
+        let store = store
             .with_history_window(std::time::Duration::from_secs(self.history_days * 86_400))
             .with_usage_retention(std::time::Duration::from_secs(
                 self.usage_retention_days * 86_400,
-            )))
+            ));
+        // Last: the other `with_` make the store anew.
+        match self.files.s3()? {
+            None => Ok(store),
+            Some(config) => {
+                let objects = crate::store::files::s3::Objects::new(&config)
+                    .map_err(|e| ConfigError::new("CODE_RUNNER_S3_ENDPOINT", e))?;
+                Ok(store.with_s3_files(objects))
+            }
+        }
     }
 }
 
@@ -107,6 +120,7 @@ mod tests {
             result_ttl_secs: 60,
             history_days,
             usage_retention_days: 90,
+            files: FileStoreSettings::default(),
         }
     }
 

@@ -118,6 +118,15 @@ impl Keys {
     pub fn file(&self, api_key: &str, digest: &str) -> String {
         format!("{}file:{api_key}:{digest}", self.prefix)
     }
+    /// Where the bytes of `api_key`'s file `digest` are, with the S3
+    /// backend: the name of its object (see `files::s3`).
+    pub fn file_object(&self, api_key: &str, digest: &str) -> String {
+        format!("{}fileobj:{api_key}:{digest}", self.prefix)
+    }
+    /// Every object of the S3 backend, by when it may be deleted.
+    pub fn file_objects(&self) -> String {
+        format!("{}files:objects", self.prefix)
+    }
     /// The run history of an API key: its jobs by `created_ms`.
     pub fn history(&self, api_key: &str) -> String {
         format!("{}apikey:{api_key}:history", self.prefix)

@@ -127,7 +127,7 @@ pub mod workers;
 
 pub use capacity::{Capacity, CapacityEntry, MAX_ENTRIES, PutOutcome};
 pub use events::{Events, FeedRead};
-pub use files::{FilePut, Files};
+pub use files::{ByteStream, FileBackend, FilePut, Files, PutFailure, StreamError};
 pub use health::{RedisHealth, RedisWarning};
 pub use history::{History, HistoryEntry, HistoryPage, HistoryPosition, HistoryQuery};
 pub use job::cancel::CancelOutcome;
@@ -149,6 +149,7 @@ pub use tokens::Tokens;
 pub use usage::{Day, DayUsage, Figures, Quota, Quotas, Usage};
 pub use workers::{Fleet, ForgetOutcome, Heartbeat, WarmFigures, Workers};
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_redis::redis as redis_crate;
@@ -167,6 +168,9 @@ pub enum StoreError {
     CreatePool(#[from] deadpool_redis::CreatePoolError),
     #[error("job {id} is corrupt in redis: {message}")]
     Corrupt { id: String, message: String },
+    /// The object storage of the file store's S3 backend failed.
+    #[error("the file store's object storage failed: {0}")]
+    Objects(String),
     /// A script answered something it never answers: a bug, or another
     /// version of the scripts on the same Redis.
     #[error("the {script} script gave an unexpected reply: {reply}")]
@@ -259,7 +263,7 @@ impl Store {
             overview: Overview::new(redis.clone()),
             history: History::new(redis.clone()),
             usage: Usage::new(redis.clone()),
-            files: Files::new(redis.clone()),
+            files: Files::new(Arc::new(files::redis::RedisFiles::new(redis.clone()))),
             redis,
         }
     }
@@ -320,6 +324,16 @@ impl Store {
     /// The run history's reads.
     pub fn history(&self) -> &History {
         &self.history
+    }
+
+    /// The same store, keeping files' bytes in S3-compatible object
+    /// storage (`CODE_RUNNER_FILE_BACKEND=s3`) instead of Redis.
+    pub fn with_s3_files(self, objects: files::s3::Objects) -> Self {
+        let files = Files::new(Arc::new(files::s3::S3Files::new(
+            self.redis.clone(),
+            objects,
+        )));
+        Self { files, ..self }
     }
 
     /// The usage ledger's reads.

@@ -27,13 +27,13 @@ async fn serve(redis: &RedisServer, settings: &[(&str, &str)]) -> InProcess {
     builder.start().await
 }
 
-fn sha256(bytes: &[u8]) -> String {
+pub(crate) fn sha256(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
 /// `method /v1/files/{digest}` as `key` with `body`: the status, the
 /// headers and the body's bytes.
-async fn call(
+pub(crate) async fn call(
     daemon: &ApiClient,
     method: Method,
     digest: &str,
@@ -53,7 +53,7 @@ async fn call(
     (status, headers, response.bytes().await.unwrap().to_vec())
 }
 
-fn json_of(body: &[u8]) -> Value {
+pub(crate) fn json_of(body: &[u8]) -> Value {
     serde_json::from_slice(body)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(body)))
 }

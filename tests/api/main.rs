@@ -25,6 +25,7 @@ mod compat_edges;
 mod cors;
 mod fanout;
 mod files;
+mod files_s3;
 mod grading;
 mod history;
 mod history_filters;

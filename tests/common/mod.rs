@@ -45,6 +45,7 @@ pub mod proxy;
 #[path = "redis.rs"]
 pub mod redis_server;
 pub mod redis_tls;
+pub mod s3;
 pub mod scripted;
 pub mod up_keys;
 pub mod worker_world;

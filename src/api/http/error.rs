@@ -125,6 +125,10 @@ pub enum ApiError {
     /// Redis failed; the detail is logged, not sent.
     #[error("the job store is unavailable; retry later")]
     Unavailable(#[source] StoreError),
+    /// The file store's object storage failed (`CODE_RUNNER_FILE_BACKEND=s3`);
+    /// the detail is logged, not sent.
+    #[error("the file store's object storage is unavailable; retry later")]
+    FilesUnavailable(#[source] StoreError),
 }
 
 /// Where a key's `max_active` comes from: its entry, else the server.
@@ -171,7 +175,10 @@ fn quota_message(quota: Quota, user: &str, limit: u64, used: u64, resets_ms: u64
 
 impl From<StoreError> for ApiError {
     fn from(error: StoreError) -> Self {
-        ApiError::Unavailable(error)
+        match error {
+            StoreError::Objects(_) => ApiError::FilesUnavailable(error),
+            _ => ApiError::Unavailable(error),
+        }
     }
 }
 
@@ -207,7 +214,9 @@ impl ApiError {
             | ApiError::QuotaExceeded { .. }
             | ApiError::TooManyStreams { .. }
             | ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::Unavailable(_) | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::FilesUnavailable(_) | ApiError::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
         }
     }
 
@@ -234,7 +243,7 @@ impl ApiError {
             ApiError::TooManyStreams { .. } => "too_many_streams",
             ApiError::RateLimited { .. } => "rate_limited",
             ApiError::ScheduleFull { .. } => "schedule_full",
-            ApiError::Unavailable(_) => "unavailable",
+            ApiError::Unavailable(_) | ApiError::FilesUnavailable(_) => "unavailable",
             ApiError::ShuttingDown => "shutting_down",
         }
     }
@@ -259,6 +268,7 @@ impl ApiError {
             ApiError::IdempotencyConflict | ApiError::IdempotencyExpired => Some("conflict"),
             ApiError::ShuttingDown => Some("shutting_down"),
             ApiError::Unavailable(_) => Some("store_unavailable"),
+            ApiError::FilesUnavailable(_) => Some("files_unavailable"),
             ApiError::NotFound(_)
             | ApiError::MethodNotAllowed
             | ApiError::ScheduleFull { .. }
@@ -290,7 +300,9 @@ impl ApiError {
             } => Some((*retry_after_secs).max(1)),
             ApiError::TooManyStreams { .. } => Some(5),
             ApiError::RateLimited { wait_secs, .. } => Some((*wait_secs).max(1)),
-            ApiError::Unavailable(_) | ApiError::ShuttingDown => Some(1),
+            ApiError::Unavailable(_) | ApiError::FilesUnavailable(_) | ApiError::ShuttingDown => {
+                Some(1)
+            }
             _ => None,
         }
     }
@@ -461,6 +473,9 @@ impl IntoResponse for ApiError {
             (_, Some((_, None))) => {}
             (ApiError::Unavailable(error), Some((reason, Some(refused)))) => {
                 tracing::warn!(error = %error, reason, refused, "Redis failed; answering 503.");
+            }
+            (ApiError::FilesUnavailable(error), Some((reason, Some(refused)))) => {
+                tracing::warn!(error = %error, reason, refused, "The object storage failed; answering 503.");
             }
             (other, Some((reason, Some(refused)))) => tracing::info!(
                 status = status.as_u16(),

@@ -15,20 +15,24 @@
 //! a file unused for `CODE_RUNNER_FILE_KEEP_SECS` goes, and its bytes with
 //! it from the key's budget.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::Json;
-use axum::body::{Body, Bytes};
-use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
 use crate::job::{InvalidJob, JobSpec, PreparedJob, refs};
-use crate::store::FilePut;
+use crate::store::files::checked;
+use crate::store::{FilePut, PutFailure, StreamError};
 
 /// The digest of the path: 64 hex digits, taken in either case and named
 /// in lower case afterwards.
@@ -50,49 +54,71 @@ pub(crate) async fn put(
     State(state): State<ApiState>,
     caller: Caller,
     path: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let digest = digest(path)?;
     let limits = &state.inner.limits;
-    let body = body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::FileTooLarge {
-                limit: limits.file_max_bytes,
-            }
-        } else {
-            ApiError::MalformedBody {
-                message: format!("cannot read the file: {rejection}").to_lowercase(),
-            }
-        }
-    })?;
-    let actual = hex::encode(Sha256::digest(&body));
-    if actual != digest {
-        return Err(ApiError::InvalidRequest {
-            field: "sha256",
-            message: format!(
-                "the body's SHA-256 is {actual}, not {digest} as the path says: the file was not kept"
-            ),
-        });
+    let limit = limits.file_max_bytes;
+    let too_large = ApiError::FileTooLarge { limit };
+    // A length over the limit is refused before a byte is read.
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if length.is_some_and(|length| length > limit) {
+        return Err(too_large);
     }
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&received);
+    let chunks = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(|e| StreamError::Read(e.to_string()))?;
+        counter.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+        Ok(chunk)
+    });
+    let content = checked(chunks, &digest, limit);
     let budget = state.storage_budget(caller.max_active);
-    let size = body.len() as u64;
-    let status = match state
+    let put = state
         .inner
         .store
         .files()
-        .put(&caller.name, &digest, &body, limits.file_keep, budget)
-        .await?
-    {
-        FilePut::Created => StatusCode::CREATED,
-        FilePut::Existed => StatusCode::OK,
-        FilePut::OverBudget { held } => {
+        .put_stream(
+            &caller.name,
+            &digest,
+            content,
+            length,
+            limits.file_keep,
+            budget,
+        )
+        .await;
+    let status = match put {
+        Ok(FilePut::Created) => StatusCode::CREATED,
+        Ok(FilePut::Existed) => StatusCode::OK,
+        Ok(FilePut::OverBudget { held }) => {
             return Err(ApiError::FileStorage {
                 held,
-                needed: size,
+                // Refused before its bytes came, or after them.
+                needed: length.unwrap_or_else(|| received.load(Ordering::Relaxed)),
                 budget,
             });
         }
+        Err(PutFailure::Body(StreamError::TooLarge { .. })) => return Err(too_large),
+        Err(PutFailure::Body(StreamError::Digest { actual })) => {
+            return Err(ApiError::InvalidRequest {
+                field: "sha256",
+                message: format!(
+                    "the body's SHA-256 is {actual}, not {digest} as the path says: the file was not kept"
+                ),
+            });
+        }
+        Err(PutFailure::Body(StreamError::Read(message))) => {
+            return Err(ApiError::MalformedBody {
+                message: format!("cannot read the file: {message}").to_lowercase(),
+            });
+        }
+        Err(PutFailure::Store(error)) => return Err(error.into()),
     };
+    let size = received.load(Ordering::Relaxed);
     Ok((status, Json(json!({"sha256": digest, "size": size}))).into_response())
 }
 
@@ -102,19 +128,24 @@ pub(crate) async fn get(
     path: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let digest = digest(path)?;
-    let bytes = state
+    // The bytes as they come from the backend: a large file is never
+    // whole in this process.
+    let (size, stream) = state
         .inner
         .store
         .files()
-        .get(&caller.name, &digest, state.inner.limits.file_keep)
+        .open(&caller.name, &digest, state.inner.limits.file_keep)
         .await?
         .ok_or(ApiError::NotFound("file not found"))?;
     Ok((
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/octet-stream"),
-        )],
-        Body::from(bytes),
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (header::CONTENT_LENGTH, HeaderValue::from(size)),
+        ],
+        Body::from_stream(stream),
     )
         .into_response())
 }

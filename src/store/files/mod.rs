@@ -1,47 +1,32 @@
 //! Files by digest: bytes a key uploads once (`PUT /v1/files/{sha256}`)
-//! and names afterwards, kept in Redis until unused for a set time.
+//! and names afterwards, kept until unused for a set time.
 //!
-//! Keys: `file:<api key>:<sha256>` — string, the bytes, expiring when the
-//! file has gone unused for its keep time (every use renews it). The file
-//! also holds `f:<sha256>` in its key's storage account
-//! (`apikey:<name>:stored`, with the same time in `apikey:<name>:expiry`),
-//! beside the key's jobs: one budget for both (`storage.lua`).
+//! What a file is — whose it is, its size, its last use, its place in its
+//! key's storage account (`apikey:<name>:stored`, `f:<sha256>`, beside the
+//! key's jobs: one budget for both, `storage.lua`) — is in Redis whatever
+//! the backend, so budgets stay atomic and fleet-wide. Where its bytes
+//! live is the operator's choice (`CODE_RUNNER_FILE_BACKEND`), behind one
+//! interface, [`FileBackend`]:
 //!
-//! Each step is one Lua script, so a file and its account entry never
-//! disagree for a reader.
+//! - [`redis`]: in Redis beside the metadata (`file:<key>:<sha256>`),
+//!   written and read with it by one script: small deployments;
+//! - [`s3`]: in an S3-compatible bucket, the metadata in Redis naming the
+//!   object: fleets and large files.
+//!
+//! [`Files`] is the handle every part of the daemon uses.
 
-use std::sync::LazyLock;
+pub mod redis;
+pub mod s3;
+
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_redis::redis::Script;
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures_util::stream::{BoxStream, StreamExt};
+use sha2::{Digest, Sha256};
 
-use super::redis::Redis;
-use super::{StoreError, now_ms, unexpected};
-
-const STORAGE: &str = include_str!("../storage.lua");
-
-/// A script of this module: the storage account's helpers, its inputs
-/// bound to named locals, then its own text.
-fn script(inputs: &str, text: &str) -> Script {
-    Script::new(&format!(
-        "{STORAGE}local file_key, stored_key, expiry_key = KEYS[1], KEYS[2], KEYS[3]\n{inputs}\n{text}"
-    ))
-}
-
-static PUT: LazyLock<Script> = LazyLock::new(|| {
-    script(
-        "local member, content, now, keep_ms, budget = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])",
-        include_str!("put.lua"),
-    )
-});
-static TOUCH: LazyLock<Script> = LazyLock::new(|| {
-    script(
-        "local member, now, keep_ms, want_bytes = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])",
-        include_str!("touch.lua"),
-    )
-});
-static DELETE: LazyLock<Script> =
-    LazyLock::new(|| script("local member = ARGV[1]", include_str!("delete.lua")));
+use super::StoreError;
 
 /// What became of a file put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,25 +40,102 @@ pub enum FilePut {
     OverBudget { held: u64 },
 }
 
-/// The files of every key.
+/// Why the bytes of a file put or read stopped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamError {
+    /// More bytes came than a file may have.
+    #[error("the file has more than {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// The bytes hash to `actual`, not to the digest they were put as.
+    #[error("the bytes' SHA-256 is {actual}")]
+    Digest { actual: String },
+    /// The bytes could not be read (the client went, the store failed).
+    #[error("{0}")]
+    Read(String),
+}
+
+/// A file's bytes as they come: chunks, or why they stopped.
+pub type ByteStream = BoxStream<'static, Result<Bytes, StreamError>>;
+
+/// Why a put kept nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum PutFailure {
+    /// The bytes sent were not the file (too many, another digest, cut off).
+    #[error(transparent)]
+    Body(StreamError),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Where the bytes of files live; the metadata is in Redis either way.
+#[async_trait]
+pub trait FileBackend: std::fmt::Debug + Send + Sync {
+    /// The backend's name, as `CODE_RUNNER_FILE_BACKEND` says it.
+    fn name(&self) -> &'static str;
+
+    /// Keeps `content` as `api_key`'s file `digest` for `keep` after its
+    /// last use if the key's storage `budget` allows. `size`, when known
+    /// before the bytes come, lets a put over the budget be refused before
+    /// they are read. `content` ends with an error if the bytes are not
+    /// the file (see [`checked`]): then nothing is kept.
+    async fn put(
+        &self,
+        api_key: &str,
+        digest: &str,
+        content: ByteStream,
+        size: Option<u64>,
+        keep: Duration,
+        budget: u64,
+    ) -> Result<FilePut, PutFailure>;
+
+    /// The size of `api_key`'s file `digest`, if it has it; a use.
+    async fn size(
+        &self,
+        api_key: &str,
+        digest: &str,
+        keep: Duration,
+    ) -> Result<Option<u64>, StoreError>;
+
+    /// The size and bytes of `api_key`'s file `digest`, if it has it; a
+    /// use.
+    async fn open(
+        &self,
+        api_key: &str,
+        digest: &str,
+        keep: Duration,
+    ) -> Result<Option<(u64, ByteStream)>, StoreError>;
+
+    /// The bytes of `api_key`'s file `digest` as a worker reads them for a
+    /// job (the API renewed its time when it took the job).
+    async fn read(&self, api_key: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// Removes `api_key`'s file `digest`; whether it had it.
+    async fn delete(&self, api_key: &str, digest: &str) -> Result<bool, StoreError>;
+
+    /// Deletes bytes whose file is gone (expired, deleted, replaced), as
+    /// many as are due up to a bound; how many. The Redis backend has
+    /// nothing to do: its bytes expire with their file.
+    async fn collect_garbage(&self) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+}
+
+/// The files of every key: their metadata in Redis, their bytes where the
+/// backend keeps them. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Files {
-    redis: Redis,
+    backend: Arc<dyn FileBackend>,
 }
 
 impl Files {
-    pub(super) fn new(redis: Redis) -> Self {
-        Self { redis }
+    pub(super) fn new(backend: Arc<dyn FileBackend>) -> Self {
+        Self { backend }
     }
 
-    fn keys(&self, api_key: &str, digest: &str) -> (String, String, String, String) {
-        let keys = &self.redis.keys;
-        (
-            keys.file(api_key, digest),
-            keys.stored(api_key),
-            keys.expiry(api_key),
-            format!("f:{digest}"),
-        )
+    /// The backend's name (`redis`, `s3`).
+    pub fn backend(&self) -> &'static str {
+        self.backend.name()
     }
 
     /// Keeps `content` as `api_key`'s file `digest` (the caller checked
@@ -87,27 +149,34 @@ impl Files {
         keep: Duration,
         budget: u64,
     ) -> Result<FilePut, StoreError> {
-        let (file, stored, expiry, member) = self.keys(api_key, digest);
-        let mut conn = self.redis.conn().await?;
-        let reply: Vec<String> = PUT
-            .key(file)
-            .key(stored)
-            .key(expiry)
-            .arg(member)
-            .arg(content)
-            .arg(now_ms())
-            .arg(keep.as_millis() as u64)
-            .arg(budget)
-            .invoke_async(&mut conn)
-            .await?;
-        match reply.first().map(String::as_str) {
-            Some("created") => Ok(FilePut::Created),
-            Some("existed") => Ok(FilePut::Existed),
-            Some("over_budget") => Ok(FilePut::OverBudget {
-                held: reply.get(1).and_then(|h| h.parse().ok()).unwrap_or(0),
-            }),
-            _ => Err(unexpected("files/put.lua", reply)),
+        let size = content.len() as u64;
+        let bytes = Bytes::copy_from_slice(content);
+        let content = futures_util::stream::once(async move { Ok(bytes) }).boxed();
+        match self
+            .backend
+            .put(api_key, digest, content, Some(size), keep, budget)
+            .await
+        {
+            Ok(put) => Ok(put),
+            Err(PutFailure::Store(error)) => Err(error),
+            Err(PutFailure::Body(error)) => Err(StoreError::Objects(error.to_string())),
         }
+    }
+
+    /// Keeps the bytes of `content` as `api_key`'s file `digest` as they
+    /// come (see [`FileBackend::put`]); wrap them in [`checked`].
+    pub async fn put_stream(
+        &self,
+        api_key: &str,
+        digest: &str,
+        content: ByteStream,
+        size: Option<u64>,
+        keep: Duration,
+        budget: u64,
+    ) -> Result<FilePut, PutFailure> {
+        self.backend
+            .put(api_key, digest, content, size, keep, budget)
+            .await
     }
 
     /// The size of `api_key`'s file `digest`, if it has it; a use, which
@@ -118,10 +187,7 @@ impl Files {
         digest: &str,
         keep: Duration,
     ) -> Result<Option<u64>, StoreError> {
-        Ok(self
-            .touch(api_key, digest, keep, false)
-            .await?
-            .map(|(size, _)| size))
+        self.backend.size(api_key, digest, keep).await
     }
 
     /// The bytes of `api_key`'s file `digest`, if it has it; a use, which
@@ -132,57 +198,95 @@ impl Files {
         digest: &str,
         keep: Duration,
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .touch(api_key, digest, keep, true)
-            .await?
-            .map(|(_, bytes)| bytes))
+        let Some((size, mut stream)) = self.backend.open(api_key, digest, keep).await? else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+        while let Some(chunk) = stream.next().await {
+            bytes.extend_from_slice(&chunk.map_err(|e| StoreError::Objects(e.to_string()))?);
+        }
+        Ok(Some(bytes))
+    }
+
+    /// The size and bytes of `api_key`'s file `digest` as they come, if it
+    /// has it; a use, which renews its time.
+    pub async fn open(
+        &self,
+        api_key: &str,
+        digest: &str,
+        keep: Duration,
+    ) -> Result<Option<(u64, ByteStream)>, StoreError> {
+        self.backend.open(api_key, digest, keep).await
     }
 
     /// The bytes of `api_key`'s file `digest` as a worker reads them for a
     /// job that names it (the API renewed its time when it took the job).
     pub async fn read(&self, api_key: &str, digest: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let mut conn = self.redis.conn().await?;
-        let bytes: Option<Vec<u8>> = deadpool_redis::redis::AsyncCommands::get(
-            &mut conn,
-            self.redis.keys.file(api_key, digest),
-        )
-        .await?;
-        Ok(bytes)
-    }
-
-    async fn touch(
-        &self,
-        api_key: &str,
-        digest: &str,
-        keep: Duration,
-        want_bytes: bool,
-    ) -> Result<Option<(u64, Vec<u8>)>, StoreError> {
-        let (file, stored, expiry, member) = self.keys(api_key, digest);
-        let mut conn = self.redis.conn().await?;
-        let (outcome, size, bytes): (String, u64, Vec<u8>) = TOUCH
-            .key(file)
-            .key(stored)
-            .key(expiry)
-            .arg(member)
-            .arg(now_ms())
-            .arg(keep.as_millis() as u64)
-            .arg(u8::from(want_bytes))
-            .invoke_async(&mut conn)
-            .await?;
-        Ok((outcome == "found").then_some((size, bytes)))
+        self.backend.read(api_key, digest).await
     }
 
     /// Removes `api_key`'s file `digest`; whether it had it.
     pub async fn delete(&self, api_key: &str, digest: &str) -> Result<bool, StoreError> {
-        let (file, stored, expiry, member) = self.keys(api_key, digest);
-        let mut conn = self.redis.conn().await?;
-        let existed: i64 = DELETE
-            .key(file)
-            .key(stored)
-            .key(expiry)
-            .arg(member)
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(existed == 1)
+        self.backend.delete(api_key, digest).await
     }
+
+    /// Deletes the bytes of files that are gone, if the backend keeps them
+    /// apart from their metadata; how many.
+    pub async fn collect_garbage(&self) -> Result<usize, StoreError> {
+        self.backend.collect_garbage().await
+    }
+}
+
+/// `body` as the bytes of the file `digest` of at most `limit` bytes: the
+/// same chunks, ending with [`StreamError::TooLarge`] as soon as more
+/// came, and with [`StreamError::Digest`] instead of their end when they
+/// hash to another digest; so a backend that stops at an error keeps
+/// nothing that is not the file.
+pub fn checked<S>(body: S, digest: &str, limit: u64) -> ByteStream
+where
+    S: futures_util::Stream<Item = Result<Bytes, StreamError>> + Send + 'static,
+{
+    struct Check {
+        body: BoxStream<'static, Result<Bytes, StreamError>>,
+        hasher: Sha256,
+        seen: u64,
+        digest: String,
+        limit: u64,
+        done: bool,
+    }
+    let check = Check {
+        body: body.boxed(),
+        hasher: Sha256::new(),
+        seen: 0,
+        digest: digest.to_string(),
+        limit,
+        done: false,
+    };
+    futures_util::stream::unfold(check, |mut check| async move {
+        if check.done {
+            return None;
+        }
+        let item = match check.body.next().await {
+            Some(Ok(chunk)) => {
+                check.seen += chunk.len() as u64;
+                if check.seen > check.limit {
+                    Err(StreamError::TooLarge { limit: check.limit })
+                } else {
+                    check.hasher.update(&chunk);
+                    return Some((Ok(chunk), check));
+                }
+            }
+            Some(Err(error)) => Err(error),
+            None => {
+                let actual = hex::encode(std::mem::take(&mut check.hasher).finalize());
+                if actual == check.digest {
+                    return None;
+                }
+                Err(StreamError::Digest { actual })
+            }
+        };
+        check.done = true;
+        Some((item, check))
+    })
+    .boxed()
 }
