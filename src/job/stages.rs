@@ -151,6 +151,7 @@ pub(super) fn build_stages(
                 nproc: None,
                 cpu_quota_millis: None,
             },
+            outputs: None,
         });
     }
     let mut run = expand(&language.run, entry, sources);
@@ -173,6 +174,7 @@ pub(super) fn build_stages(
             nproc: None,
             cpu_quota_millis: None,
         },
+        outputs: None,
     });
     stages
 }

@@ -334,6 +334,7 @@ mod tests {
                 nproc: None,
                 cpu_quota_millis: None,
             },
+            outputs: None,
         }
     }
 
