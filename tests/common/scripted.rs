@@ -525,6 +525,7 @@ fn ended(
         start: Some(StartKind::Cold),
         grading: None,
         egress: None,
+        outputs: Vec::new(),
     }
 }
 
