@@ -427,7 +427,7 @@ impl Shared {
                 }
             };
             let storage = super::outputs::Storage {
-                files: &self.store.files(),
+                files: self.store.files(),
                 api_key: job.tenant.as_deref().unwrap_or_default(),
                 budget,
             };
