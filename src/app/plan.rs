@@ -134,12 +134,18 @@ impl Plan {
         let default_id = if reaper.is_some() { "reaper" } else { "api" };
         let mut setup = sandbox.build(worker_id.as_deref().unwrap_or(default_id))?;
         let store = redis.build()?;
-        let worker = match (roles.worker().zip(roles.reaper()), worker_id) {
+        let mut worker = match (roles.worker().zip(roles.reaper()), worker_id) {
             (Some((worker, reaper)), Some(id)) => {
                 Some(worker.config(id, reaper, &setup.catalog)?)
             }
             _ => None,
         };
+        if let (Some(worker), Some(limits)) = (worker.as_mut(), api_limits.as_ref()) {
+            // Output files a worker stores are files like the API's:
+            // the same size limit and keep time.
+            worker.outputs.file_max_bytes = limits.file_max_bytes;
+            worker.outputs.file_keep = limits.file_keep;
+        }
         let api = roles
             .api()
             .zip(api_limits)

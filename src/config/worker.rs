@@ -78,6 +78,17 @@ pub struct WorkerSettings {
     /// Default: a tenth of the machine's memory.
     #[arg(long, env = "CODE_RUNNER_WARM_MEMORY_RESERVE_MB")]
     pub warm_memory_reserve_mb: Option<u64>,
+
+    /// Most KiB of a job's output files returned inline in its result (all
+    /// its files and tests together, before base64); a file past it goes
+    /// to the job's key's file store and the result gives its `ref`. 0:
+    /// every output file is stored.
+    #[arg(
+        long,
+        env = "CODE_RUNNER_OUTPUTS_INLINE_MAX_KB",
+        default_value_t = 1024
+    )]
+    pub outputs_inline_max_kb: u64,
 }
 
 impl WorkerSettings {
@@ -109,6 +120,28 @@ impl WorkerSettings {
             refill_hold: crate::worker::REFILL_HOLD,
             warm_memory_reserve,
             max_requeues: reaper.max_requeues,
+            outputs: self.outputs()?,
+        })
+    }
+
+    /// What the worker does with a job's output files
+    /// (`CODE_RUNNER_OUTPUTS_INLINE_MAX_KB`, checked); the file store's
+    /// limits are the defaults of `CODE_RUNNER_FILE_MAX_MB` and
+    /// `CODE_RUNNER_FILE_KEEP_SECS` until the plan gives the API's.
+    fn outputs(&self) -> Result<crate::worker::OutputsPolicy, ConfigError> {
+        const MAX_KB: u64 = 16 * 1024;
+        if self.outputs_inline_max_kb > MAX_KB {
+            return Err(ConfigError::new(
+                "CODE_RUNNER_OUTPUTS_INLINE_MAX_KB",
+                format!(
+                    "{} is more than {MAX_KB} (16 MiB inline in one result; larger files belong in the file store)",
+                    self.outputs_inline_max_kb
+                ),
+            ));
+        }
+        Ok(crate::worker::OutputsPolicy {
+            inline_max_bytes: self.outputs_inline_max_kb << 10,
+            ..crate::worker::OutputsPolicy::default()
         })
     }
 

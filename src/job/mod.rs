@@ -27,6 +27,7 @@ pub mod events;
 pub mod grading;
 pub mod lifecycle;
 pub mod limits;
+pub mod outputs;
 pub mod refs;
 pub mod result;
 mod stages;
@@ -123,6 +124,11 @@ pub struct JobSpec {
     /// empty `allow`: no network, as every job without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkRequest>,
+    /// Files to send back: paths or globs relative to the working
+    /// directory, matched once the run stage (each test's run) ended
+    /// (at most 32; see `outputs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
 }
 
 /// A job's `network`: `{"allow": ["pypi.org", "*.pythonhosted.org:443"]}`.
@@ -439,6 +445,8 @@ pub fn prepare(
         }
     }
 
+    outputs::check(&spec.outputs)?;
+
     let sources = source_files(language, &entry, &files);
     let mut stages = build_stages(
         spec,
@@ -448,6 +456,10 @@ pub fn prepare(
         &limits,
         compile_limits.as_ref(),
     );
+    if let Some(run) = stages.last_mut() {
+        // The run stage, or what each test runs, sends the files back.
+        run.outputs = outputs::request(&spec.outputs);
+    }
     let run = stages.last().expect("every job has a run stage");
     let run_argv = &run.argv[..run.argv.len() - spec.args.len()];
     let tests = grading::prepare_tests(spec, &limits, run_argv, catalog, policy)?;

@@ -200,6 +200,11 @@ pub struct JobResult {
     /// (`bytes_up` to the hosts, `bytes_down` from them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<crate::egress::EgressTotals>,
+    /// The files the job asked back (`outputs`), from its run stage: each
+    /// inline, stored (`ref`) or why not (see `job::outputs`). A graded
+    /// job's are on each test.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<super::outputs::OutputEntry>,
 }
 
 /// How a job got its sandbox.
@@ -269,6 +274,7 @@ impl JobResult {
             timings: Timings::default(),
             grading: None,
             egress: None,
+            outputs: Vec::new(),
         }
     }
 
@@ -472,6 +478,7 @@ mod tests {
             timings: Timings::default(),
             grading: None,
             egress: None,
+            outputs: Vec::new(),
         };
         let (bare, outputs) = result.split_output();
         assert_eq!(bare.run.as_ref().unwrap().stdout, Output::default());

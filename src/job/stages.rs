@@ -172,6 +172,7 @@ pub(super) fn build_stages(
                 cpu_quota_millis: None,
                 address_space_bytes: None,
             },
+            outputs: None,
         });
     }
     let mut run = with_interpreter_args(
@@ -199,6 +200,7 @@ pub(super) fn build_stages(
             cpu_quota_millis: None,
             address_space_bytes: spec.virtual_memory_mb.map(|mb| mb << 20),
         },
+        outputs: None,
     });
     stages
 }

@@ -531,6 +531,11 @@ async fn read_stage(
             }
             SandboxMessage::Done => return Err("the checker's sandbox ended early".into()),
             SandboxMessage::Ready(_) => return Err("the checker's sandbox said ready twice".into()),
+            SandboxMessage::OutputFile(_)
+            | SandboxMessage::OutputData(_)
+            | SandboxMessage::OutputError(_) => {
+                return Err("the checker's sandbox sent output files it was not asked for".into());
+            }
         }
     }
 }

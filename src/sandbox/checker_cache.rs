@@ -335,6 +335,7 @@ mod tests {
                 cpu_quota_millis: None,
                 address_space_bytes: None,
             },
+            outputs: None,
         }
     }
 

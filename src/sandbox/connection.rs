@@ -246,6 +246,9 @@ pub(super) fn message_name(message: &SandboxMessage) -> &'static str {
         SandboxMessage::Fatal(_) => "fatal",
         SandboxMessage::Done => "done",
         SandboxMessage::InputWanted => "input_wanted",
+        SandboxMessage::OutputFile(_) => "output_file",
+        SandboxMessage::OutputData(_) => "output_data",
+        SandboxMessage::OutputError(_) => "output_error",
     }
 }
 

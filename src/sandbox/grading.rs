@@ -72,6 +72,8 @@ pub(super) struct Grader {
     killed: bool,
     /// The sandboxes the tests went on in after one died, and their compiles.
     restarts: Option<Restarts>,
+    /// Bytes the tests' output files hold so far (the job's outputs room).
+    outputs_held: u64,
 }
 
 impl Grader {
@@ -95,6 +97,7 @@ impl Grader {
             starts: Vec::new(),
             killed: false,
             restarts: None,
+            outputs_held: 0,
         })
     }
 
@@ -179,6 +182,28 @@ impl Grader {
         let first = self.starts.first()?;
         let at = self.starts.get(index)?;
         Some(at.duration_since(*first).as_millis() as u64)
+    }
+
+    /// What each test asks back, and the job's room left for it.
+    pub(super) fn outputs_request(&self) -> Option<(crate::protocol::OutputRequest, u64)> {
+        let request = self.stage.outputs.clone()?;
+        Some((
+            request,
+            crate::job::outputs::MAX_BYTES.saturating_sub(self.outputs_held),
+        ))
+    }
+
+    /// Test `index`'s output files, once its result is in.
+    pub(super) fn attach_outputs(
+        &mut self,
+        index: usize,
+        outputs: Vec<crate::job::outputs::OutputEntry>,
+        held: u64,
+    ) {
+        self.outputs_held = self.outputs_held.saturating_add(held);
+        if let Some(result) = self.results.get_mut(index) {
+            result.outputs = outputs;
+        }
     }
 
     /// Whether tests remain to be run (and the grading did not stop).

@@ -43,6 +43,7 @@ mod egress;
 mod engine;
 mod grading;
 mod outcome;
+mod outputs;
 pub mod pool;
 mod run;
 mod seccomp;

@@ -23,6 +23,8 @@ pub(super) struct StageOutput {
     pub(super) cap: u64,
     pub(super) truncated: bool,
     pub(super) started: Instant,
+    /// The stage's output files, when it asked for any.
+    pub(super) outputs: Option<super::outputs::OutputCollector>,
 }
 
 impl StageOutput {
@@ -35,7 +37,14 @@ impl StageOutput {
             cap,
             truncated: false,
             started: Instant::now(),
+            outputs: None,
         }
+    }
+
+    /// The same stage, collecting its output files with `outputs`.
+    pub(super) fn with_outputs(mut self, outputs: Option<super::outputs::OutputCollector>) -> Self {
+        self.outputs = outputs;
+        self
     }
 
     /// Keeps what fits under the cap; returns the part kept.

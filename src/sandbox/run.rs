@@ -208,6 +208,8 @@ struct Sessions {
     stopping: Option<OutputStream>,
     /// Sandboxes started again after one died in a test.
     restarts: usize,
+    /// The run stage's output files.
+    outputs: Vec<crate::job::outputs::OutputEntry>,
 }
 
 /// Drives the job's sessions: one, or for a graded job whose sandbox died
@@ -273,6 +275,7 @@ async fn sessions(
                 on_runtime,
                 stopping,
                 restarts,
+                outputs: session.outputs,
             };
         }
         restarts += 1;
@@ -321,6 +324,7 @@ impl Sessions {
             on_runtime: false,
             stopping: None,
             restarts,
+            outputs: Vec::new(),
         }
     }
 }
@@ -333,6 +337,24 @@ fn linger(kind: StartKind, restarted: bool, config: &SandboxConfig) -> Duration 
         Duration::ZERO
     } else {
         config.linger
+    }
+}
+
+/// The run stage's output files; for a job that asked some whose run
+/// stage never ran (its compile failed, or the job ended first), each
+/// pattern says so. A graded job's are on its tests.
+fn run_outputs(
+    job: &PreparedJob,
+    ran: bool,
+    outputs: Vec<crate::job::outputs::OutputEntry>,
+) -> Vec<crate::job::outputs::OutputEntry> {
+    match job.bundle.stages.last().and_then(|s| s.outputs.as_ref()) {
+        Some(request) if !ran && job.tests.is_none() => crate::job::outputs::OutputEntry::for_each(
+            &request.patterns,
+            "not_run",
+            "the run stage did not run (the compile failed, or the job ended before it)",
+        ),
+        _ => outputs,
     }
 }
 
@@ -356,8 +378,10 @@ fn conclude(
         on_runtime,
         stopping,
         restarts,
+        outputs,
     } = sessions;
     let container = guard.name().to_string();
+    let ran = run.is_some();
     let compile_failed = compile
         .as_ref()
         .is_some_and(|c| c.reason != Reason::Exited || c.exit_code != Some(0));
@@ -414,6 +438,7 @@ fn conclude(
             start: Some(kind),
             grading,
             egress: None,
+            outputs: run_outputs(job, ran, outputs),
         },
         cleanup: Cleanup::new(ContainerCleanup {
             guard: Some(guard),

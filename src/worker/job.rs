@@ -88,6 +88,15 @@ fn checker_cache_hit(job: &PreparedJob, result: &JobResult) -> Option<bool> {
     })
 }
 
+/// Whether the result holds any output file (the job's, or a test's).
+fn has_outputs(result: &JobResult) -> bool {
+    !result.outputs.is_empty()
+        || result
+            .grading
+            .as_ref()
+            .is_some_and(|g| g.tests.iter().any(|t| !t.outputs.is_empty()))
+}
+
 /// The result of a job that never reached a sandbox.
 fn refused(language: &str, version: Option<&str>, error: String) -> JobResult {
     JobResult::without_stages(Status::Error, language, version.unwrap_or_default())
@@ -408,6 +417,22 @@ impl Shared {
                 .inc();
         }
         tracing::debug!(job.id = %id, container = %outcome.container, start = start.as_str(), "the job's sandbox is done");
+        let mut result = result;
+        if has_outputs(&result) {
+            let budget = match self.store.jobs().storage_budget(id).await {
+                Ok(budget) => budget,
+                Err(error) => {
+                    tracing::warn!(job.id = %id, %error, "cannot read the job's storage budget; its large output files are not stored");
+                    None
+                }
+            };
+            let storage = super::outputs::Storage {
+                files: self.store.files(),
+                api_key: job.tenant.as_deref().unwrap_or_default(),
+                budget,
+            };
+            super::outputs::settle(&mut result, &self.config.outputs, &storage).await;
+        }
         let tail = stream.close(&result);
         (result, tail, outcome.cleanup)
     }

@@ -55,6 +55,7 @@ pub(crate) mod backoff;
 mod control;
 mod heartbeat;
 mod job;
+mod outputs;
 mod recover;
 mod removals;
 mod stream;
@@ -80,6 +81,8 @@ use crate::sandbox::{Engine, WarmPool};
 use crate::store::{Store, now_ms};
 use backoff::{Backoff, sleep_unless_cancelled};
 use removals::Removals;
+
+pub use outputs::OutputsPolicy;
 
 /// After the drain kill: how long killed jobs get to be finished (the engine
 /// removes the container, the result is written) before the worker gives up
@@ -172,6 +175,8 @@ pub struct WorkerConfig {
     /// Times a job claimed but never started is put back in the queue when
     /// its worker is lost (here: when this worker recovers its own list).
     pub max_requeues: u32,
+    /// What becomes of a job's output files (inline, stored).
+    pub outputs: OutputsPolicy,
 }
 
 /// The handles a worker and a reaper both work with (each cheap to clone).

@@ -123,6 +123,33 @@ async fn bad_bodies_are_400_naming_the_problem() {
     let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_job");
     assert_eq!(body["error"]["field"], "files[1].name");
+    // Output patterns: each bad one named by its place.
+    for (outputs, field, says) in [
+        (
+            json!(["ok.txt", "../etc/passwd"]),
+            "outputs[1]",
+            "contains \"..\"",
+        ),
+        (json!(["/etc/passwd"]), "outputs[0]", "is absolute"),
+        (json!(["out/[a.png"]), "outputs[0]", "not a valid glob"),
+        (json!(["a\tb"]), "outputs[0]", "control character"),
+        (json!([""]), "outputs[0]", "empty"),
+        (
+            json!((0..33).map(|i| format!("f{i}")).collect::<Vec<_>>()),
+            "outputs",
+            "32",
+        ),
+    ] {
+        let mut job = python("print(1)");
+        job["outputs"] = outputs;
+        let (status, _, body) = answer(api.submit(ALICE, &job).await).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "invalid_job");
+        assert_eq!(body["error"]["field"], field, "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(says),
+            "{body}"
+        );
+    }
     let job = json!({"language": "python", "files": [{"name": "../x.py", "content": ""}]});
     let (_, _, body) = answer(api.submit(ALICE, &job).await).await;
     assert_eq!(body["error"]["field"], "files[0].name");
@@ -219,7 +246,7 @@ async fn bad_bodies_are_400_naming_the_problem() {
 
     assert!(api.queued_ids().await.is_empty(), "nothing was queued");
     let metrics = api.metrics().await;
-    for (reason, count) in [("malformed", 5.0), ("invalid", 13.0), ("too_large", 1.0)] {
+    for (reason, count) in [("malformed", 5.0), ("invalid", 19.0), ("too_large", 1.0)] {
         assert_eq!(
             metric(
                 &metrics,

@@ -32,6 +32,7 @@
 //! | `crash` | the sandbox dies without reporting (a platform error) |
 //! | `stuck` | never ends, whatever comes, until the job's future is dropped |
 //! | `compile-error TEXT` | a compiled language's compile stage fails with TEXT on stderr |
+//! | `file NAME TEXT` / `file-bytes NAME N` / `link NAME` | writes the workspace file NAME (TEXT, or N bytes `i % 251`), or a symbolic link: the run stage's `outputs` find them |
 //!
 //! A line the engine does not know fails the run stage at once (exit 2,
 //! `scripted: line N: …` on stderr), so a mistyped script never passes
@@ -439,6 +440,18 @@ impl SandboxEngine for ScriptedEngine {
         let (status, compile, run_stage, error) = run.stages().await;
         let mut result = ended(job, status, compile, run_stage, started, container_start_ms);
         result.error = error;
+        result.outputs = std::mem::take(&mut run.outputs);
+        if let Some(request) = job.bundle.stages.last().and_then(|s| s.outputs.as_ref())
+            && result.run.is_none()
+            && status != Status::Error
+        {
+            // As the Docker engine: a run stage that never ran says so.
+            result.outputs = code_runner::job::outputs::OutputEntry::for_each(
+                &request.patterns,
+                "not_run",
+                "the run stage did not run (the compile failed, or the job ended before it)",
+            );
+        }
         if status == Status::Error {
             // As the Docker engine: a platform error may be its backend
             // going away; the next claim asks it first.
@@ -526,6 +539,7 @@ fn ended(
         start: Some(StartKind::Cold),
         grading: None,
         egress: None,
+        outputs: Vec::new(),
     }
 }
 

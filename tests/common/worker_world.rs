@@ -134,6 +134,7 @@ impl WorkerWorld {
             refill_hold: code_runner::worker::REFILL_HOLD,
             warm_memory_reserve: 0,
             max_requeues: 3,
+            outputs: Default::default(),
         };
         adjust(&mut config);
         let worker = Worker::new(config, self.services());

@@ -28,6 +28,7 @@ mod kill;
 mod languages;
 mod libraries;
 mod limits;
+mod outputs;
 mod runsc;
 mod runsc_hostile;
 mod seccomp;

@@ -20,6 +20,7 @@ mod events;
 mod jobs;
 mod monitor;
 mod outage;
+mod outputs;
 mod reaper;
 mod reaper_sandboxes;
 mod removals;

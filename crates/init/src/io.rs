@@ -75,6 +75,12 @@ impl FrameSink {
             .map_err(|_| InitError::HostGone)
     }
 
+    /// A handle that queues frames from another thread (blocking while the
+    /// queue is full); `None` once the writer is gone.
+    pub(crate) fn sender(&self) -> Option<mpsc::Sender<Vec<u8>>> {
+        self.tx.clone()
+    }
+
     /// Queues one frame from outside the async runtime.
     pub(crate) fn send_blocking(&self, message: &SandboxMessage) -> Result<(), InitError> {
         let tx = self.tx.as_ref().ok_or(InitError::HostGone)?;

@@ -75,6 +75,7 @@ mod files;
 mod io;
 mod job_thread;
 mod kill;
+mod outputs;
 mod pipes;
 mod reap;
 mod report;

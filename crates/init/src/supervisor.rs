@@ -314,6 +314,7 @@ async fn supervise_inner(sink: &FrameSink, signaller: Signaller) -> Result<(), I
             }
         };
         let succeeded = report.reason == Reason::Exited && report.exit_code == Some(0);
+        send_outputs(&context, spec)?;
         sink.send(&SandboxMessage::StageEnd(report)).await?;
         if !succeeded {
             stages_succeeded = false;
@@ -390,11 +391,31 @@ async fn run_plan(
         context.stdin.push(input);
         context.stdin.request_close();
         let report = run_one(context, &stage).await?;
+        send_outputs(context, &stage)?;
         // The next run (or the end) finds the sandbox as the first did.
         scratch.wipe()?;
         context.sink.send(&SandboxMessage::StageEnd(report)).await?;
     }
     Ok(())
+}
+
+/// The stage's output files, if it asks for any (see [`super::outputs`]):
+/// sent as the stage's uid, before its `stage_end`, whatever ended it.
+fn send_outputs(
+    context: &Context<'_>,
+    stage: &code_runner_protocol::StageSpec,
+) -> Result<(), InitError> {
+    let Some(request) = stage.outputs.clone() else {
+        return Ok(());
+    };
+    let tx = context.sink.sender().ok_or(InitError::HostGone)?;
+    let cwd = std::path::PathBuf::from(&stage.cwd);
+    super::job_thread::run_as("outputs", context.uid, context.gid, move || {
+        super::outputs::collect(&cwd, &request, &mut |frame| {
+            tx.blocking_send(frame.encode())
+                .map_err(|_| InitError::HostGone)
+        })
+    })
 }
 
 /// Runs one stage of the plan; a failure kills what it left first.

@@ -26,6 +26,9 @@ mod limits;
 /// Staying after `done` until the host closes its stream.
 #[path = "init_supervisor/linger.rs"]
 mod linger;
+/// A stage's output files, sent before its end.
+#[path = "init_supervisor/outputs.rs"]
+mod outputs;
 /// The runs after the stages (a graded job's tests).
 #[path = "init_supervisor/runs.rs"]
 mod runs;

@@ -120,6 +120,32 @@ pub struct StageSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub watch_input: bool,
     pub limits: StageLimits,
+    /// Files to send back once the stage has ended (whatever ended it):
+    /// see [`OutputRequest`]. Absent: none, and nothing changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outputs: Option<OutputRequest>,
+}
+
+/// The files a stage sends back (its `outputs`): after the stage's end and
+/// the kill of every process of its uid, before its `stage_end`, the
+/// supervisor matches each pattern below the stage's `cwd`, as the stage's
+/// uid, and answers every pattern: each regular file it matched as an
+/// `output_file` frame followed by exactly `size` bytes in `output_data`
+/// frames, and what it could not send as an `output_error` (see
+/// [`crate::OutputError`]); a pattern that matched nothing gets
+/// `not_found`. A path without `*`, `?` or `[` names one file; a glob
+/// (`glob` crate syntax, `*` not crossing `/`, `**` any depth) is matched
+/// against the paths below `cwd`. Symbolic links are never followed, and
+/// one that is named or matched is answered `not_regular_file`; a file
+/// two patterns name is sent once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRequest {
+    pub patterns: Vec<String>,
+    /// Most files sent; past it, `cap_reached`.
+    pub max_files: u32,
+    /// Most bytes sent, all files together; a file over what is left is
+    /// `cap_reached` (`too_large` when it alone is over this).
+    pub max_bytes: u64,
 }
 
 impl StageSpec {

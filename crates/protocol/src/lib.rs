@@ -40,6 +40,10 @@
 //! | 0x85 | stage_end   | JSON [`StageReport`]                        |
 //! | 0x86 | fatal       | JSON [`Fatal`]: the supervisor itself failed |
 //! | 0x87 | done        | empty: every stage has been reported        |
+//! | 0x88 | input_wanted | empty: the stage waits for stdin            |
+//! | 0x89 | output_file | JSON [`OutputFile`]: an output file, its bytes follow |
+//! | 0x8A | output_data | raw bytes of that file (at most [`MAX_OUTPUT_CHUNK`] a frame) |
+//! | 0x8B | output_error | JSON [`OutputError`]: an output not sent, and why |
 //!
 //! A warm sandbox may get one `prestart` before its bundle: the supervisor
 //! starts the runtime it names, and the bundle's first stage runs on it if it
@@ -48,6 +52,12 @@
 //! The sandbox sends `ready` first, then for each stage it runs `stage_start`,
 //! any number of `stdout`/`stderr`, and `stage_end`; finally `done`, after which
 //! it exits 0. A stage that does not exit 0 ends the sequence.
+//!
+//! A stage whose spec asks for `outputs` ([`OutputRequest`]) has its files
+//! sent after its processes are gone and before its `stage_end`: per file an
+//! `output_file` and its bytes in `output_data` frames, and an
+//! `output_error` for each pattern or file not sent. A stage that asks none
+//! gets none of these frames, as before they existed.
 //!
 //! A bundle with a [`RunPlan`] (a graded job's tests) goes on after its
 //! stages succeeded: the supervisor runs one stage per `run` frame, in the

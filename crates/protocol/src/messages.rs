@@ -26,6 +26,9 @@ pub mod kind {
     pub const FATAL: u8 = 0x86;
     pub const DONE: u8 = 0x87;
     pub const INPUT_WANTED: u8 = 0x88;
+    pub const OUTPUT_FILE: u8 = 0x89;
+    pub const OUTPUT_DATA: u8 = 0x8A;
+    pub const OUTPUT_ERROR: u8 = 0x8B;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -106,6 +109,28 @@ pub struct StageReport {
     pub pids_limit_reached: Option<bool>,
 }
 
+/// A file of a stage's outputs (kind `output_file`): `size` bytes of it
+/// follow in `output_data` frames, nothing else between them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Its path relative to the stage's `cwd`.
+    pub name: String,
+    pub size: u64,
+}
+
+/// What a stage's outputs could not send (kind `output_error`): for
+/// `pattern`, or for the file `name` it matched. `error` is a short code
+/// (`not_found`, `not_regular_file`, `too_large`, `cap_reached`,
+/// `unreadable`), `message` says it to a person.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputError {
+    pub pattern: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub error: String,
+    pub message: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fatal {
     pub message: String,
@@ -137,6 +162,12 @@ pub enum SandboxMessage {
     /// for it (only for a stage with `watch_input`). Said once per wait,
     /// after the output written before the wait.
     InputWanted,
+    /// A file of the stage's outputs; its bytes follow (see [`OutputFile`]).
+    OutputFile(OutputFile),
+    /// Bytes of the output file being sent.
+    OutputData(Vec<u8>),
+    /// A pattern or file of the stage's outputs that is not sent.
+    OutputError(OutputError),
 }
 
 fn json<T: Serialize>(value: &T) -> Vec<u8> {
@@ -215,6 +246,9 @@ impl SandboxMessage {
             SandboxMessage::Fatal(fatal) => encode_frame(kind::FATAL, &json(fatal)),
             SandboxMessage::Done => encode_frame(kind::DONE, &[]),
             SandboxMessage::InputWanted => encode_frame(kind::INPUT_WANTED, &[]),
+            SandboxMessage::OutputFile(file) => encode_frame(kind::OUTPUT_FILE, &json(file)),
+            SandboxMessage::OutputData(data) => encode_frame(kind::OUTPUT_DATA, data),
+            SandboxMessage::OutputError(error) => encode_frame(kind::OUTPUT_ERROR, &json(error)),
         }
     }
 
@@ -231,6 +265,9 @@ impl SandboxMessage {
             kind::INPUT_WANTED => {
                 expect_empty(kind, &payload).map(|()| SandboxMessage::InputWanted)
             }
+            kind::OUTPUT_FILE => Ok(SandboxMessage::OutputFile(parse_json(kind, &payload)?)),
+            kind::OUTPUT_DATA => Ok(SandboxMessage::OutputData(payload)),
+            kind::OUTPUT_ERROR => Ok(SandboxMessage::OutputError(parse_json(kind, &payload)?)),
             other => Err(FrameError::UnknownKind(other)),
         }
     }
@@ -268,6 +305,7 @@ mod tests {
                 stdin: true,
                 watch_input: true,
                 limits: limits(),
+                outputs: None,
             }],
             runs: Some(RunPlan {
                 uid: 4_000_001,
@@ -292,6 +330,11 @@ mod tests {
                 stdin: true,
                 watch_input: false,
                 limits: limits(),
+                outputs: Some(crate::OutputRequest {
+                    patterns: vec!["out/*.png".into(), "result.csv".into()],
+                    max_files: 100,
+                    max_bytes: 64 << 20,
+                }),
             },
             input: vec![1, 2, 255],
             files: vec![],
@@ -324,6 +367,39 @@ mod tests {
         ] {
             assert_eq!(roundtrip_host(message.clone()), message);
         }
+    }
+
+    #[test]
+    fn output_frames_roundtrip() {
+        for message in [
+            SandboxMessage::OutputFile(OutputFile {
+                name: "out/a.png".into(),
+                size: 3,
+            }),
+            SandboxMessage::OutputData(vec![0, 255, 7]),
+            SandboxMessage::OutputError(OutputError {
+                pattern: "out/*".into(),
+                name: Some("out/link".into()),
+                error: "not_regular_file".into(),
+                message: "a symbolic link".into(),
+            }),
+        ] {
+            let mut decoder = FrameDecoder::new(crate::MAX_SANDBOX_FRAME);
+            decoder.extend(&message.encode());
+            let frame = decoder.next_frame().unwrap().unwrap();
+            assert_eq!(SandboxMessage::decode(frame).unwrap(), message);
+        }
+    }
+
+    #[test]
+    fn a_stage_without_outputs_is_the_json_it_was() {
+        // A worker that asks for none sends what a supervisor built before
+        // outputs reads, and an older worker's stage reads as asking none.
+        let json = serde_json::json!({"name": "run", "argv": ["./main"], "env": [],
+            "cwd": "/workspace", "stdin": true, "limits": limits()});
+        let stage: StageSpec = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(stage.outputs, None);
+        assert_eq!(serde_json::to_value(&stage).unwrap(), json);
     }
 
     #[test]

@@ -160,6 +160,7 @@ mod tests {
             stdin: true,
             watch_input: false,
             limits: limits(),
+            outputs: None,
         }
     }
 

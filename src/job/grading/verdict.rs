@@ -148,6 +148,10 @@ pub struct TestResult {
     pub name: String,
     #[serde(flatten)]
     pub outcome: TestOutcome,
+    /// The files the job asked back, as this test's run left them (not in
+    /// the test's event: the result alone carries them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<crate::job::outputs::OutputEntry>,
 }
 
 /// How a test went (also the figures of its `test` end event).
@@ -207,6 +211,7 @@ impl TestResult {
                 stdout: preview(run.stdout.as_bytes(), OUTPUT_PREVIEW_CHARS),
                 stderr: preview(run.stderr.as_bytes(), OUTPUT_PREVIEW_CHARS),
             },
+            outputs: Vec::new(),
         }
     }
 
@@ -233,6 +238,7 @@ impl TestResult {
                 stdout: String::new(),
                 stderr: String::new(),
             },
+            outputs: Vec::new(),
         }
     }
 

@@ -11,6 +11,7 @@ use crate::sandbox::SandboxConfig;
 use crate::sandbox::connection::protocol_mismatch;
 use crate::sandbox::grading::{Interrupt, test_index};
 use crate::sandbox::outcome::StageOutput;
+use crate::sandbox::outputs::OutputCollector;
 use crate::sandbox::{JobInput, SandboxEvent};
 
 impl Session<'_> {
@@ -42,8 +43,23 @@ impl Session<'_> {
                     self.emit(SandboxEvent::InputWanted).await;
                 }
             }
+            SandboxMessage::OutputFile(file) => self.collector()?.on_file(file).map_err(Failure)?,
+            SandboxMessage::OutputData(data) => self.collector()?.on_data(data).map_err(Failure)?,
+            SandboxMessage::OutputError(error) => {
+                self.collector()?.on_error(error).map_err(Failure)?
+            }
         }
         Ok(false)
+    }
+
+    /// The output files of the stage running, when it asked for them.
+    fn collector(&mut self) -> Result<&mut OutputCollector, Failure> {
+        self.current
+            .as_mut()
+            .and_then(|current| current.outputs.as_mut())
+            .ok_or_else(|| {
+                Failure("the sandbox sent an output file no running stage asked for".into())
+            })
     }
 
     /// The supervisor is ready (a cold sandbox's first word): the job's
@@ -87,7 +103,12 @@ impl Session<'_> {
                     start.stage
                 ))
             })?;
-        self.current = Some(StageOutput::new(start.stage, cap));
+        let outputs = self
+            .grader
+            .as_ref()
+            .and_then(|g| g.outputs_request())
+            .map(|(request, room)| OutputCollector::new(request, room));
+        self.current = Some(StageOutput::new(start.stage, cap).with_outputs(outputs));
         if let Some(grader) = &mut self.grader {
             grader.note_start(index);
         }
@@ -122,10 +143,13 @@ impl Session<'_> {
                 start.stage
             )));
         }
-        self.current = Some(StageOutput::new(
-            start.stage.clone(),
-            spec.limits.output_bytes,
-        ));
+        let outputs = spec
+            .outputs
+            .clone()
+            .map(|request| OutputCollector::new(request, crate::job::outputs::MAX_BYTES));
+        self.current = Some(
+            StageOutput::new(start.stage.clone(), spec.limits.output_bytes).with_outputs(outputs),
+        );
         self.note_started(deadline, config);
         self.warm_runtime |= start.warm_runtime;
         self.emit(SandboxEvent::StageStart { stage: start.stage })
@@ -162,7 +186,7 @@ impl Session<'_> {
         report: StageReport,
         deadline: &mut tokio::time::Instant,
     ) -> Result<(), Failure> {
-        let current = self
+        let mut current = self
             .current
             .take()
             .filter(|c| c.name == report.stage)
@@ -172,12 +196,20 @@ impl Session<'_> {
                     report.stage
                 ))
             })?;
+        let (outputs, held) = match current.outputs.take() {
+            Some(collector) => collector.finish().map_err(Failure)?,
+            None => (Vec::new(), 0),
+        };
         let result = current.into_result(Some(&report), report.reason);
         if let Some(index) = test_index(&report.stage)
             && self.grader.is_some()
         {
-            self.on_test_end(index, &result, deadline).await;
+            self.on_test_end(index, &result, outputs, held, deadline)
+                .await;
             return Ok(());
+        }
+        if report.stage == "run" {
+            self.outputs = outputs;
         }
         self.emit(SandboxEvent::StageEnd {
             stage: report.stage.clone(),
@@ -195,6 +227,8 @@ impl Session<'_> {
         &mut self,
         index: usize,
         result: &StageResult,
+        outputs: Vec<crate::job::outputs::OutputEntry>,
+        outputs_held: u64,
         deadline: &mut tokio::time::Instant,
     ) {
         let Some(grader) = &mut self.grader else {
@@ -203,6 +237,7 @@ impl Session<'_> {
         let mut held = Vec::new();
         let stop = interruption(&self.io.cancel, &mut self.io.input, &mut held);
         let (test, frames, interrupted) = grader.finish(index, result, stop).await;
+        grader.attach_outputs(index, outputs, outputs_held);
         self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
         for frame in frames {
             self.send(frame).await;

@@ -81,6 +81,8 @@ struct Session<'a> {
     warm_runtime: bool,
     /// A stage or test has started.
     started: bool,
+    /// The run stage's output files.
+    outputs: Vec<crate::job::outputs::OutputEntry>,
 }
 
 /// What the session produced; `error` is set when the platform failed after
@@ -98,6 +100,8 @@ pub(super) struct SessionOutcome {
     pub(super) restart: bool,
     /// The first stage ran on a runtime started ahead (the supervisor said so).
     pub(super) warm_runtime: bool,
+    /// The run stage's output files (a graded job's are in its tests).
+    pub(super) outputs: Vec<crate::job::outputs::OutputEntry>,
     /// After the supervisor said `done`: the attach stream, which ends
     /// when the container's process has exited (see `ContainerCleanup::stopping`).
     pub(super) exiting: Option<OutputStream>,
@@ -142,6 +146,7 @@ pub(super) async fn drive(
         restarted,
         warm_runtime: false,
         started: false,
+        outputs: Vec::new(),
     };
     let mut bundle = job.bundle.clone();
     if let Some(uid) = uid {
@@ -234,6 +239,7 @@ pub(super) async fn drive(
         io: session.io,
         restart,
         warm_runtime: session.warm_runtime,
+        outputs: session.outputs,
         exiting: done.then_some(output),
     })
 }
@@ -472,16 +478,27 @@ impl Session<'_> {
             output.started = self.ready_at.unwrap_or_else(Instant::now);
             Some(output)
         });
-        if let Some(current) = current {
+        if let Some(mut current) = current {
             let name = current.name.clone();
+            let outputs = current
+                .outputs
+                .take()
+                .map(super::outputs::OutputCollector::unreported)
+                .unwrap_or_default();
             let result = current.into_result(None, reason);
             match (test_index(&name), &mut self.grader) {
                 (Some(index), Some(grader)) => {
                     if let Some(test) = grader.unreported(index, &result) {
+                        grader.attach_outputs(index, outputs, 0);
                         self.emit(SandboxEvent::TestEnd(Box::new(test))).await;
                     }
                 }
-                _ => self.store(&name, result),
+                _ => {
+                    if name == "run" {
+                        self.outputs = outputs;
+                    }
+                    self.store(&name, result);
+                }
             }
         }
     }

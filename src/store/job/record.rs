@@ -50,6 +50,15 @@ impl Jobs {
         Ok(total.map_or(0, |t| t.max(0) as u64))
     }
 
+    /// The storage budget of the job's key as it was resolved when the job
+    /// was submitted (what a stored output file of the job is put under);
+    /// `None` for a job that has none stored.
+    pub async fn storage_budget(&self, id: &str) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.redis.conn().await?;
+        let budget: Option<u64> = conn.hget(self.redis.keys.job(id), "storage_budget").await?;
+        Ok(budget)
+    }
+
     /// How many jobs wait in `jobs:queue`.
     pub async fn queue_depth(&self) -> Result<u64, StoreError> {
         let mut conn = self.redis.conn().await?;

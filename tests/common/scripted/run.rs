@@ -2,6 +2,7 @@
 //! the stage's limits and the job's deadline, taking the job's input and
 //! sending its events as the Docker engine does.
 
+use code_runner::job::outputs::OutputEntry;
 use std::time::{Duration, Instant};
 
 use code_runner::job::deadline::now_ms;
@@ -74,6 +75,10 @@ pub(super) struct Run<'a> {
     last_activity: tokio::time::Instant,
     /// What the stage reports: CPU ms and peak memory bytes.
     usage: (u64, u64),
+    /// The files the program wrote (`None`: a symbolic link).
+    workspace: std::collections::BTreeMap<String, Option<Vec<u8>>>,
+    /// The run stage's output files, as the supervisor sends them.
+    pub(super) outputs: Vec<code_runner::job::outputs::OutputEntry>,
 }
 
 impl<'a> Run<'a> {
@@ -99,6 +104,8 @@ impl<'a> Run<'a> {
             idle: None,
             last_activity: now,
             usage: (1, 1 << 20),
+            workspace: Default::default(),
+            outputs: Vec::new(),
         }
     }
 
@@ -219,6 +226,13 @@ impl<'a> Run<'a> {
         let (exit_code, signal, reason) = match end {
             End::Crash => return None,
             End::Cut => {
+                if let Some(request) = &spec.outputs {
+                    self.outputs = OutputEntry::for_each(
+                        &request.patterns,
+                        "not_collected",
+                        "the sandbox ended before the files were collected",
+                    );
+                }
                 // As the Docker engine records a stage the sandbox did not
                 // report: what came of its output, killed, no usage.
                 let result = StageResult {
@@ -239,6 +253,9 @@ impl<'a> Run<'a> {
             End::Signal(signal) => (None, Some(signal), Reason::Exited),
             End::Killed(reason) => (None, Some("SIGKILL".to_string()), reason),
         };
+        if let Some(request) = &spec.outputs {
+            self.outputs = collect(&self.workspace, &request.patterns);
+        }
         let result = StageResult {
             stdout: Output(std::mem::take(&mut self.stdout)),
             stderr: Output(std::mem::take(&mut self.stderr)),
@@ -380,6 +397,10 @@ impl<'a> Run<'a> {
             Step::Die(signal) => Some(End::Signal(signal.clone())),
             Step::Oom => Some(End::Killed(Reason::MemoryLimit)),
             Step::CpuLimit => Some(End::Killed(Reason::CpuTimeout)),
+            Step::File { name, content } => {
+                self.workspace.insert(name.clone(), content.clone());
+                None
+            }
             Step::Usage { cpu_ms, memory } => {
                 self.usage = (*cpu_ms, *memory);
                 None
@@ -562,4 +583,50 @@ async fn sleep_until_some(at: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// The output files of `workspace` for `patterns`, answered as the
+/// supervisor answers them (no caps: the session's are tested on its own).
+fn collect(
+    workspace: &std::collections::BTreeMap<String, Option<Vec<u8>>>,
+    patterns: &[String],
+) -> Vec<OutputEntry> {
+    use code_runner::job::outputs::{glob_matches, is_glob};
+    let mut entries = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for pattern in patterns {
+        let matched: Vec<_> = workspace
+            .iter()
+            .filter(|(name, _)| {
+                if is_glob(pattern) {
+                    glob_matches(pattern, name)
+                } else {
+                    *name == pattern
+                }
+            })
+            .collect();
+        if matched.is_empty() {
+            entries.push(OutputEntry::failed(
+                Some(pattern.clone()),
+                None,
+                "not_found",
+                format!("{pattern:?} does not exist in the working directory"),
+            ));
+        }
+        for (name, content) in matched {
+            match content {
+                None => entries.push(OutputEntry::failed(
+                    Some(pattern.clone()),
+                    Some(name.clone()),
+                    "not_regular_file",
+                    format!("{name:?} is a symbolic link (links are not followed)"),
+                )),
+                Some(content) if seen.insert(name.clone()) => {
+                    entries.push(OutputEntry::inline(name.clone(), content.clone()));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    entries
 }

@@ -5,25 +5,44 @@ use std::time::Duration;
 
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Step {
-    Out { text: Vec<u8>, stderr: bool },
+    Out {
+        text: Vec<u8>,
+        stderr: bool,
+    },
     Flood(u64),
     Cat(String),
     Sleep(Duration),
-    ReadLine { upper: bool, prefix: Vec<u8> },
+    ReadLine {
+        upper: bool,
+        prefix: Vec<u8>,
+    },
     Read,
-    Echo { upper: bool },
+    Echo {
+        upper: bool,
+    },
     IgnoreInterrupt,
     TrapInterrupt(Vec<u8>),
     CatchInterrupt(Vec<u8>),
-    Repeat { times: Option<u64>, body: Vec<Step> },
+    Repeat {
+        times: Option<u64>,
+        body: Vec<Step>,
+    },
     Exit(i32),
     Die(String),
     Oom,
     CpuLimit,
-    Usage { cpu_ms: u64, memory: u64 },
+    Usage {
+        cpu_ms: u64,
+        memory: u64,
+    },
     Crash,
     Stuck,
     CompileError(Vec<u8>),
+    /// A file of the workspace: its bytes, or `None` for a symbolic link.
+    File {
+        name: String,
+        content: Option<Vec<u8>>,
+    },
 }
 
 /// A script that could not be read: the line and why.
@@ -117,6 +136,22 @@ fn parse_block(
                 match (figures.next(), figures.next()) {
                     (Some(Ok(cpu_ms)), Some(Ok(memory))) => Step::Usage { cpu_ms, memory },
                     _ => return Err(error("needs CPU_MS MEMORY_BYTES")),
+                }
+            }
+            "file" | "file-bytes" | "link" => {
+                let (name, arg) = rest.split_once(' ').unwrap_or((rest, ""));
+                let content = match word {
+                    "link" => None,
+                    "file" => Some(unescape(arg)),
+                    _ => {
+                        let size: u32 =
+                            arg.trim().parse().map_err(|_| error("needs NAME BYTES"))?;
+                        Some((0..size).map(|i| (i % 251) as u8).collect())
+                    }
+                };
+                Step::File {
+                    name: name.to_string(),
+                    content,
                 }
             }
             "crash" => Step::Crash,

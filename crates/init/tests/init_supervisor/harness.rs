@@ -220,6 +220,7 @@ impl Sandbox {
             stdin: false,
             watch_input: false,
             limits: limits(),
+            outputs: None,
         }
     }
 
@@ -421,7 +422,10 @@ impl Outcome {
                 SandboxMessage::StageEnd(report) => outcome.reports.push(report),
                 SandboxMessage::Fatal(fatal) => outcome.fatal = Some(fatal.message),
                 SandboxMessage::Done => outcome.done = true,
-                SandboxMessage::InputWanted => {}
+                SandboxMessage::InputWanted
+                | SandboxMessage::OutputFile(_)
+                | SandboxMessage::OutputData(_)
+                | SandboxMessage::OutputError(_) => {}
             }
         }
         outcome

@@ -424,6 +424,7 @@ mod tests {
             timings: Default::default(),
             grading: None,
             egress: None,
+            outputs: Vec::new(),
         }
     }
 
