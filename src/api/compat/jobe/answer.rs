@@ -202,6 +202,7 @@ mod tests {
             timings: Default::default(),
             grading: None,
             egress: None,
+            outputs: Vec::new(),
         }
     }
 
