@@ -38,7 +38,21 @@ open("result.csv", "w").write("x,y\n1,2\n")
 
 #[tokio::test]
 async fn a_run_sends_back_its_files_and_answers_what_it_cannot() {
-    let harness = Harness::new().await;
+    sends_back_its_files(Harness::new().await).await;
+}
+
+/// Under gVisor the supervisor walks its kernel's file system the same way.
+#[tokio::test]
+async fn a_run_sends_back_its_files_under_gvisor() {
+    let Some(harness) =
+        crate::common::runsc_harness("a_run_sends_back_its_files_under_gvisor").await
+    else {
+        return;
+    };
+    sends_back_its_files(harness).await;
+}
+
+async fn sends_back_its_files(harness: Harness) {
     let result = harness
         .run(&spec(
             WRITER,
