@@ -188,7 +188,10 @@ async fn runs(State(state): State<ApiState>, request: Request) -> Response {
         Err(error) => return jobe_error(error.status(), error.to_string()),
     };
     let id = submitted.id;
-    let budget = submitted.wait_budget;
+    // Jobe's clients wait for the run whatever queues before it (a quiz's
+    // burst): the whole of CODE_RUNNER_MAX_WAIT_MS, not the job's own limits
+    // plus a margin as `?wait=true` does.
+    let budget = state.inner.max_wait;
     let record = match wait_for_end(&state, &id, budget).await {
         Ok(record) => record,
         Err(error) => {
