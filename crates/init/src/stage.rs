@@ -51,8 +51,14 @@ const CPU_POLL: Duration = Duration::from_millis(50);
 const CPU_POLL_MAX: Duration = Duration::from_secs(1);
 /// How long a kill may take before it is sent again.
 const KILL_RETRY: Duration = Duration::from_millis(500);
-/// How long to read the pipes after the stage ended.
-const DRAIN_TIMEOUT: Duration = Duration::from_millis(500);
+/// How long to read the pipes after the stage ended. Every process of the
+/// job is gone by then (the cleanup checked), so what is still in a pipe
+/// was written before the end and only waits for its reading thread: on a
+/// machine with hundreds of sandboxes per CPU that thread can go unscheduled
+/// for most of a second (500 ms cut a finished hello world's whole output,
+/// 1 run in 300 of a 300-run burst on 2 CPUs). The bound is for a pipe held
+/// open from outside the job.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the cleanup kills and checks before it gives up.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pause between two cleanup rounds.

@@ -112,7 +112,7 @@ fn output_held_open_past_the_stages_end_is_cut_and_said() {
     assert!(
         outcome
             .diagnostics
-            .contains("the stage's output was still open 500 ms after it ended"),
+            .contains("the stage's output was still open 3000 ms after it ended"),
         "{:?}",
         outcome.diagnostics
     );
