@@ -476,3 +476,40 @@ async fn a_browser_page_of_another_origin_may_call_it() {
         .unwrap();
     assert!(other.headers().get("access-control-allow-origin").is_none());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_over_its_rate_gets_jobes_429() {
+    let redis = RedisServer::start();
+    let daemon = serve(
+        &redis,
+        &[
+            ("CODE_RUNNER_KEY_RATE", "1"),
+            ("CODE_RUNNER_KEY_BURST", "1"),
+        ],
+    )
+    .await;
+    let spec = json!({"run_spec": {"language_id": "python3", "sourcecode": "print hi"}});
+    let (status, _) = call(
+        &daemon,
+        Method::POST,
+        "/runs",
+        Some(spec.clone()),
+        Some(KEY_A),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let response = daemon
+        .http
+        .post(format!("{}{JOBE}/runs", daemon.url))
+        .header("X-API-KEY", KEY_A)
+        .body(spec.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(
+        response.text().await.unwrap(),
+        "Max RUN rate for this server exceeded"
+    );
+}

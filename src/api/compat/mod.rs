@@ -195,14 +195,8 @@ fn compat_caller(
     };
     let refusal = match caller {
         None => CallerRefusal::NoKey,
-        Some(mut caller) => match state.key_rate.check(Some(&caller.name)) {
-            Ok(()) => {
-                caller.end_user = parts
-                    .headers
-                    .get(USER_HEADER)
-                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-                return Ok(caller);
-            }
+        Some(caller) => match within_rate(state, parts, caller) {
+            Ok(caller) => return Ok(caller),
             Err(error) => CallerRefusal::Rate(error),
         },
     };
@@ -214,6 +208,17 @@ fn compat_caller(
         count_refusal(state, reason);
     }
     Err(refusal)
+}
+
+/// `caller` within its key's rate (the same buckets as `/v1`), with the
+/// end user its request names in [`USER_HEADER`].
+fn within_rate(state: &ApiState, parts: &Parts, mut caller: Caller) -> Result<Caller, ApiError> {
+    state.key_rate.check(Some(&caller.name))?;
+    caller.end_user = parts
+        .headers
+        .get(USER_HEADER)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    Ok(caller)
 }
 
 /// A new job id.

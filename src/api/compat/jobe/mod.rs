@@ -37,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use serde_json::Value;
 
-use super::{Refusal, USER_HEADER, new_job_id, presented_key, submit};
+use super::{Refusal, new_job_id, presented_key, submit, within_rate};
 use crate::api::ApiState;
 use crate::api::http::auth::Caller;
 use crate::api::http::error::ApiError;
@@ -78,7 +78,7 @@ pub(super) fn jobe_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Ref
                 .as_deref()
                 .and_then(|name| keys.caller(name))
         });
-    let Some(mut caller) = caller else {
+    let Some(caller) = caller else {
         let said = if presented.is_some() {
             "Unknown API key"
         } else {
@@ -86,7 +86,7 @@ pub(super) fn jobe_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Ref
         };
         return Err((StatusCode::FORBIDDEN, said).into_response().into());
     };
-    if let Err(error) = state.key_rate.check(Some(&caller.name)) {
+    within_rate(state, parts, caller).map_err(|error| {
         let mut response = (
             StatusCode::TOO_MANY_REQUESTS,
             "Max RUN rate for this server exceeded",
@@ -97,13 +97,8 @@ pub(super) fn jobe_caller(state: &ApiState, parts: &Parts) -> Result<Caller, Ref
                 .headers_mut()
                 .insert(axum::http::header::RETRY_AFTER, seconds.into());
         }
-        return Err(response.into());
-    }
-    caller.end_user = parts
-        .headers
-        .get(USER_HEADER)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    Ok(caller)
+        response.into()
+    })
 }
 
 /// `GET languages`: no key needed, like `/v1/languages`.

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::job::limits::{LimitPolicy, LimitsRequest};
 use crate::job::{FileSpec, JobSpec};
-use crate::languages::LanguageCatalog;
+use crate::languages::{Language, LanguageCatalog};
 
 /// Jobe's language ids and ours.
 pub(super) const JOBE_LANGUAGES: &[(&str, &str)] = &[
@@ -45,12 +45,14 @@ pub(super) struct JobeRun {
 }
 
 /// Our language for a Jobe language id (lower case), if it is on offer.
-pub(super) fn our_language(jobe_id: &str, catalog: &LanguageCatalog) -> Option<String> {
+pub(super) fn our_language<'a>(
+    jobe_id: &str,
+    catalog: &'a LanguageCatalog,
+) -> Option<&'a Language> {
     JOBE_LANGUAGES
         .iter()
         .find(|(jobe, _)| *jobe == jobe_id)
         .and_then(|(_, ours)| catalog.find(ours))
-        .map(|language| language.id.clone())
 }
 
 /// The body of `POST runs` as a job; the error is Jobe's message for a 400.
@@ -65,15 +67,16 @@ pub(super) fn jobe_run(
         .get("run_spec")
         .and_then(Value::as_object)
         .ok_or("No run_spec attribute found in post data")?;
-    let mut required = ["sourcecode", "language_id"].map(|attr| match run.get(attr) {
+    let required = |attr: &str| match run.get(attr) {
         None | Some(Value::Null) => Err(format!(
             "run_spec is missing the required attribute '{attr}'"
         )),
         Some(Value::String(text)) => Ok(text.clone()),
         Some(_) => Err(format!("run_spec attribute '{attr}' must be a string")),
-    });
-    let sourcecode = std::mem::replace(&mut required[0], Ok(String::new()))?;
-    let jobe_id = std::mem::replace(&mut required[1], Ok(String::new()))?.to_lowercase();
+    };
+    // In Jobe's order: the source first.
+    let sourcecode = required("sourcecode")?;
+    let jobe_id = required("language_id")?.to_lowercase();
     let language = our_language(&jobe_id, catalog)
         .ok_or_else(|| format!("Language '{jobe_id}' is not known"))?;
     let input = match run.get("input") {
@@ -110,7 +113,7 @@ pub(super) fn jobe_run(
         Some(other) => return Err(format!("Invalid file specifier: {}", print_r(other))),
     };
 
-    let entry = entry_name(&jobe_id, sourcefilename, &sourcecode, catalog);
+    let entry = entry_name(&jobe_id, sourcefilename, &sourcecode, language);
     let mut files = vec![FileSpec {
         name: entry.clone(),
         content: sourcecode.clone(),
@@ -129,7 +132,7 @@ pub(super) fn jobe_run(
         _ => None,
     };
     let spec = JobSpec {
-        language,
+        language: language.id.clone(),
         files,
         entry: Some(main_class.unwrap_or(entry)),
         stdin: input,
@@ -277,7 +280,7 @@ fn entry_name(
     jobe_id: &str,
     sourcefilename: Option<String>,
     sourcecode: &str,
-    catalog: &LanguageCatalog,
+    language: &Language,
 ) -> String {
     let extension = match jobe_id {
         "c" => "c",
@@ -299,14 +302,10 @@ fn entry_name(
         };
     };
     let compiled = matches!(jobe_id, "c" | "cpp" | "pascal");
-    let known = our_language(jobe_id, catalog)
-        .and_then(|id| catalog.find(&id).cloned())
-        .is_some_and(|language| {
-            std::path::Path::new(&name)
-                .extension()
-                .and_then(|e| e.to_str())
-                .is_some_and(|e| language.extensions.contains(&e.to_lowercase()))
-        });
+    let known = std::path::Path::new(&name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| language.extensions.contains(&e.to_lowercase()));
     if compiled && !known {
         format!("{name}.{extension}")
     } else {
